@@ -1,0 +1,161 @@
+"""Build a manifest's rows end to end: pinned inputs → glm5 rows → parquet → verified figures.
+
+Nothing is written before every pinned input has been resolved and checked. The parquet is
+written under a temporary name in the output folder and renamed at the end: to
+``NAME.parquet`` when every pinned figure matches, to ``NAME.unverified.parquet`` when one
+differs, so a file at the final path is always one that verified.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+
+from builders.encode import ConversationEncoder, EncodedConversation
+from builders.errors import PinnedInputError, SourceDataError
+from builders.figures import Check, RowFigures, compare, file_hash, writer_note
+from builders.manifest import Manifest
+from builders.packing import RowPacker
+from builders.pinned import Hub, dataset_files, load_pinned_tokenizer
+from builders.rowfile import RowWriter
+from builders.source import ParquetSource
+
+READ_CHUNK = 65536  # source rows fetched per read; the real build needs ~50k conversations
+ENCODE_BATCH = 256  # conversations rendered and tokenized together
+LIBRARIES = ("numpy", "pyarrow", "tokenizers", "transformers", "huggingface_hub", "jinja2", "datasets", "PyYAML")
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    parquet: Path
+    report: Path
+    verified: bool
+    checks: list[Check]
+    notes: list[str]
+
+
+def permutation(seed: int, n: int) -> np.ndarray:
+    """The row contract's order: ``numpy.random.default_rng(seed).permutation(n)``."""
+    return np.random.default_rng(seed).permutation(n)
+
+
+def permutation_sha256(order: np.ndarray) -> str:
+    return hashlib.sha256(order.astype("<i8", copy=False).tobytes()).hexdigest()
+
+
+def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(),
+          log: Callable[[str], None] = lambda _: None) -> BuildResult:
+    timings = {}
+    started = time.perf_counter()
+    pinned = load_pinned_tokenizer(manifest.tokenizer, hub)
+    source = ParquetSource(dataset_files(manifest.dataset, hub))
+    order = _checked_order(manifest, source)
+    encoder = ConversationEncoder(pinned)
+    timings["resolve_inputs_s"] = time.perf_counter() - started
+    log(f"inputs resolved: {source.num_rows} source rows in {len(source.files)} files")
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    temporary = out_dir / f".{manifest.name}.parquet.{os.getpid()}.tmp"
+    try:
+        started = time.perf_counter()
+        figures, stats = _write_rows(manifest, _stream(source, order, encoder), temporary, log)
+        timings["build_s"] = time.perf_counter() - started
+        started = time.perf_counter()
+        computed = {**figures.as_dict(), **file_hash(temporary)}
+        timings["hash_s"] = time.perf_counter() - started
+        checks = compare(computed, manifest.expect, manifest.rows)
+        verified = all(check.status != "differs" for check in checks)
+        notes = [note for note in [writer_note(manifest.expect)] if note]
+        final = out_dir / (f"{manifest.name}.parquet" if verified else f"{manifest.name}.unverified.parquet")
+        report = out_dir / f"{manifest.name}.report.json"
+        _write_json(report, _report(manifest, final, computed, checks, verified, notes, stats, timings))
+        os.replace(temporary, final)
+    finally:
+        temporary.unlink(missing_ok=True)
+    return BuildResult(final, report, verified, checks, notes)
+
+
+def _checked_order(manifest: Manifest, source: ParquetSource) -> np.ndarray:
+    pin = manifest.dataset
+    if pin.rows is not None and pin.rows != source.num_rows:
+        raise PinnedInputError(f"dataset {pin.repo}@{pin.revision}: the split has {source.num_rows} rows, "
+                               f"the manifest pins dataset.rows {pin.rows}")
+    order = permutation(manifest.seed, source.num_rows)
+    if pin.permutation_sha256 is not None and permutation_sha256(order) != pin.permutation_sha256:
+        raise PinnedInputError(f"permutation of {source.num_rows} rows with seed {manifest.seed}: sha256 is "
+                               f"{permutation_sha256(order)}, the manifest pins {pin.permutation_sha256} "
+                               f"(numpy {np.__version__} gives another stream)")
+    return order
+
+
+def _stream(source: ParquetSource, order: np.ndarray, encoder: ConversationEncoder) -> Iterator[EncodedConversation]:
+    """Encoded conversations in permutation order, read and tokenized only as far as consumed."""
+    for start in range(0, len(order), READ_CHUNK):
+        table = source.take(order[start:start + READ_CHUNK])
+        for batch in range(0, table.num_rows, ENCODE_BATCH):
+            yield from encoder.encode(table.slice(batch, ENCODE_BATCH).to_pylist())
+
+
+def _write_rows(manifest: Manifest, stream: Iterator[EncodedConversation], path: Path, log) -> tuple[RowFigures, dict]:
+    packer = RowPacker(manifest.row_tokens)
+    figures = RowFigures(manifest.row_tokens)
+    writer = RowWriter(path)
+    consumed = tokens = 0
+    try:
+        for conversation in stream:
+            consumed += 1
+            tokens += len(conversation.ids)
+            for row in packer.add(conversation):
+                writer.write(row)
+                figures.add(row.input_ids, row.loss_mask)
+                if figures.rows == manifest.rows:
+                    break
+            if figures.rows == manifest.rows:
+                break
+        else:
+            raise SourceDataError(f"the source ran out after {consumed} conversations: {figures.rows} of "
+                                  f"{manifest.rows} rows of {manifest.row_tokens} tokens")
+    finally:
+        writer.close()
+    log(f"{figures.rows} rows from {consumed} conversations ({packer.windows_skipped} windows skipped)")
+    return figures, {"conversations_consumed": consumed, "stream_tokens_consumed": tokens,
+                     "windows_skipped": packer.windows_skipped}
+
+
+def _report(manifest, final, computed, checks, verified, notes, stats, timings) -> dict:
+    return {
+        "name": manifest.name,
+        "manifest": str(manifest.path) if manifest.path else None,
+        "parquet": final.name,
+        "verified": verified,
+        "figures": computed,
+        "checks": [asdict(check) for check in checks],
+        "notes": notes,
+        "stats": stats,
+        "timings": {key: round(value, 3) for key, value in timings.items()},
+        "versions": {"python": platform.python_version(), **{lib: _version(lib) for lib in LIBRARIES}},
+        "argv": sys.argv,
+    }
+
+
+def _version(library: str) -> str | None:
+    try:
+        return metadata.version(library)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _write_json(path: Path, document: dict) -> None:
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(temporary, path)

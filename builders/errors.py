@@ -1,0 +1,40 @@
+"""Errors the builder reports to users, each with the exit code the CLI returns for it.
+
+Every failure that a user can cause (a bad manifest, a tampered input, a conversation the
+template cannot render, figures that differ from the manifest) is one of these, raised with a
+message that names what is wrong and where. Anything else is a bug and exits 1.
+"""
+
+
+class BuildError(Exception):
+    """Base class: a failure with a message meant for the user."""
+
+    exit_code = 1
+
+
+class UsageError(BuildError):
+    """The command line or a manifest is malformed."""
+
+    exit_code = 2
+
+
+class ManifestError(UsageError):
+    """A manifest field is missing or has the wrong type or form."""
+
+
+class PinnedInputError(BuildError):
+    """A pinned input cannot be resolved, is incomplete, or does not match its sha256."""
+
+    exit_code = 3
+
+
+class SourceDataError(BuildError):
+    """The source dataset holds something the row contract cannot turn into rows."""
+
+    exit_code = 4
+
+
+class VerificationError(BuildError):
+    """The built or given file's figures differ from what the manifest pins."""
+
+    exit_code = 5

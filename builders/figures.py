@@ -1,0 +1,101 @@
+"""The figures that name a build, and their comparison with a manifest's ``expect``.
+
+``rows_sha256`` follows the row contract: per row, its token ids as little-endian uint32
+bytes, then its mask as uint8 bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from builders.errors import VerificationError
+from builders.manifest import Expect
+from builders.rowfile import iter_token_batches, writer_version
+
+
+class RowFigures:
+    """Accumulates the row figures of rows given in order."""
+
+    def __init__(self, row_tokens: int):
+        self.row_tokens = row_tokens
+        self.rows = 0
+        self.supervised_tokens = 0
+        self._sha = hashlib.sha256()
+
+    def add(self, input_ids: np.ndarray, loss_mask: np.ndarray) -> None:
+        """Add a batch of rows (2-D) or one row (1-D)."""
+        ids, mask = np.atleast_2d(input_ids), np.atleast_2d(loss_mask)
+        for row_ids, row_mask in zip(ids, mask):
+            self._sha.update(row_ids.astype("<u4", copy=False).tobytes())
+            self._sha.update(row_mask.astype(np.uint8, copy=False).tobytes())
+        self.rows += len(ids)
+        self.supervised_tokens += int(np.count_nonzero(mask == 1))
+
+    def as_dict(self) -> dict:
+        return {
+            "rows": self.rows,
+            "row_tokens": self.row_tokens,
+            "rows_sha256": self._sha.hexdigest(),
+            "supervised_token_ratio": self.supervised_tokens / (self.rows * self.row_tokens) if self.rows else 0.0,
+            "padding_tokens": 0,
+        }
+
+
+def file_figures(path: Path, row_tokens: int) -> dict:
+    """Re-read a row file and compute all its figures."""
+    figures = RowFigures(row_tokens)
+    for ids, mask in iter_token_batches(path):
+        if ids.shape[1] != row_tokens:
+            raise VerificationError(f"{path}: rows hold {ids.shape[1]} tokens, the manifest says {row_tokens}")
+        if ((mask != 0) & (mask != 1)).any():
+            raise VerificationError(f"{path}: loss_mask holds values other than 0 and 1")
+        figures.add(ids, mask)
+    return {**figures.as_dict(), **file_hash(path)}
+
+
+def file_hash(path: Path) -> dict:
+    sha, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            sha.update(block)
+            size += len(block)
+    return {"parquet_sha256": sha.hexdigest(), "parquet_bytes": size}
+
+
+@dataclass(frozen=True)
+class Check:
+    figure: str
+    expected: object
+    got: object
+    status: str  # "ok", "differs" or "not pinned"
+
+
+PINNED_FIGURES = ("rows_sha256", "parquet_sha256", "parquet_bytes", "supervised_token_ratio", "padding_tokens")
+
+
+def compare(figures: dict, expect: Expect, rows: int) -> list[Check]:
+    """Compare computed figures with the manifest's ``rows`` and ``expect``."""
+    checks = [Check("rows", rows, figures["rows"], "ok" if figures["rows"] == rows else "differs")]
+    for name in PINNED_FIGURES:
+        expected, got = getattr(expect, name), figures[name]
+        if expected is None:
+            checks.append(Check(name, None, got, "not pinned"))
+        elif name == "supervised_token_ratio":
+            checks.append(Check(name, expected.text, round(got, expected.decimals),
+                                "ok" if expected.matches(got) else "differs"))
+        else:
+            checks.append(Check(name, expected, got, "ok" if expected == got else "differs"))
+    return checks
+
+
+def writer_note(expect: Expect) -> str | None:
+    """A warning when the running writer differs from the one the manifest's parquet figures assume."""
+    running = writer_version()
+    if expect.writer is not None and expect.writer != running:
+        return (f"the manifest's parquet_sha256 and parquet_bytes were made with {expect.writer}, this is {running}: "
+                f"the file's bytes may differ while its rows (rows_sha256) are the same")
+    return None

@@ -1,0 +1,211 @@
+"""Load and validate a build manifest (the YAML format of the row contract).
+
+A manifest names every pinned input and the figures a build must reproduce. It is untrusted
+input: it is read with ``yaml.safe_load`` and every field is checked, with an error that names
+the field, before anything else happens.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+
+import yaml
+
+from builders.errors import ManifestError
+
+LOSS_MASKS = ("glm5",)
+TOKENIZER_FILES = ("tokenizer.json", "chat_template.jinja")
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_SPLIT = re.compile(r"[A-Za-z0-9_]+")
+_WRITER = re.compile(r"pyarrow [0-9]+\.[0-9]+\.[0-9]+")
+
+
+@dataclass(frozen=True)
+class DatasetPin:
+    repo: str
+    revision: str
+    split: str
+    license: str | None = None
+    rows: int | None = None
+    permutation_sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class TokenizerPin:
+    repo: str
+    revision: str
+    sha256: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A ratio pinned at the number of decimals it was written with (``0.674`` → 3)."""
+
+    text: str
+
+    @property
+    def decimals(self) -> int:
+        return max(0, -Decimal(self.text).as_tuple().exponent)
+
+    def matches(self, value: float) -> bool:
+        return round(value, self.decimals) == float(self.text)
+
+
+@dataclass(frozen=True)
+class Expect:
+    rows_sha256: str | None = None
+    parquet_sha256: str | None = None
+    parquet_bytes: int | None = None
+    supervised_token_ratio: Ratio | None = None
+    padding_tokens: int | None = None
+    writer: str | None = None
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: str
+    dataset: DatasetPin
+    tokenizer: TokenizerPin
+    loss_mask: str
+    seed: int
+    row_tokens: int
+    rows: int
+    expect: Expect = field(default_factory=Expect)
+    path: Path | None = None
+
+
+def load_manifest(path: str | Path) -> Manifest:
+    """Read and validate the manifest at ``path``."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ManifestError(f"{path}: cannot read the manifest: {err}") from None
+    return parse_manifest(text, source=str(path), path=path)
+
+
+def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = None) -> Manifest:
+    """Validate manifest YAML text; ``source`` names it in error messages."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ManifestError(f"{source}: not valid YAML: {err}") from None
+    check = _Checker(source)
+    top = check.mapping(doc, "", required=("name", "dataset", "tokenizer", "loss_mask", "seed", "row_tokens", "rows"),
+                        optional=("expect",))
+    ds = check.mapping(top["dataset"], "dataset", required=("repo", "revision", "split"),
+                       optional=("license", "rows", "permutation_sha256"))
+    tok = check.mapping(top["tokenizer"], "tokenizer", required=("repo", "revision", "sha256"))
+    sha = check.mapping(tok["sha256"], "tokenizer.sha256", required=TOKENIZER_FILES)
+    exp = check.mapping(top.get("expect") or {}, "expect",
+                        optional=("rows_sha256", "parquet_sha256", "parquet_bytes", "supervised_token_ratio",
+                                  "padding_tokens", "writer"))
+    loss_mask = check.string(top["loss_mask"], "loss_mask")
+    if loss_mask not in LOSS_MASKS:
+        check.fail("loss_mask", f"unknown loss mask {loss_mask!r} (known: {', '.join(LOSS_MASKS)})")
+    return Manifest(
+        name=check.pattern(top["name"], "name", _PLAIN_NAME, "a plain file name (letters, digits, '.', '_', '-')"),
+        dataset=DatasetPin(
+            repo=check.pattern(ds["repo"], "dataset.repo", _REPO_ID, "a Hub repo id 'owner/name'"),
+            revision=check.pattern(ds["revision"], "dataset.revision", _COMMIT, "a 40-hex commit"),
+            split=check.pattern(ds["split"], "dataset.split", _SPLIT, "a split name such as 'train'"),
+            license=check.optional(ds, "license", "dataset.license", check.string),
+            rows=check.optional(ds, "rows", "dataset.rows", check.positive_int),
+            permutation_sha256=check.optional(ds, "permutation_sha256", "dataset.permutation_sha256", check.sha256),
+        ),
+        tokenizer=TokenizerPin(
+            repo=check.pattern(tok["repo"], "tokenizer.repo", _REPO_ID, "a Hub repo id 'owner/name'"),
+            revision=check.pattern(tok["revision"], "tokenizer.revision", _COMMIT, "a 40-hex commit"),
+            sha256={name: check.sha256(sha[name], f"tokenizer.sha256.{name}") for name in TOKENIZER_FILES},
+        ),
+        loss_mask=loss_mask,
+        seed=check.non_negative_int(top["seed"], "seed"),
+        row_tokens=check.positive_int(top["row_tokens"], "row_tokens"),
+        rows=check.positive_int(top["rows"], "rows"),
+        expect=Expect(
+            rows_sha256=check.optional(exp, "rows_sha256", "expect.rows_sha256", check.sha256),
+            parquet_sha256=check.optional(exp, "parquet_sha256", "expect.parquet_sha256", check.sha256),
+            parquet_bytes=check.optional(exp, "parquet_bytes", "expect.parquet_bytes", check.positive_int),
+            supervised_token_ratio=check.optional(exp, "supervised_token_ratio", "expect.supervised_token_ratio",
+                                                  check.ratio),
+            padding_tokens=check.optional(exp, "padding_tokens", "expect.padding_tokens", check.non_negative_int),
+            writer=check.optional(exp, "writer", "expect.writer",
+                                  lambda v, f: check.pattern(v, f, _WRITER, "'pyarrow X.Y.Z'")),
+        ),
+        path=path,
+    )
+
+
+class _Checker:
+    """Type and form checks whose errors name the manifest and the field."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, field_name: str, problem: str):
+        raise ManifestError(f"{self.source}: {field_name or 'top level'}: {problem}")
+
+    def mapping(self, value, name: str, required=(), optional=()) -> dict:
+        if not isinstance(value, dict):
+            self.fail(name, f"expected a mapping, got {_kind(value)}")
+        for key in value:
+            if key not in required and key not in optional:
+                self.fail(_join(name, str(key)), "unknown field")
+        for key in required:
+            if key not in value:
+                self.fail(_join(name, key), "missing")
+        return value
+
+    def optional(self, mapping: dict, key: str, name: str, check):
+        return None if mapping.get(key) is None else check(mapping[key], name)
+
+    def string(self, value, name: str) -> str:
+        if not isinstance(value, str):
+            self.fail(name, f"expected a string, got {_kind(value)} (quote it in YAML)")
+        return value
+
+    def pattern(self, value, name: str, regex: re.Pattern, what: str) -> str:
+        value = self.string(value, name)
+        if not regex.fullmatch(value) or ".." in value:
+            self.fail(name, f"expected {what}, got {value!r}")
+        return value
+
+    def sha256(self, value, name: str) -> str:
+        return self.pattern(value, name, _SHA256, "a 64-hex sha256 (lower case)")
+
+    def non_negative_int(self, value, name: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            self.fail(name, f"expected a whole number >= 0, got {value!r}")
+        return value
+
+    def positive_int(self, value, name: str) -> int:
+        if self.non_negative_int(value, name) == 0:
+            self.fail(name, "expected a whole number > 0, got 0")
+        return value
+
+    def ratio(self, value, name: str) -> Ratio:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            self.fail(name, f"expected a number, got {_kind(value)}")
+        text = value if isinstance(value, str) else repr(value)
+        try:
+            number = Decimal(text)
+        except InvalidOperation:
+            self.fail(name, f"expected a number, got {value!r}")
+        if not number.is_finite() or not 0 <= number <= 1:
+            self.fail(name, f"expected a number between 0 and 1, got {value!r}")
+        return Ratio(text)
+
+
+def _join(parent: str, key: str) -> str:
+    return f"{parent}.{key}" if parent else key
+
+
+def _kind(value) -> str:
+    return "nothing" if value is None else type(value).__name__

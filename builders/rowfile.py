@@ -1,0 +1,117 @@
+"""The built parquet file: its schema, a byte-deterministic writer, and a streaming reader.
+
+The file's bytes are a pure function of the rows and the pyarrow version: every writer option
+is explicit, tables are built from numpy (no pandas), and row groups hold exactly
+``ROW_GROUP_ROWS`` rows (the last one the rest).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from builders.errors import VerificationError
+from builders.packing import Row
+
+ROW_GROUP_ROWS = 64
+METADATA_TYPE = pa.struct([
+    ("source_index", pa.list_(pa.int64())),
+    ("source_id", pa.list_(pa.string())),
+    ("segment_start", pa.list_(pa.int32())),
+])
+SCHEMA = pa.schema([
+    ("input_ids", pa.list_(pa.int32())),
+    ("loss_mask", pa.list_(pa.uint8())),
+    ("metadata", METADATA_TYPE),
+])
+WRITER_OPTIONS = dict(
+    version="2.6",
+    compression="zstd",
+    compression_level=3,
+    use_dictionary=False,
+    write_statistics=False,
+    write_page_index=False,
+    write_page_checksum=False,
+    use_byte_stream_split=False,
+    data_page_version="1.0",
+    data_page_size=1 << 20,
+    write_batch_size=1024,
+    store_schema=True,
+    use_compliant_nested_type=True,
+)
+
+
+def writer_version() -> str:
+    """The writer library's version, as a manifest's ``expect.writer`` records it."""
+    return f"pyarrow {pa.__version__}"
+
+
+class RowWriter:
+    """Writes rows to ``path`` in fixed-size row groups."""
+
+    def __init__(self, path: Path):
+        self._writer = pq.ParquetWriter(path, SCHEMA, **WRITER_OPTIONS)
+        self._pending: list[Row] = []
+
+    def write(self, row: Row) -> None:
+        self._pending.append(row)
+        if len(self._pending) == ROW_GROUP_ROWS:
+            self._flush()
+
+    def close(self) -> None:
+        self._flush()
+        self._writer.close()
+
+    def _flush(self) -> None:
+        if self._pending:
+            table = _table(self._pending)
+            self._writer.write_table(table, row_group_size=table.num_rows)
+            self._pending = []
+
+
+def _table(rows: list[Row]) -> pa.Table:
+    metadata = pa.StructArray.from_arrays(
+        [_lists([np.asarray(r.source_index, dtype=np.int64) for r in rows], pa.int64()),
+         pa.array([r.source_id for r in rows], type=pa.list_(pa.string())),
+         _lists([np.asarray(r.segment_start, dtype=np.int32) for r in rows], pa.int32())],
+        fields=list(METADATA_TYPE),
+    )
+    return pa.Table.from_arrays(
+        [_lists([r.input_ids for r in rows], pa.int32()), _lists([r.loss_mask for r in rows], pa.uint8()), metadata],
+        schema=SCHEMA,
+    )
+
+
+def _lists(arrays: list[np.ndarray], value_type: pa.DataType) -> pa.ListArray:
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
+    np.cumsum([len(a) for a in arrays], out=offsets[1:])
+    values = np.concatenate(arrays) if arrays else np.array([], dtype=value_type.to_pandas_dtype())
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=value_type))
+
+
+def iter_token_batches(path: Path, batch_rows: int = ROW_GROUP_ROWS) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Yield ``(input_ids, loss_mask)`` per batch of rows, as 2-D arrays (rows × row length).
+
+    Raises VerificationError if the file is not a row file or its rows differ in length.
+    """
+    try:
+        parquet = pq.ParquetFile(path)
+        for name in ("input_ids", "loss_mask"):
+            if name not in parquet.schema_arrow.names:
+                raise VerificationError(f"{path}: no column {name!r}; not a fixed-SFT row file")
+        for batch in parquet.iter_batches(batch_size=batch_rows, columns=["input_ids", "loss_mask"]):
+            yield _matrix(path, batch.column(0), np.int32), _matrix(path, batch.column(1), np.uint8)
+    except (pa.ArrowException, OSError) as err:
+        raise VerificationError(f"{path}: cannot read the parquet file: {err}") from None
+
+
+def _matrix(path: Path, lists: pa.ListArray, dtype) -> np.ndarray:
+    lengths = np.diff(lists.offsets.to_numpy())
+    if lists.null_count or (lengths.size and (lengths != lengths[0]).any()):
+        raise VerificationError(f"{path}: rows of unequal length or null rows in column {lists.type}")
+    width = int(lengths[0]) if lengths.size else 0
+    return lists.flatten().to_numpy(zero_copy_only=False).astype(dtype, copy=False).reshape(-1, width)
