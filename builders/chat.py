@@ -25,6 +25,8 @@ def normalize_messages(messages) -> list[dict]:
     """
     if not isinstance(messages, list):
         raise ConversationError(f"messages is {type(messages).__name__}, not a list")
+    if not messages:
+        raise ConversationError("the conversation has no messages (apply_chat_template refuses an empty one)")
     normalized = []
     for position, message in enumerate(messages):
         if not isinstance(message, dict):

@@ -1,0 +1,81 @@
+"""The builder's rows against tests/reference.py, an independent implementation of ROWS.md."""
+
+import hashlib
+
+import pyarrow.parquet as pq
+import pytest
+
+from builders.build import build
+from builders.fixture.hf_cache import MESSAGE_WITH_REASONING, parquet_shards, put_snapshot
+from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows, tokenizer_json
+from builders.manifest import load_manifest, parse_manifest
+from builders.pinned import Hub
+from conftest import MANIFESTS, manifest_names
+from reference import reference_rows, rows_sha256
+
+
+def snapshot_files(hub: Hub, repo: str, repo_type: str, revision: str):
+    root = hub.cache_dir / f"{repo_type}s--{repo.replace('/', '--')}" / "snapshots" / revision
+    return root
+
+
+def reference_for(manifest, hub: Hub):
+    data = snapshot_files(hub, manifest.dataset.repo, "dataset", manifest.dataset.revision) / "data"
+    tok = snapshot_files(hub, manifest.tokenizer.repo, "model", manifest.tokenizer.revision)
+    return reference_rows(sorted(data.glob("train-*.parquet")), tok / "tokenizer.json",
+                          (tok / "chat_template.jinja").read_text(encoding="utf-8"),
+                          manifest.seed, manifest.row_tokens, manifest.rows)
+
+
+def file_rows(path):
+    table = pq.read_table(path)
+    return list(zip(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist()))
+
+
+@pytest.mark.parametrize("name", manifest_names())
+def test_fixture_build_matches_reference_and_manifest(name, built, hub):
+    manifest = load_manifest(MANIFESTS / f"{name}.yaml")
+    expected = reference_for(manifest, hub)
+    result = built(name)
+    assert result.verified, result.checks
+    assert file_rows(result.parquet) == expected
+    # the pinned hash is the one the independent reference computes, not just what the builder wrote
+    assert rows_sha256(expected) == manifest.expect.rows_sha256
+
+
+@pytest.mark.parametrize("name", manifest_names())
+def test_provenance_points_at_the_source(name, built):
+    table = pq.read_table(built(name).parquet)
+    for row in table.column("metadata").to_pylist()[:8]:
+        starts = row["segment_start"]
+        assert starts[0] == 0 and starts == sorted(starts)
+        assert len(row["source_index"]) == len(row["source_id"]) == len(starts)
+
+
+def test_another_cache_laid_out_the_same_way(tmp_path):
+    """A manifest naming any offline cache of the same layout builds, and its rows obey the contract."""
+    hf_home = tmp_path / "hf"
+    rows = synthetic_rows(seed=7, count=90)
+    dataset = put_snapshot(hf_home, "someone/other-chat", "dataset",
+                           parquet_shards(rows, shards=4, row_group_rows=5, message_type=MESSAGE_WITH_REASONING))
+    template = FIXTURE_TEMPLATE.read_bytes()
+    tokenizer = put_snapshot(hf_home, "someone/other-tokenizer", "model",
+                             {"tokenizer.json": tokenizer_json(), "chat_template.jinja": template})
+    manifest = parse_manifest(f"""
+name: other
+dataset: {{repo: someone/other-chat, revision: {dataset}, split: train, rows: {len(rows)}}}
+tokenizer:
+  repo: someone/other-tokenizer
+  revision: {tokenizer}
+  sha256:
+    tokenizer.json: {hashlib.sha256(tokenizer_json()).hexdigest()}
+    chat_template.jinja: {hashlib.sha256(template).hexdigest()}
+loss_mask: glm5
+seed: 3
+row_tokens: 200
+rows: 30
+""")
+    hub = Hub(cache_dir=hf_home / "hub", offline=True)
+    result = build(manifest, tmp_path / "out", hub)
+    assert result.verified
+    assert file_rows(result.parquet) == reference_for(manifest, hub)

@@ -1,0 +1,75 @@
+import pytest
+import yaml
+
+from builders.errors import ManifestError
+from builders.manifest import load_manifest, parse_manifest
+from conftest import MANIFESTS
+
+
+def base() -> dict:
+    return yaml.safe_load((MANIFESTS / "fixture-synthetic-v1.yaml").read_text())
+
+
+def test_shipped_manifests_load():
+    real = load_manifest(MANIFESTS / "glm47flash-tulu3-fixed8192-v1.yaml")
+    assert (real.rows, real.row_tokens, real.seed, real.loss_mask) == (6400, 8192, 42, "glm5")
+    assert real.dataset.revision == "b14afda60f1bbebe55d5d2fa1e4df5042f97f8be"
+    assert real.tokenizer.revision == "7dd20894a642a0aa287e9827cb1a1f7f91386b67"
+    assert real.dataset.rows == 939343
+    assert real.expect.rows_sha256 == "79bfe4b7e20e66ec85c12caf4995ea9574bbf6d316772e4d69193a01efe01914"
+    assert real.expect.supervised_token_ratio.decimals == 3
+    for path in MANIFESTS.glob("*.yaml"):
+        assert load_manifest(path).name == path.stem
+
+
+def mutate(path: str, value):
+    doc = base()
+    *parents, last = path.split("/")
+    node = doc
+    for key in parents:
+        node = node[key]
+    if value is KeyError:
+        del node[last]
+    else:
+        node[last] = value
+    return yaml.safe_dump(doc)
+
+
+@pytest.mark.parametrize("path, value, named", [
+    ("dataset/revision", "main", "dataset.revision"),
+    ("dataset/revision", "12752A532A62A853F065908C4405B853F8821484", "dataset.revision"),
+    ("tokenizer/revision", 1234, "tokenizer.revision"),
+    ("tokenizer/sha256/tokenizer.json", "abc", "tokenizer.sha256.tokenizer.json"),
+    ("tokenizer/sha256/chat_template.jinja", KeyError, "tokenizer.sha256.chat_template.jinja"),
+    ("loss_mask", "glm4", "loss_mask"),
+    ("name", "../escape", "name"),
+    ("name", "a/b", "name"),
+    ("rows", 0, "rows"),
+    ("rows", True, "rows"),
+    ("row_tokens", 8.5, "row_tokens"),
+    ("seed", -1, "seed"),
+    ("dataset/repo", "no-owner", "dataset.repo"),
+    ("dataset/rows", "many", "dataset.rows"),
+    ("expect/supervised_token_ratio", 1.5, "expect.supervised_token_ratio"),
+    ("expect/writer", "arrow 1", "expect.writer"),
+    ("expect/rows_sha256", "0" * 63, "expect.rows_sha256"),
+    ("expect/surprise", 1, "expect.surprise"),
+    ("dataset", KeyError, "dataset"),
+])
+def test_bad_field_is_named(path, value, named):
+    with pytest.raises(ManifestError) as err:
+        parse_manifest(mutate(path, value), source="m.yaml")
+    assert f"m.yaml: {named}:" in str(err.value)
+
+
+@pytest.mark.parametrize("text", ["", "- a list", "name: [unclosed", "!!python/object:os.system {}"])
+def test_not_a_manifest(text):
+    with pytest.raises(ManifestError):
+        parse_manifest(text)
+
+
+def test_ratio_precision():
+    doc = base()
+    doc["expect"]["supervised_token_ratio"] = "0.670"
+    ratio = parse_manifest(yaml.safe_dump(doc)).expect.supervised_token_ratio
+    assert ratio.decimals == 3 and ratio.matches(0.6704) and not ratio.matches(0.6706)
