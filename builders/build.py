@@ -23,7 +23,7 @@ import numpy as np
 
 from builders.encode import ConversationEncoder, EncodedConversation
 from builders.errors import PinnedInputError, SourceDataError
-from builders.figures import Check, RowFigures, compare, file_hash, writer_note
+from builders.figures import Check, RowFigures, check_notes, compare, file_hash
 from builders.manifest import Manifest
 from builders.packing import RowPacker
 from builders.pinned import Hub, dataset_files, load_pinned_tokenizer
@@ -75,7 +75,7 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(),
         timings["hash_s"] = time.perf_counter() - started
         checks = compare(computed, manifest.expect, manifest.rows)
         verified = all(check.status != "differs" for check in checks)
-        notes = [note for note in [writer_note(manifest.expect)] if note]
+        notes = check_notes(checks, manifest.expect)
         final = out_dir / (f"{manifest.name}.parquet" if verified else f"{manifest.name}.unverified.parquet")
         report = out_dir / f"{manifest.name}.report.json"
         _write_json(report, _report(manifest, final, computed, checks, verified, notes, stats, timings))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from builders.build import build
 from builders.errors import BuildError, UsageError
-from builders.figures import Check, compare, file_figures, writer_note
+from builders.figures import Check, check_notes, compare, file_figures
 from builders.fixture.make import make_fixture_cache, shared_dir
 from builders.manifest import Manifest, load_manifest
 from builders.pinned import Hub
@@ -95,7 +95,7 @@ def _verify(args) -> int:
     if not args.verify.is_file():
         raise UsageError(f"--verify: no file {args.verify}")
     checks = compare(file_figures(args.verify, manifest.row_tokens), manifest.expect, manifest.rows)
-    notes = [note for note in [writer_note(manifest.expect)] if note]
+    notes = check_notes(checks, manifest.expect)
     _print_checks(checks, notes)
     verified = all(check.status != "differs" for check in checks)
     print(f"{'verified' if verified else 'NOT verified'}: {args.verify} against {manifest.path}")

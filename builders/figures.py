@@ -92,10 +92,15 @@ def compare(figures: dict, expect: Expect, rows: int) -> list[Check]:
     return checks
 
 
-def writer_note(expect: Expect) -> str | None:
-    """A warning when the running writer differs from the one the manifest's parquet figures assume."""
+def check_notes(checks: list[Check], expect: Expect) -> list[str]:
+    """What a reader of the checks should know: the writer's version, and rows that match in a file that does not."""
+    out = []
     running = writer_version()
     if expect.writer is not None and expect.writer != running:
-        return (f"the manifest's parquet_sha256 and parquet_bytes were made with {expect.writer}, this is {running}: "
-                f"the file's bytes may differ while its rows (rows_sha256) are the same")
-    return None
+        out.append(f"the manifest's parquet_sha256 and parquet_bytes were made with {expect.writer}, this is "
+                   f"{running}: the file's bytes may differ while its rows (rows_sha256) are the same")
+    status = {check.figure: check.status for check in checks}
+    if status.get("rows_sha256") == "ok" and "differs" in (status.get("parquet_sha256"), status.get("parquet_bytes")):
+        out.append("the rows are exactly the pinned rows (rows_sha256 matches); only the file's bytes differ, "
+                   "as they do when another parquet writer or writer version made the pinned file")
+    return out

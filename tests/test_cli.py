@@ -132,3 +132,11 @@ def test_help_lists_exit_codes():
 def test_usage_errors(argv):
     done = run_cli(*argv)
     assert done.returncode == 2 and done.stderr.startswith("error:")
+
+
+def test_rows_that_match_in_a_file_that_does_not_are_called_out(fixture_cache, tmp_path):
+    manifest = manifest_copy(tmp_path, expect__parquet_sha256="1" * 64, expect__writer="pyarrow 1.0.0")
+    done = run_cli("--manifest", str(manifest), "--out", str(tmp_path / "out"), hf_home=fixture_cache)
+    assert done.returncode == 5
+    assert "ok          rows_sha256" in done.stdout and "DIFFERS     parquet_sha256" in done.stdout
+    assert "rows are exactly the pinned rows" in done.stderr and "made with pyarrow 1.0.0" in done.stderr
