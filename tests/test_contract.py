@@ -1,6 +1,7 @@
 """The builder's rows against tests/reference.py, an independent implementation of ROWS.md."""
 
 import hashlib
+import json
 
 import pyarrow.parquet as pq
 import pytest
@@ -10,7 +11,7 @@ from builders.fixture.hf_cache import MESSAGE_WITH_REASONING, parquet_shards, pu
 from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows, tokenizer_json
 from builders.manifest import load_manifest, parse_manifest
 from builders.pinned import Hub
-from conftest import MANIFESTS, manifest_names
+from conftest import MANIFESTS, SELF_CONTAINED, manifest_names
 from reference import reference_rows, rows_sha256
 
 
@@ -79,3 +80,12 @@ rows: 30
     result = build(manifest, tmp_path / "out", hub)
     assert result.verified
     assert file_rows(result.parquet) == reference_for(manifest, hub)
+
+
+def test_self_contained_fixture_exercises_skipping_and_early_stop(built):
+    """The fixture is only a good check of the rules if it hits them: skipped windows, and a
+    build that stops long before the source runs out."""
+    result = built(SELF_CONTAINED)
+    stats = json.loads(result.report.read_text())["stats"]
+    assert stats["windows_skipped"] > 0
+    assert stats["conversations_consumed"] < load_manifest(MANIFESTS / f"{SELF_CONTAINED}.yaml").dataset.rows / 2

@@ -1,6 +1,7 @@
 """Same inputs, same bytes: across processes, hash seeds, thread counts and fixture generation."""
 
 import hashlib
+import os
 import subprocess
 import sys
 
@@ -31,7 +32,8 @@ def test_fixture_cache_is_the_same_in_another_process(tmp_path):
     code = ("import sys; from pathlib import Path; from builders.fixture.make import make_fixture_cache, shared_dir;"
             "print(sorted(make_fixture_cache(Path(sys.argv[1]), shared_dir()).items()))")
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "a")], capture_output=True, text=True,
-                          env={"PYTHONHASHSEED": "987", "PATH": "/usr/bin:/bin"}, timeout=300)
+                          env={"PYTHONHASHSEED": "987", "PATH": "/usr/bin:/bin",
+                               **{k: v for k, v in os.environ.items() if k == "FIXED_SFT_SHARED"}}, timeout=300)
     assert done.returncode == 0, done.stderr
     here = sorted(make_fixture_cache(tmp_path / "b", shared_dir()).items())
     assert done.stdout.strip() == str(here)
