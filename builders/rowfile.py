@@ -19,6 +19,7 @@ from builders.packing import Row
 
 ROW_GROUP_ROWS = 64
 METADATA_TYPE = pa.struct([
+    ("row_index", pa.int64()),
     ("source_index", pa.list_(pa.int64())),
     ("source_id", pa.list_(pa.string())),
     ("segment_start", pa.list_(pa.int32())),
@@ -56,6 +57,7 @@ class RowWriter:
     def __init__(self, path: Path):
         self._writer = pq.ParquetWriter(path, SCHEMA, **WRITER_OPTIONS)
         self._pending: list[Row] = []
+        self._written = 0
 
     def write(self, row: Row) -> None:
         self._pending.append(row)
@@ -68,14 +70,16 @@ class RowWriter:
 
     def _flush(self) -> None:
         if self._pending:
-            table = _table(self._pending)
+            table = _table(self._pending, first_index=self._written)
             self._writer.write_table(table, row_group_size=table.num_rows)
+            self._written += table.num_rows
             self._pending = []
 
 
-def _table(rows: list[Row]) -> pa.Table:
+def _table(rows: list[Row], first_index: int) -> pa.Table:
     metadata = pa.StructArray.from_arrays(
-        [_lists([np.asarray(r.source_index, dtype=np.int64) for r in rows], pa.int64()),
+        [pa.array(np.arange(first_index, first_index + len(rows), dtype=np.int64)),
+         _lists([np.asarray(r.source_index, dtype=np.int64) for r in rows], pa.int64()),
          pa.array([r.source_id for r in rows], type=pa.list_(pa.string())),
          _lists([np.asarray(r.segment_start, dtype=np.int32) for r in rows], pa.int32())],
         fields=list(METADATA_TYPE),
@@ -93,20 +97,36 @@ def _lists(arrays: list[np.ndarray], value_type: pa.DataType) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=value_type))
 
 
-def iter_token_batches(path: Path, batch_rows: int = ROW_GROUP_ROWS) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Yield ``(input_ids, loss_mask)`` per batch of rows, as 2-D arrays (rows × row length).
-
-    Raises VerificationError if the file is not a row file or its rows differ in length.
-    """
+def open_row_file(path: Path) -> pq.ParquetFile:
+    """Open a built row file, or raise VerificationError saying why it is not one."""
     try:
         parquet = pq.ParquetFile(path)
-        for name in ("input_ids", "loss_mask"):
-            if name not in parquet.schema_arrow.names:
-                raise VerificationError(f"{path}: no column {name!r}; not a fixed-SFT row file")
-        for batch in parquet.iter_batches(batch_size=batch_rows, columns=["input_ids", "loss_mask"]):
-            yield _matrix(path, batch.column(0), np.int32), _matrix(path, batch.column(1), np.uint8)
     except (pa.ArrowException, OSError) as err:
         raise VerificationError(f"{path}: cannot read the parquet file: {err}") from None
+    for name in ("input_ids", "loss_mask"):
+        if name not in parquet.schema_arrow.names:
+            raise VerificationError(f"{path}: no column {name!r}; not a fixed-SFT row file")
+    return parquet
+
+
+def read_group(path: Path, parquet: pq.ParquetFile, group: int, columns=("input_ids", "loss_mask")) -> pa.Table:
+    try:
+        return parquet.read_row_group(group, columns=list(columns))
+    except (pa.ArrowException, OSError) as err:
+        raise VerificationError(f"{path}: cannot read row group {group}: {err}") from None
+
+
+def token_matrices(path: Path, table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """A table's ``input_ids`` and ``loss_mask`` as 2-D arrays (rows × row length)."""
+    return (_matrix(path, table.column("input_ids").combine_chunks(), np.int32),
+            _matrix(path, table.column("loss_mask").combine_chunks(), np.uint8))
+
+
+def iter_token_batches(path: Path) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Yield ``(input_ids, loss_mask)`` per row group, as 2-D arrays (rows × row length)."""
+    parquet = open_row_file(path)
+    for group in range(parquet.metadata.num_row_groups):
+        yield token_matrices(path, read_group(path, parquet, group))
 
 
 def _matrix(path: Path, lists: pa.ListArray, dtype) -> np.ndarray:

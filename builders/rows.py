@@ -1,0 +1,105 @@
+"""Read a built row file for training: random access, disjoint shards, resuming, bounded memory.
+
+Rows come back as dicts of numpy arrays (``input_ids`` int32, ``loss_mask`` uint8) with their
+``index`` and provenance. The file is read one row group at a time, so memory depends on the
+row-group size, not on the file's size. Importing this module does not need torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from builders.errors import VerificationError
+from builders.figures import compare, file_figures
+from builders.manifest import Manifest
+from builders.rowfile import open_row_file, read_group, token_matrices
+
+COLUMNS = ("input_ids", "loss_mask", "metadata")
+
+
+class RowReader:
+    """The rows of one built parquet file.
+
+    With ``manifest`` and ``verify=True`` the whole file is checked against the manifest's
+    pinned figures first, and a file that differs is refused.
+    """
+
+    def __init__(self, path: str | Path, manifest: Manifest | None = None, verify: bool = False):
+        self.path = Path(path)
+        if verify:
+            if manifest is None:
+                raise ValueError("verify=True needs the manifest to verify against")
+            differing = [c for c in compare(file_figures(self.path, manifest.row_tokens), manifest.expect,
+                                            manifest.rows) if c.status == "differs"]
+            if differing:
+                raise VerificationError(f"{self.path}: does not match {manifest.name}: " + "; ".join(
+                    f"{c.figure} expected {c.expected}, got {c.got}" for c in differing))
+        self._parquet = open_row_file(self.path)
+        self._columns = [c for c in COLUMNS if c in self._parquet.schema_arrow.names]
+        sizes = [self._parquet.metadata.row_group(g).num_rows for g in range(self._parquet.metadata.num_row_groups)]
+        self._group_start = np.cumsum([0] + sizes, dtype=np.int64)
+        self._cached: tuple[int, list[dict]] | None = None
+
+    def __len__(self) -> int:
+        return int(self._group_start[-1])
+
+    def __getitem__(self, index: int) -> dict:
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"row {index} of a file of {len(self)} rows")
+        index %= len(self)
+        group = int(np.searchsorted(self._group_start, index, side="right") - 1)
+        return self._group(group)[index - int(self._group_start[group])]
+
+    def rows(self, start: int = 0, rank: int = 0, world_size: int = 1) -> Iterator[dict]:
+        """Rows ``i >= start`` with ``i % world_size == rank``, in order.
+
+        The shards of ranks ``0 .. world_size - 1`` are disjoint and together hold every row;
+        a job that consumed ``k`` rows per rank resumes at ``start = k * world_size``.
+        """
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
+        first = start + (rank - start) % world_size
+        for index in range(first, len(self), world_size):
+            yield self[index]
+
+    def _group(self, group: int) -> list[dict]:
+        if self._cached is None or self._cached[0] != group:
+            table = read_group(self.path, self._parquet, group, self._columns)
+            ids, mask = token_matrices(self.path, table)
+            metadata = table.column("metadata").to_pylist() if "metadata" in self._columns else [{}] * len(ids)
+            first = int(self._group_start[group])
+            self._cached = (group, [{"index": first + i, "input_ids": ids[i], "loss_mask": mask[i], **(meta or {})}
+                                    for i, meta in enumerate(metadata)])
+        return self._cached[1]
+
+
+def worker_shard(rank: int, world_size: int, worker: int, workers: int) -> tuple[int, int]:
+    """The (rank, world_size) of one data-loader worker of one training rank."""
+    return rank * workers + worker, world_size * workers
+
+
+def torch_dataset(path: str | Path, rank: int = 0, world_size: int = 1, start: int = 0):
+    """A ``torch.utils.data.IterableDataset`` of this rank's rows, split among loader workers.
+
+    Rows are dicts of tensors (``input_ids`` int64, ``loss_mask`` int64) with their ``index``.
+    torch is not a dependency of this project; this needs it installed.
+    """
+    try:
+        import torch
+        from torch.utils.data import IterableDataset, get_worker_info
+    except ImportError as err:
+        raise ImportError("torch_dataset needs torch, which fixed-SFT does not install") from err
+
+    class RowDataset(IterableDataset):
+        def __iter__(self):
+            info = get_worker_info()
+            shard = worker_shard(rank, world_size, info.id, info.num_workers) if info else (rank, world_size)
+            for row in RowReader(path).rows(start, *shard):
+                yield {"index": row["index"],
+                       "input_ids": torch.from_numpy(row["input_ids"].astype(np.int64)),
+                       "loss_mask": torch.from_numpy(row["loss_mask"].astype(np.int64))}
+
+    return RowDataset()
