@@ -23,10 +23,16 @@ class EncodedConversation:
 
 
 class ConversationEncoder:
-    """Renders with the pinned template, encodes with the pinned tokenizer, applies the glm5 mask."""
+    """Renders with the pinned template, encodes with the pinned tokenizer, applies the glm5 mask.
+
+    The encoder owns ``pinned.tokenizer``: it turns off any truncation or padding that
+    ``tokenizer.json`` configures, as transformers does when it encodes a rendered chat.
+    """
 
     def __init__(self, pinned: PinnedTokenizer):
         self.tokenizer = pinned.tokenizer
+        self.tokenizer.no_truncation()
+        self.tokenizer.no_padding()
         self.renderer = ChatRenderer(pinned.chat_template)
         self.token_bytes = token_byte_lengths(self.tokenizer)
         self.eos_id = self._token_id(glm5.EOS)

@@ -33,7 +33,7 @@ class Hub:
 class PinnedTokenizer:
     tokenizer: Tokenizer
     chat_template: str
-    snapshot: Path
+    snapshot: Path | None  # None for a tokenizer that did not come from a pinned snapshot
 
 
 def resolve_snapshot(repo: str, repo_type: str, revision: str, allow_patterns: list[str], hub: Hub) -> Path:
@@ -57,8 +57,6 @@ def load_pinned_tokenizer(pin: TokenizerPin, hub: Hub) -> PinnedTokenizer:
     contents = {name: read_checked(snapshot / name, pin.sha256[name]) for name in TOKENIZER_FILES}
     try:
         tokenizer = Tokenizer.from_str(contents["tokenizer.json"].decode("utf-8"))
-        tokenizer.no_truncation()  # as transformers encodes for apply_chat_template: whole, unpadded
-        tokenizer.no_padding()
         chat_template = contents["chat_template.jinja"].decode("utf-8")
     except Exception as err:  # the bytes matched their pin, so this is a bad pin, not a tampered file
         raise PinnedInputError(f"{snapshot}: the pinned tokenizer files cannot be parsed: {err}") from None

@@ -1,0 +1,227 @@
+"""The training side: the row iterator, the miles rollout function and the miles glm5 patch,
+against stand-ins that follow miles' source (miles itself is not installable from PyPI)."""
+
+import argparse
+import importlib
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from transformers import PreTrainedTokenizerFast
+
+import pretokenized_sft_rollout
+from builders.errors import VerificationError
+from builders.figures import RowFigures
+from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows, tokenizer_json
+from builders.glm5 import EOS
+from builders.manifest import load_manifest
+from builders.rows import RowReader, worker_shard
+from conftest import MANIFESTS, REPO, SELF_CONTAINED
+from test_glm5_mask import encoder
+
+
+@pytest.fixture(scope="module")
+def rows_file(built):
+    return built(SELF_CONTAINED).parquet
+
+
+def built_rows(path):
+    table = pq.read_table(path)
+    return table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist()
+
+
+def test_iterating_gives_back_exactly_the_built_rows(rows_file):
+    manifest = load_manifest(MANIFESTS / f"{SELF_CONTAINED}.yaml")
+    reader = RowReader(rows_file, manifest, verify=True)
+    figures = RowFigures(manifest.row_tokens)
+    ids, masks = built_rows(rows_file)
+    rows = list(reader.rows())
+    for i, row in enumerate(rows):
+        assert row["index"] == i and row["row_index"] == i
+        assert row["input_ids"].dtype == np.int32 and row["loss_mask"].dtype == np.uint8
+        assert row["input_ids"].tolist() == ids[i] and row["loss_mask"].tolist() == masks[i]
+        figures.add(row["input_ids"], row["loss_mask"])
+    assert len(rows) == len(reader) == manifest.rows
+    assert figures.as_dict()["rows_sha256"] == manifest.expect.rows_sha256
+    assert reader[-1]["index"] == len(reader) - 1 and reader[5]["input_ids"].tolist() == ids[5]
+    with pytest.raises(IndexError):
+        reader[len(reader)]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 5, 8])
+def test_shards_are_disjoint_and_cover_every_row(rows_file, world_size):
+    reader = RowReader(rows_file)
+    shards = [[row["index"] for row in reader.rows(rank=r, world_size=world_size)] for r in range(world_size)]
+    flat = sorted(i for shard in shards for i in shard)
+    assert flat == list(range(len(reader)))
+    again = [[row["index"] for row in RowReader(rows_file).rows(rank=r, world_size=world_size)]
+             for r in range(world_size)]
+    assert again == shards
+
+
+@pytest.mark.parametrize("world_size, consumed", [(1, 0), (1, 17), (2, 5), (4, 3), (3, 16)])
+def test_resuming_continues_where_it_stopped(rows_file, world_size, consumed):
+    reader = RowReader(rows_file)
+    for rank in range(world_size):
+        whole = [row["index"] for row in reader.rows(rank=rank, world_size=world_size)]
+        resumed = [row["index"] for row in reader.rows(start=consumed * world_size, rank=rank,
+                                                       world_size=world_size)]
+        assert resumed == whole[consumed:]
+
+
+def test_loader_workers_split_a_rank_further():
+    shards = [worker_shard(rank, 2, worker, 3) for rank in range(2) for worker in range(3)]
+    assert sorted(shard_rank for shard_rank, _ in shards) == list(range(6))
+    assert {shard_world for _, shard_world in shards} == {6}
+
+
+def test_reads_one_row_group_at_a_time(rows_file, monkeypatch):
+    reader = RowReader(rows_file)
+    reads = []
+    original = reader._parquet.read_row_group
+    monkeypatch.setattr(reader._parquet, "read_row_group", lambda g, **kw: reads.append(g) or original(g, **kw))
+    for _ in reader.rows():
+        pass
+    assert reads == list(range(reader._parquet.metadata.num_row_groups))
+
+
+def test_verify_refuses_a_file_that_differs(rows_file, tmp_path):
+    table = pq.read_table(rows_file)
+    pq.write_table(table.slice(1), tmp_path / "short.parquet")
+    with pytest.raises(VerificationError, match="rows expected 48, got 47"):
+        RowReader(tmp_path / "short.parquet", load_manifest(MANIFESTS / f"{SELF_CONTAINED}.yaml"), verify=True)
+
+
+def test_torch_dataset(rows_file):
+    torch = pytest.importorskip("torch", reason="torch is optional and not installed")
+    from builders.rows import torch_dataset
+    loader = torch.utils.data.DataLoader(torch_dataset(rows_file, rank=1, world_size=2), batch_size=None,
+                                         num_workers=2)
+    assert sorted(int(row["index"]) for row in loader) == list(range(1, 48, 2))
+
+
+# --- miles stand-ins, following miles/utils/types.py, miles/utils/data.py and
+# --- miles/rollout/data_source.py (RolloutDataSource.get_samples) at the recipe's commit
+
+
+@dataclass
+class Sample:
+    prompt: object = ""
+    tokens: list = field(default_factory=list)
+    response_length: int = 0
+    reward: object = None
+    loss_mask: list | None = None
+    metadata: dict = field(default_factory=dict)
+
+
+class DataBuffer:
+    """miles' reading path for --prompt-data: iter_batches → to_pylist → row.get(key)."""
+
+    def __init__(self, path, input_key, metadata_key):
+        self.samples = []
+        for batch in pq.ParquetFile(path).iter_batches():
+            for data in batch.to_pylist():
+                self.samples.append(Sample(prompt=data.get(input_key), metadata=data.get(metadata_key) or {}))
+        self.offset = 0
+
+    def get_samples(self, n):
+        picked = self.samples[self.offset:self.offset + n]
+        self.offset += n
+        return [[sample] for sample in picked]
+
+
+def test_rollout_fills_samples_through_miles_reading_path(rows_file):
+    args = SimpleNamespace(prompt_data=str(rows_file), input_key="messages", metadata_key="metadata",
+                           rollout_batch_size=16, rollout_global_dataset=True)
+    buffer = DataBuffer(rows_file, args.input_key, args.metadata_key)
+    ids, masks = built_rows(rows_file)
+    filled = []
+    for rollout_id in range(3):
+        filled += pretokenized_sft_rollout.generate_rollout(args, rollout_id, buffer)
+    assert len(filled) == 48
+    for i, (sample,) in enumerate(filled):
+        assert sample.tokens == ids[i] and sample.reward == 0
+        first = masks[i].index(1)
+        assert sample.response_length == len(masks[i]) - first
+        assert sample.loss_mask == masks[i][first:]
+    with pytest.raises(ValueError, match="no evaluation"):
+        pretokenized_sft_rollout.generate_rollout(args, 0, buffer, evaluation=True)
+
+
+def test_rollout_reads_a_sliced_prompt_path(rows_file):
+    args = SimpleNamespace(prompt_data=f"{rows_file}@[10:20]", rollout_batch_size=2)
+    buffer = SimpleNamespace(get_samples=lambda n: [[Sample(metadata={"row_index": 12})]])
+    ((sample,),) = pretokenized_sft_rollout.generate_rollout(args, 0, buffer)
+    assert sample.tokens == built_rows(rows_file)[0][12]
+
+
+STAND_IN_MASK_UTILS = '''
+class MultiTurnLossMaskGenerator:
+    """Stand-in with the interface of miles.utils.mask_utils.MultiTurnLossMaskGenerator."""
+
+    def __init__(self, tokenizer, tokenizer_type="qwen"):
+        self.tokenizer = tokenizer
+        self.tokenizer_type = tokenizer_type
+
+    def get_loss_mask(self, messages, tools=None):
+        if self.tokenizer_type == "qwen":
+            return [], []
+        elif self.tokenizer_type == "distill_qwen":
+            return [], []
+        else:
+            raise ValueError(f"Unsupported tokenizer type: {self.tokenizer_type}")
+'''
+STAND_IN_ARGUMENTS = '''
+def add_args(parser):
+    parser.add_argument(
+                "--loss-mask-type",
+                type=str,
+                default="qwen",
+                choices=["qwen", "qwen3", "distill_qwen"],
+                help="Loss mask type",
+            )
+'''
+
+
+@pytest.fixture
+def patched_miles(tmp_path, monkeypatch):
+    utils = tmp_path / "miles" / "utils"
+    utils.mkdir(parents=True)
+    (tmp_path / "miles" / "__init__.py").write_text("")
+    (utils / "__init__.py").write_text("")
+    (utils / "mask_utils.py").write_text(STAND_IN_MASK_UTILS)
+    (utils / "arguments.py").write_text(STAND_IN_ARGUMENTS)
+    script = [sys.executable, str(REPO / "patches" / "patch_glm5_mask.py")]
+    assert subprocess.run(script + ["--check", str(tmp_path)], capture_output=True).returncode == 1
+    done = subprocess.run(script + [str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert subprocess.run(script + ["--check", str(tmp_path)], capture_output=True).returncode == 0
+    assert subprocess.run(script + [str(tmp_path)], capture_output=True, text=True).stdout.strip() == \
+        "already applied"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m == "miles" or m.startswith("miles.")]:
+        monkeypatch.delitem(sys.modules, name)
+    return importlib.import_module("miles.utils.mask_utils"), importlib.import_module("miles.utils.arguments")
+
+
+def test_patched_generator_returns_the_builders_tokens_and_mask(patched_miles, tmp_path):
+    mask_utils, arguments = patched_miles
+    parser = argparse.ArgumentParser()
+    arguments.add_args(parser)
+    assert parser.parse_args(["--loss-mask-type", "glm5"]).loss_mask_type == "glm5"
+    (tmp_path / "tokenizer.json").write_bytes(tokenizer_json())
+    template = FIXTURE_TEMPLATE.read_text(encoding="utf-8")
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"), chat_template=template)
+    generator = mask_utils.MultiTurnLossMaskGenerator(hf, tokenizer_type="glm5")
+    builder = encoder(template)
+    rows = [{"index": i, "id": r["id"], "messages": r["messages"]} for i, r in enumerate(synthetic_rows())]
+    for row, expected in zip(rows, builder.encode(rows)):
+        token_ids, loss_mask = generator.get_loss_mask(row["messages"])
+        assert token_ids == expected.ids.tolist() and loss_mask == expected.mask.tolist(), row["id"]
+        assert token_ids[-1] == hf.convert_tokens_to_ids(EOS)
+    with pytest.raises(ValueError, match="without tools"):
+        generator.get_loss_mask(rows[0]["messages"], tools=[{"name": "f"}])
