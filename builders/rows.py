@@ -77,8 +77,9 @@ class RowReader:
 
 
 def worker_shard(rank: int, world_size: int, worker: int, workers: int) -> tuple[int, int]:
-    """The (rank, world_size) of one data-loader worker of one training rank."""
-    return rank * workers + worker, world_size * workers
+    """The (rank, world_size) of one data-loader worker of one training rank: the workers of a
+    rank split that rank's rows (``i % world_size == rank``) among themselves."""
+    return rank + world_size * worker, world_size * workers
 
 
 def torch_dataset(path: str | Path, rank: int = 0, world_size: int = 1, start: int = 0):

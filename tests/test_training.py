@@ -73,10 +73,14 @@ def test_resuming_continues_where_it_stopped(rows_file, world_size, consumed):
         assert resumed == whole[consumed:]
 
 
-def test_loader_workers_split_a_rank_further():
-    shards = [worker_shard(rank, 2, worker, 3) for rank in range(2) for worker in range(3)]
-    assert sorted(shard_rank for shard_rank, _ in shards) == list(range(6))
-    assert {shard_world for _, shard_world in shards} == {6}
+@pytest.mark.parametrize("world_size, workers", [(1, 2), (2, 3), (4, 2)])
+def test_loader_workers_split_their_ranks_rows(rows_file, world_size, workers):
+    reader = RowReader(rows_file)
+    for rank in range(world_size):
+        mine = [row["index"] for row in reader.rows(rank=rank, world_size=world_size)]
+        split = [[row["index"] for row in reader.rows(7, *worker_shard(rank, world_size, w, workers))]
+                 for w in range(workers)]
+        assert sorted(i for part in split for i in part) == [i for i in mine if i >= 7]
 
 
 def test_reads_one_row_group_at_a_time(rows_file, monkeypatch):
