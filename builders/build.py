@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from builders.encode import ConversationEncoder, EncodedConversation
-from builders.errors import PinnedInputError, SourceDataError
+from builders.errors import OutputError, PinnedInputError, SourceDataError
 from builders.figures import Check, RowFigures, check_notes, compare, file_hash
 from builders.manifest import Manifest
 from builders.packing import RowPacker
@@ -64,7 +64,11 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(),
     timings["resolve_inputs_s"] = time.perf_counter() - started
     log(f"inputs resolved: {source.num_rows} source rows in {len(source.files)} files")
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temporaries(out_dir, manifest.name)
+    except OSError as err:
+        raise OutputError(f"{out_dir}: cannot prepare the output folder: {err.strerror or err}") from None
     temporary = out_dir / f".{manifest.name}.parquet.{os.getpid()}.tmp"
     try:
         started = time.perf_counter()
@@ -80,9 +84,30 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(),
         report = out_dir / f"{manifest.name}.report.json"
         _write_json(report, _report(manifest, final, computed, checks, verified, notes, stats, timings))
         os.replace(temporary, final)
+    except OSError as err:
+        raise OutputError(f"{out_dir}: cannot write the build output ({err.strerror or err}); nothing was "
+                          f"left at the final path") from None
     finally:
         temporary.unlink(missing_ok=True)
     return BuildResult(final, report, verified, checks, notes)
+
+
+def _remove_stale_temporaries(out_dir: Path, name: str) -> None:
+    """Remove temporary files that builds of ``name`` killed before they could clean up left behind."""
+    for path in list(out_dir.glob(f".{name}.parquet.*.tmp")) + list(out_dir.glob(f".{name}.report.json.*.tmp")):
+        pid = path.name.rsplit(".", 2)[-2]
+        if pid.isdigit() and not _alive(int(pid)):
+            path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _checked_order(manifest: Manifest, source: ParquetSource) -> np.ndarray:
@@ -157,5 +182,8 @@ def _version(library: str) -> str | None:
 
 def _write_json(path: Path, document: dict) -> None:
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(temporary, path)
+    try:
+        temporary.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -31,6 +32,8 @@ exit codes:
   3  a pinned input is missing, unresolvable or does not match its sha256
   4  the source holds a conversation the row contract cannot render, or too few rows
   5  a figure differs from the manifest (a build keeps its file as NAME.unverified.parquet)
+  6  the output cannot be written (disk full, no permission)
+  130 interrupted (SIGINT or SIGTERM); temporary files are removed
 """
 
 
@@ -56,6 +59,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)  # unwind like Ctrl-C, so temporary files are removed
     try:
         if args.verify is not None:
             return _verify(args)
@@ -73,6 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     except BuildError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted; nothing was left at the final path", file=sys.stderr)
+        return 130
+
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _manifest(name: str | None, path: Path | None, manifests: Path) -> Manifest:

@@ -34,6 +34,12 @@ class SourceDataError(BuildError):
     exit_code = 4
 
 
+class OutputError(BuildError):
+    """The output cannot be written (a full disk, no permission)."""
+
+    exit_code = 6
+
+
 class VerificationError(BuildError):
     """The built or given file's figures differ from what the manifest pins."""
 

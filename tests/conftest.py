@@ -71,3 +71,35 @@ def run_cli(*args: str, hf_home: Path | None = None, env: dict | None = None, cw
     environment.update(env or {})
     return subprocess.run([sys.executable, str(REPO / "data" / "generate_fixed_sft.py"), *args],
                           capture_output=True, text=True, env=environment, cwd=cwd or REPO, timeout=600)
+
+
+def lay_out_build(hf_home: Path, rows: list[dict], *, name: str = "custom", seed: int = 3, row_tokens: int = 200,
+                  build_rows: int = 30, shards: int = 4, row_group_rows: int = 5,
+                  dataset_files: dict | None = None, tokenizer_files: dict | None = None) -> Path:
+    """Lay out a dataset and tokenizer repo in ``hf_home`` and write a manifest naming them."""
+    import hashlib
+
+    from builders.fixture.hf_cache import MESSAGE_WITH_REASONING, parquet_shards, put_snapshot
+    from builders.fixture.make import FIXTURE_TEMPLATE, tokenizer_json
+
+    dataset_files = dataset_files or parquet_shards(rows, shards=shards, row_group_rows=row_group_rows,
+                                                    message_type=MESSAGE_WITH_REASONING)
+    tokenizer_files = tokenizer_files or {"tokenizer.json": tokenizer_json(),
+                                          "chat_template.jinja": FIXTURE_TEMPLATE.read_bytes()}
+    dataset = put_snapshot(hf_home, f"someone/{name}-chat", "dataset", dataset_files)
+    tokenizer = put_snapshot(hf_home, f"someone/{name}-tokenizer", "model", tokenizer_files)
+    sha = {k: hashlib.sha256(v).hexdigest() for k, v in tokenizer_files.items()}
+    manifest = hf_home / f"{name}.yaml"
+    manifest.write_text(f"""\
+name: {name}
+dataset: {{repo: someone/{name}-chat, revision: {dataset}, split: train}}
+tokenizer:
+  repo: someone/{name}-tokenizer
+  revision: {tokenizer}
+  sha256: {{tokenizer.json: {sha['tokenizer.json']}, chat_template.jinja: {sha['chat_template.jinja']}}}
+loss_mask: glm5
+seed: {seed}
+row_tokens: {row_tokens}
+rows: {build_rows}
+""")
+    return manifest

@@ -1,17 +1,15 @@
 """The builder's rows against tests/reference.py, an independent implementation of ROWS.md."""
 
-import hashlib
 import json
 
 import pyarrow.parquet as pq
 import pytest
 
 from builders.build import build
-from builders.fixture.hf_cache import MESSAGE_WITH_REASONING, parquet_shards, put_snapshot
-from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows, tokenizer_json
-from builders.manifest import load_manifest, parse_manifest
+from builders.fixture.make import synthetic_rows
+from builders.manifest import load_manifest
 from builders.pinned import Hub
-from conftest import MANIFESTS, SELF_CONTAINED, manifest_names
+from conftest import MANIFESTS, SELF_CONTAINED, lay_out_build, manifest_names
 from reference import reference_rows, rows_sha256
 
 
@@ -55,28 +53,8 @@ def test_provenance_points_at_the_source(name, built):
 
 def test_another_cache_laid_out_the_same_way(tmp_path):
     """A manifest naming any offline cache of the same layout builds, and its rows obey the contract."""
-    hf_home = tmp_path / "hf"
-    rows = synthetic_rows(seed=7, count=90)
-    dataset = put_snapshot(hf_home, "someone/other-chat", "dataset",
-                           parquet_shards(rows, shards=4, row_group_rows=5, message_type=MESSAGE_WITH_REASONING))
-    template = FIXTURE_TEMPLATE.read_bytes()
-    tokenizer = put_snapshot(hf_home, "someone/other-tokenizer", "model",
-                             {"tokenizer.json": tokenizer_json(), "chat_template.jinja": template})
-    manifest = parse_manifest(f"""
-name: other
-dataset: {{repo: someone/other-chat, revision: {dataset}, split: train, rows: {len(rows)}}}
-tokenizer:
-  repo: someone/other-tokenizer
-  revision: {tokenizer}
-  sha256:
-    tokenizer.json: {hashlib.sha256(tokenizer_json()).hexdigest()}
-    chat_template.jinja: {hashlib.sha256(template).hexdigest()}
-loss_mask: glm5
-seed: 3
-row_tokens: 200
-rows: 30
-""")
-    hub = Hub(cache_dir=hf_home / "hub", offline=True)
+    manifest = load_manifest(lay_out_build(tmp_path / "hf", synthetic_rows(seed=7, count=90)))
+    hub = Hub(cache_dir=tmp_path / "hf" / "hub", offline=True)
     result = build(manifest, tmp_path / "out", hub)
     assert result.verified
     assert file_rows(result.parquet) == reference_for(manifest, hub)

@@ -1,0 +1,213 @@
+"""Faults and tampering: every one ends in the right file or a clear error, never a wrong file
+at the final path (issue: bad input, faults and tampering)."""
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from builders.errors import SourceDataError
+from builders.fixture.hf_cache import MESSAGE, parquet_shards
+from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows
+from conftest import REPO, SELF_CONTAINED, lay_out_build, run_cli
+from test_glm5_mask import encoder
+
+BIG = dict(name="big", row_tokens=512, build_rows=1200, shards=3, row_group_rows=200)
+
+
+@pytest.fixture(scope="module")
+def big_build(tmp_path_factory):
+    """A build that takes a few seconds, to interrupt, and its uninterrupted bytes."""
+    hf_home = tmp_path_factory.mktemp("big")
+    manifest = lay_out_build(hf_home, synthetic_rows(seed=11, count=2400), **BIG)
+    out = tmp_path_factory.mktemp("big-out")
+    done = run_cli("--manifest", str(manifest), "--out", str(out), hf_home=hf_home)
+    assert done.returncode == 0, done.stderr
+    return hf_home, manifest, (out / "big.parquet").read_bytes()
+
+
+def start_build(hf_home, manifest, out, **popen):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1")
+    return subprocess.Popen([sys.executable, str(REPO / "data" / "generate_fixed_sft.py"), "--manifest",
+                             str(manifest), "--out", str(out)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **popen)
+
+
+def wait_for(predicate, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.parametrize("when", ["starting", "writing"])
+def test_interrupted_build_leaves_no_file_and_a_rerun_is_identical(big_build, tmp_path, signum, when):
+    hf_home, manifest, expected = big_build
+    out = tmp_path / "out"
+    process = start_build(hf_home, manifest, out)
+    if when == "writing":
+        assert wait_for(lambda: out.exists() and any(p.suffix == ".tmp" for p in out.iterdir())), \
+            "the build never started writing"
+    else:
+        time.sleep(0.3)
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=120)
+    assert not (out / "big.parquet").exists() and not (out / "big.unverified.parquet").exists()
+    if signum != signal.SIGKILL and when == "writing":
+        assert process.returncode == 130 and "interrupted" in stderr
+        assert "Traceback" not in stderr
+        assert not [p for p in out.iterdir() if p.suffix == ".tmp"]
+    rerun = start_build(hf_home, manifest, out)
+    _, stderr = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, stderr
+    assert (out / "big.parquet").read_bytes() == expected
+    assert not [p for p in out.iterdir() if p.suffix == ".tmp"], "a killed build's temporary file was left"
+
+
+def test_two_builds_into_one_folder_at_once(big_build, tmp_path):
+    hf_home, manifest, expected = big_build
+    out = tmp_path / "out"
+    first, second = start_build(hf_home, manifest, out), start_build(hf_home, manifest, out)
+    for process in (first, second):
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stderr
+    assert (out / "big.parquet").read_bytes() == expected
+    assert sorted(p.name for p in out.iterdir()) == ["big.parquet", "big.report.json"]
+
+
+def limit_file_size():
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16_000, 16_000))
+
+
+def test_full_disk_fails_clearly(fixture_cache, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_HOME=str(fixture_cache), HF_HUB_OFFLINE="1", PYTHONDONTWRITEBYTECODE="1")
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, str(REPO / "data" / "generate_fixed_sft.py"), "--build", SELF_CONTAINED,
+                           "--out", str(out)], env=env, capture_output=True, text=True, preexec_fn=limit_file_size,
+                          timeout=300)
+    assert done.returncode == 6, done.stderr
+    assert "cannot write the build output" in done.stderr and "Traceback" not in done.stderr
+    assert list(out.iterdir()) == []
+
+
+# --- inputs that are not what they claim, through the command line
+
+
+def other_template():
+    return FIXTURE_TEMPLATE.read_bytes().replace(b"written for", b"made for")
+
+
+@pytest.mark.parametrize("case", ["template tampered", "tokenizer missing", "shard not parquet", "shard truncated",
+                                  "no messages column", "messages of another type"])
+def test_bad_input_names_the_file_and_writes_nothing(tmp_path, case):
+    rows = synthetic_rows(seed=2, count=40)
+    good = parquet_shards(rows, shards=2, row_group_rows=8, message_type=MESSAGE)
+    bad_name = "data/train-00001-of-00002.parquet"
+    dataset, expected = dict(good), bad_name
+    if case == "template tampered":
+        manifest = lay_out_build(tmp_path / "hf", rows, dataset_files=dataset)
+        snapshot = next((tmp_path / "hf" / "hub" / "models--someone--custom-tokenizer" / "snapshots").iterdir())
+        (snapshot / "chat_template.jinja").unlink()
+        (snapshot / "chat_template.jinja").write_bytes(other_template())
+        expected = "chat_template.jinja: sha256 is"
+    elif case == "tokenizer missing":
+        manifest = lay_out_build(tmp_path / "hf", rows, dataset_files=dataset)
+        snapshot = next((tmp_path / "hf" / "hub" / "models--someone--custom-tokenizer" / "snapshots").iterdir())
+        (snapshot / "tokenizer.json").unlink()
+        expected = "tokenizer.json: cannot read the pinned file"
+    else:
+        dataset[bad_name] = {
+            "shard not parquet": b"<html>not found</html>",
+            "shard truncated": good[bad_name][: len(good[bad_name]) // 2],
+            "no messages column": _parquet(pa.table({"id": ["a"], "conversation": ["x"]})),
+            "messages of another type": _parquet(pa.table({"id": ["a"], "messages": [["x"]]})),
+        }[case]
+        manifest = lay_out_build(tmp_path / "hf", rows, dataset_files=dataset)
+    out = tmp_path / "out"
+    done = run_cli("--manifest", str(manifest), "--out", str(out), hf_home=tmp_path / "hf")
+    assert done.returncode == 3, done.stderr
+    assert expected in done.stderr and "Traceback" not in done.stderr
+    assert not out.exists()
+
+
+def _parquet(table):
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return sink.getvalue().to_pybytes()
+
+
+def test_unrenderable_conversation_names_source_index_and_id(tmp_path):
+    rows = synthetic_rows(seed=2, count=30)
+    rows[13]["messages"].append({"role": "function", "content": "x"})
+    manifest = lay_out_build(tmp_path / "hf", rows, build_rows=60)
+    done = run_cli("--manifest", str(manifest), "--out", str(tmp_path / "out"), hf_home=tmp_path / "hf")
+    assert done.returncode == 4
+    assert f"source row 13 (id '{rows[13]['id']}')" in done.stderr and "role 'function'" in done.stderr
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+# --- verification that can be trusted
+
+
+def tampered(table: pa.Table, how: str) -> pa.Table:
+    if how == "row removed":
+        return pa.concat_tables([table.slice(0, 20), table.slice(21)])
+    if how == "rows swapped":
+        order = list(range(table.num_rows))
+        order[4], order[5] = order[5], order[4]
+        return table.take(order)
+    masks = table.column("loss_mask").to_pylist()
+    masks[30][7] ^= 1
+    return table.set_column(1, "loss_mask", pa.array(masks, type=table.schema.field("loss_mask").type))
+
+
+@pytest.mark.parametrize("how, figure", [("row removed", "rows"), ("rows swapped", "rows_sha256"),
+                                         ("mask bit flipped", "rows_sha256")])
+def test_verify_detects_row_changes(built, tmp_path, how, figure):
+    path = tmp_path / f"{SELF_CONTAINED}.parquet"
+    pq.write_table(tampered(pq.read_table(built(SELF_CONTAINED).parquet), how), path)
+    done = run_cli("--verify", str(path))
+    assert done.returncode == 5
+    assert f"DIFFERS     {figure}:" in done.stdout
+
+
+@pytest.mark.parametrize("where", [0, 4, 0.25, 0.5, 0.75, -12, -5, -1])
+def test_verify_detects_a_flipped_byte_anywhere(built, tmp_path, where):
+    data = bytearray(built(SELF_CONTAINED).parquet.read_bytes())
+    offset = int(where * len(data)) if isinstance(where, float) else where % len(data)
+    data[offset] ^= 0x01
+    path = tmp_path / f"{SELF_CONTAINED}.parquet"
+    path.write_bytes(bytes(data))
+    done = run_cli("--verify", str(path))
+    assert done.returncode == 5, done.stdout + done.stderr
+    assert "DIFFERS     parquet_sha256:" in done.stdout or "cannot read" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+# --- untrusted files stay data
+
+
+def test_template_cannot_reach_python_internals():
+    sneaky = "[gMASK]<sop>{{ ''.__class__.__mro__[1].__subclasses__() }}"
+    enc = encoder(sneaky)
+    with pytest.raises(SourceDataError, match="the chat template failed"):
+        enc.encode([{"index": 0, "id": "x", "messages": [{"role": "user", "content": "hi"}]}])
+
+
+def test_no_code_is_executed_from_inputs():
+    sources = "\n".join(p.read_text() for p in (REPO / "builders").rglob("*.py"))
+    sources += (REPO / "patches" / "pretokenized_sft_rollout.py").read_text()
+    for forbidden in ("trust_remote_code=True", "pickle", "yaml.load(", "eval(", "exec("):
+        assert forbidden not in sources, forbidden
