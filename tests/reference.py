@@ -66,6 +66,23 @@ def pieces(messages: list[dict]) -> list[tuple[str, str, str]]:
     return out
 
 
+def refuse_undefined(messages) -> None:
+    """The conversations data/README.md documents as errors: raise ValueError for each."""
+    if not isinstance(messages, list) or len(messages) == 0:
+        raise ValueError("not a non-empty list of messages")
+    for m in messages:
+        present = {k for k, v in m.items() if v is not None} if isinstance(m, dict) else None
+        if present is None or not present <= {"role", "content", "reasoning_content"}:
+            raise ValueError(f"unsupported message {m!r}")
+        if m.get("role") not in ("system", "user", "assistant", "tool"):
+            raise ValueError(f"unsupported role in {m!r}")
+        if not isinstance(m.get("content"), str):
+            raise ValueError(f"content is not a string in {m!r}")
+        if m.get("reasoning_content") is not None and (m["role"] != "assistant"
+                                                       or not isinstance(m["reasoning_content"], str)):
+            raise ValueError(f"reasoning_content where it cannot be in {m!r}")
+
+
 class Reference:
     def __init__(self, tokenizer_json: Path, chat_template: str):
         self.tok = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_json))
@@ -82,6 +99,7 @@ class Reference:
 
     def conversation(self, messages: list[dict]) -> tuple[list[int], list[int]]:
         """Token ids and mask of one conversation, followed by EOS and its mask value."""
+        refuse_undefined(messages)
         messages = [{k: v for k, v in m.items() if v is not None} for m in messages]
         text = self.tok.apply_chat_template(messages, chat_template=self.template, tokenize=False)
         ids = self.tok.apply_chat_template(messages, chat_template=self.template, tokenize=True)

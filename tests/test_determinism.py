@@ -17,6 +17,7 @@ from conftest import MANIFESTS, SELF_CONTAINED, run_cli
 @pytest.mark.parametrize("env", [
     {"PYTHONHASHSEED": "0", "RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"},
     {"PYTHONHASHSEED": "12345", "RAYON_NUM_THREADS": "2", "OMP_NUM_THREADS": "2", "LC_ALL": "C"},
+    {"LC_ALL": "C.UTF-8", "LANG": "C.UTF-8", "TOKENIZERS_PARALLELISM": "true", "OMP_NUM_THREADS": "1"},
 ])
 def test_build_bytes_do_not_depend_on_the_process(env, fixture_cache, built, tmp_path):
     reference = built(SELF_CONTAINED).parquet.read_bytes()

@@ -12,6 +12,7 @@ from builders.fixture.conversations import hard_cases
 from builders.fixture.make import FIXTURE_TEMPLATE, PINNED_TEMPLATE, shared_dir, synthetic_rows, \
     tokenizer_json, tulu_fixture_rows
 from builders.pinned import PinnedTokenizer
+from reference import refuse_undefined
 
 E = "<|endoftext|>"
 EXPECTED_SUPERVISED = [
@@ -103,6 +104,8 @@ def test_conversations_the_contract_cannot_render_are_refused(messages, problem)
     with pytest.raises(SourceDataError) as err:
         enc.encode([{"index": 17, "id": "conv-17", "messages": messages}])
     assert "source row 17 (id 'conv-17')" in str(err.value) and problem in str(err.value)
+    with pytest.raises(ValueError):  # the reference implementation refuses the same cases
+        refuse_undefined(messages)
 
 
 def test_a_template_that_renders_otherwise_is_refused():
