@@ -1,9 +1,9 @@
 """Build a manifest's rows end to end: pinned inputs → glm5 rows → parquet → verified figures.
 
 Nothing is written before every pinned input has been resolved and checked. The parquet is
-written under a temporary name in the output folder and renamed at the end: to
-``NAME.parquet`` when every pinned figure matches, to ``NAME.unverified.parquet`` when one
-differs, so a file at the final path is always one that verified.
+written under a temporary name in the output folder and renamed last, after its report and
+data card: to ``NAME.parquet`` when every pinned figure matches, to ``NAME.unverified.parquet``
+when one differs, so a file at the final path is always one that verified.
 """
 
 from __future__ import annotations
@@ -14,25 +14,29 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
+from builders.card import write_card
 from builders.encode import ConversationEncoder, EncodedConversation
 from builders.errors import OutputError, PinnedInputError, SourceDataError
 from builders.figures import Check, RowFigures, check_notes, compare, file_hash
 from builders.manifest import Manifest
 from builders.packing import RowPacker
 from builders.pinned import Hub, dataset_files, load_pinned_tokenizer
+from builders.progress import Reporter
 from builders.rowfile import RowWriter
 from builders.source import ParquetSource
+from builders.stats import BuildStats
 
 READ_CHUNK = 65536  # source rows fetched per read; the real build needs ~50k conversations
 ENCODE_BATCH = 256  # conversations rendered and tokenized together
-LIBRARIES = ("numpy", "pyarrow", "tokenizers", "transformers", "huggingface_hub", "jinja2", "datasets", "PyYAML")
+LIBRARIES = ("numpy", "pyarrow", "tokenizers", "transformers", "huggingface_hub", "jinja2", "datasets", "PyYAML",
+             "matplotlib")
 
 
 @dataclass(frozen=True)
@@ -53,8 +57,9 @@ def permutation_sha256(order: np.ndarray) -> str:
     return hashlib.sha256(order.astype("<i8", copy=False).tobytes()).hexdigest()
 
 
-def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(),
-          log: Callable[[str], None] = lambda _: None) -> BuildResult:
+def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporter = Reporter.silent(),
+          card: bool = True) -> BuildResult:
+    """Build ``manifest`` into ``out_dir``: the parquet, its JSON report and (with ``card``) its data card."""
     timings = {}
     started = time.perf_counter()
     pinned = load_pinned_tokenizer(manifest.tokenizer, hub)
@@ -62,7 +67,8 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(),
     order = _checked_order(manifest, source)
     encoder = ConversationEncoder(pinned)
     timings["resolve_inputs_s"] = time.perf_counter() - started
-    log(f"inputs resolved: {source.num_rows} source rows in {len(source.files)} files")
+    reporter.info(f"inputs resolved and checked: {source.num_rows:,} source rows in {len(source.files)} files")
+    reporter.detail(f"tokenizer snapshot {pinned.snapshot}; source files: {', '.join(map(str, source.files))}")
 
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -72,7 +78,7 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(),
     temporary = out_dir / f".{manifest.name}.parquet.{os.getpid()}.tmp"
     try:
         started = time.perf_counter()
-        figures, stats = _write_rows(manifest, _stream(source, order, encoder), temporary, log)
+        figures, stats = _write_rows(manifest, _stream(source, order, encoder), temporary, reporter)
         timings["build_s"] = time.perf_counter() - started
         started = time.perf_counter()
         computed = {**figures.as_dict(), **file_hash(temporary)}
@@ -81,8 +87,13 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(),
         verified = all(check.status != "differs" for check in checks)
         notes = check_notes(checks, manifest.expect)
         final = out_dir / (f"{manifest.name}.parquet" if verified else f"{manifest.name}.unverified.parquet")
+        versions = toolchain()
+        if card:
+            started = time.perf_counter()
+            write_card(out_dir, manifest, computed, checks, verified, stats, versions)
+            timings["card_s"] = time.perf_counter() - started
         report = out_dir / f"{manifest.name}.report.json"
-        _write_json(report, _report(manifest, final, computed, checks, verified, notes, stats, timings))
+        _write_json(report, _report(manifest, final, computed, checks, verified, notes, stats, timings, versions))
         os.replace(temporary, final)
     except OSError as err:
         raise OutputError(f"{out_dir}: cannot write the build output ({err.strerror or err}); nothing was "
@@ -131,33 +142,37 @@ def _stream(source: ParquetSource, order: np.ndarray, encoder: ConversationEncod
             yield from encoder.encode(table.slice(batch, ENCODE_BATCH).to_pylist())
 
 
-def _write_rows(manifest: Manifest, stream: Iterator[EncodedConversation], path: Path, log) -> tuple[RowFigures, dict]:
+def _write_rows(manifest: Manifest, stream: Iterator[EncodedConversation], path: Path,
+                reporter: Reporter) -> tuple[RowFigures, BuildStats]:
     packer = RowPacker(manifest.row_tokens)
     figures = RowFigures(manifest.row_tokens)
+    stats = BuildStats(manifest.row_tokens)
     writer = RowWriter(path)
-    consumed = tokens = 0
     try:
-        for conversation in stream:
-            consumed += 1
-            tokens += len(conversation.ids)
-            for row in packer.add(conversation):
-                writer.write(row)
-                figures.add(row.input_ids, row.loss_mask)
+        with reporter.progress("building rows", total=manifest.rows, unit="rows") as progress:
+            for conversation in stream:
+                stats.add_conversation(conversation)
+                for row in packer.add(conversation):
+                    writer.write(row)
+                    figures.add(row.input_ids, row.loss_mask)
+                    stats.add_row(row)
+                    progress.update(1)
+                    if figures.rows == manifest.rows:
+                        break
                 if figures.rows == manifest.rows:
                     break
-            if figures.rows == manifest.rows:
-                break
-        else:
-            raise SourceDataError(f"the source ran out after {consumed} conversations: {figures.rows} of "
-                                  f"{manifest.rows} rows of {manifest.row_tokens} tokens")
+            else:
+                raise SourceDataError(f"the source ran out after {len(stats.sources)} conversations: "
+                                      f"{figures.rows} of {manifest.rows} rows of {manifest.row_tokens} tokens")
     finally:
         writer.close()
-    log(f"{figures.rows} rows from {consumed} conversations ({packer.windows_skipped} windows skipped)")
-    return figures, {"conversations_consumed": consumed, "stream_tokens_consumed": tokens,
-                     "windows_skipped": packer.windows_skipped}
+    stats.windows_skipped = packer.windows_skipped
+    reporter.info(f"{figures.rows} rows from {len(stats.sources)} conversations "
+                  f"({packer.windows_skipped} windows skipped)")
+    return figures, stats
 
 
-def _report(manifest, final, computed, checks, verified, notes, stats, timings) -> dict:
+def _report(manifest, final, computed, checks, verified, notes, stats, timings, versions) -> dict:
     return {
         "name": manifest.name,
         "manifest": str(manifest.path) if manifest.path else None,
@@ -166,11 +181,16 @@ def _report(manifest, final, computed, checks, verified, notes, stats, timings) 
         "figures": computed,
         "checks": [asdict(check) for check in checks],
         "notes": notes,
-        "stats": stats,
+        "stats": stats.summary(),
         "timings": {key: round(value, 3) for key, value in timings.items()},
-        "versions": {"python": platform.python_version(), **{lib: _version(lib) for lib in LIBRARIES}},
+        "versions": versions,
         "argv": sys.argv,
     }
+
+
+def toolchain() -> dict:
+    """Python's and the libraries' versions, as the report and the card record them."""
+    return {"python": platform.python_version(), **{lib: _version(lib) for lib in LIBRARIES}}
 
 
 def _version(library: str) -> str | None:

@@ -18,6 +18,7 @@ from builders.pinned import PinnedTokenizer
 class EncodedConversation:
     index: int  # source index
     id: str
+    source: str | None  # the source dataset's ``source`` column (which Tulu subset)
     ids: np.ndarray  # int32: the conversation's tokens, then EOS
     mask: np.ndarray  # uint8, same length
 
@@ -45,7 +46,7 @@ class ConversationEncoder:
         return token_id
 
     def encode(self, rows: list[dict]) -> list[EncodedConversation]:
-        """Encode source rows (dicts with ``index``, ``id``, ``messages``), in order."""
+        """Encode source rows (dicts with ``index``, ``id``, ``messages``, optional ``source``), in order."""
         layouts = [self._layout(row) for row in rows]
         encodings = self.tokenizer.encode_batch([lay.text for lay in layouts], add_special_tokens=False)
         return [self._masked(row, lay, enc) for row, lay, enc in zip(rows, layouts, encodings)]
@@ -75,7 +76,7 @@ class ConversationEncoder:
         except ConversationError as err:
             raise SourceDataError(f"{_where(row)}: {err}") from None
         return EncodedConversation(
-            index=row["index"], id=row["id"],
+            index=row["index"], id=row["id"], source=row.get("source"),
             ids=np.append(ids, np.int32(self.eos_id)),
             mask=np.append(mask, np.uint8(eos_supervised)),
         )

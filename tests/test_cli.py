@@ -8,6 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from builders.card import PLOTS
 from builders.fixture.make import TOKENIZER_REPO
 from conftest import MANIFESTS, SELF_CONTAINED, run_cli
 
@@ -30,7 +31,9 @@ def test_build_offline_from_hf_home_then_verify(fixture_cache, tmp_path):
     done = run_cli("--build", SELF_CONTAINED, "--out", str(out), hf_home=fixture_cache)
     assert done.returncode == 0, done.stderr
     assert "verified" in done.stdout
-    assert sorted(p.name for p in out.iterdir()) == [f"{SELF_CONTAINED}.parquet", f"{SELF_CONTAINED}.report.json"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [f"{SELF_CONTAINED}.parquet", f"{SELF_CONTAINED}.report.json", f"{SELF_CONTAINED}.md"]
+        + [f"{SELF_CONTAINED}.{plot}.png" for plot in PLOTS])
     again = run_cli("--verify", str(out / f"{SELF_CONTAINED}.parquet"))
     assert again.returncode == 0, again.stdout + again.stderr
 
@@ -128,7 +131,8 @@ def test_help_lists_exit_codes():
     assert done.returncode == 0 and "exit codes" in done.stdout and "--verify" in done.stdout
 
 
-@pytest.mark.parametrize("argv", [["--build", "../etc/passwd"], ["--build", "no-such-build"], []])
+@pytest.mark.parametrize("argv", [["--build", "../etc/passwd"], ["--build", "no-such-build"], [],
+                                  ["inspect"], ["diff", "no-such-file.parquet", "x.parquet"]])
 def test_usage_errors(argv):
     done = run_cli(*argv)
     assert done.returncode == 2 and done.stderr.startswith("error:")

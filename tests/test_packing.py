@@ -7,7 +7,7 @@ from builders.packing import RowPacker
 
 
 def conv(index, n, supervised):
-    return EncodedConversation(index=index, id=f"c{index}", ids=np.arange(n, dtype=np.int32) + 100 * index,
+    return EncodedConversation(index=index, id=f"c{index}", source=None, ids=np.arange(n, dtype=np.int32) + 100 * index,
                                mask=np.full(n, 1 if supervised else 0, dtype=np.uint8))
 
 

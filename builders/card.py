@@ -1,0 +1,204 @@
+"""The data card beside every build: ``NAME.md`` in the Hugging Face dataset-card format, with plots.
+
+Everything in it is a function of the manifest, the rows and the toolchain (no timings, no
+dates), so the same build gives the same card, byte for byte, plots included.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+
+from builders.manifest import Manifest
+from builders.stats import BuildStats
+
+LICENSE_IDS = {"odc-by 1.0": "odc-by", "odc-by": "odc-by", "cc0-1.0 (generated)": "cc0-1.0", "cc0-1.0": "cc0-1.0",
+               "apache-2.0": "apache-2.0", "mit": "mit"}
+PLOTS = ("tokens-per-source", "conversation-lengths", "row-supervision")
+
+
+def size_category(rows: int) -> str:
+    for limit, name in ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M")):
+        if rows < limit:
+            return name
+    return "n>1M"
+
+
+def write_card(out_dir: Path, manifest: Manifest, figures: dict, checks: list, verified: bool,
+               stats: BuildStats, versions: dict) -> list[Path]:
+    """Write ``NAME.md`` and its PNG plots into ``out_dir``; return the paths written."""
+    written = []
+    for plot, draw in zip(PLOTS, (_plot_sources, _plot_lengths, _plot_supervision)):
+        written.append(_write_atomic(out_dir / f"{manifest.name}.{plot}.png", draw(stats, manifest)))
+    text = card_text(manifest, figures, checks, verified, stats, versions)
+    written.append(_write_atomic(out_dir / f"{manifest.name}.md", text.encode("utf-8")))
+    return written
+
+
+def card_text(manifest: Manifest, figures: dict, checks: list, verified: bool, stats: BuildStats,
+              versions: dict) -> str:
+    ds, tok, name = manifest.dataset, manifest.tokenizer, manifest.name
+    summary = stats.summary()
+    license_id = LICENSE_IDS.get((ds.license or "").lower(), "other")
+    lines = [
+        "---",
+        f"license: {license_id}",
+        *([f"license_name: {ds.license}"] if license_id == "other" and ds.license else []),
+        f"pretty_name: {name}",
+        "task_categories:",
+        "- text-generation",
+        "size_categories:",
+        f"- {size_category(manifest.rows)}",
+        "source_datasets:",
+        f"- {ds.repo}",
+        "tags:",
+        "- sft",
+        "- pretokenized",
+        "- fixed-sft",
+        f"- loss-mask-{manifest.loss_mask}",
+        "---",
+        "",
+        f"# {name}",
+        "",
+        f"{manifest.rows:,} rows of {manifest.row_tokens:,} tokens for supervised fine-tuning, built by fixed-SFT "
+        f"from `{ds.repo}` at `{ds.revision}` with the tokenizer and chat template of `{tok.repo}` at "
+        f"`{tok.revision}`. Conversations are taken in a seeded permutation (seed {manifest.seed}), rendered with "
+        f"the chat template, joined by EOS and cut into rows; rows with no supervised token are skipped. "
+        f"`loss_mask` marks the {manifest.loss_mask} training targets: the assistant's answers and the stop "
+        f"tokens that end them.",
+        "",
+        f"**{'Verified' if verified else 'NOT verified'}** against `manifests/{name}.yaml`.",
+        "",
+        "## Hashes",
+        "",
+        "| figure | expected | got | status |",
+        "|---|---|---|---|",
+        *[f"| {c.figure} | {'' if c.expected is None else c.expected} | {_fmt(c.got)} | {c.status} |" for c in checks],
+        "",
+        "`rows_sha256` names the rows themselves (token ids as little-endian uint32, then the mask as uint8, "
+        "row by row); `parquet_sha256` names this file, whose bytes also depend on the writer's version.",
+        "",
+        "## Pinned inputs",
+        "",
+        "| input | repo | revision | sha256 |",
+        "|---|---|---|---|",
+        f"| dataset (split `{ds.split}`) | `{ds.repo}` | `{ds.revision}` | |",
+        *[f"| `{file}` | `{tok.repo}` | `{tok.revision}` | `{digest}` |" for file, digest in tok.sha256.items()],
+        "",
+        "## Contents",
+        "",
+        f"- supervised tokens: {figures['supervised_token_ratio']:.4f} of all tokens",
+        f"- source conversations consumed: {summary['conversations_consumed']:,} "
+        f"({summary['stream_tokens_consumed']:,} tokens with their EOS; the last one may be cut)",
+        f"- windows skipped for having no supervised token: {summary['windows_skipped']:,}",
+        f"- padding tokens: {figures['padding_tokens']}",
+        "",
+        "### Sources",
+        "",
+        "| source | conversations | tokens | supervised tokens | share of tokens |",
+        "|---|---:|---:|---:|---:|",
+        *[f"| {s['source']} | {s['conversations']:,} | {s['tokens']:,} | {s['supervised_tokens']:,} | "
+          f"{s['tokens'] / max(1, summary['stream_tokens_consumed']):.1%} |" for s in summary["by_source"]],
+        "",
+        f"![tokens per source]({name}.tokens-per-source.png)",
+        "",
+        "### Conversation lengths (tokens, with EOS)",
+        "",
+        "| " + " | ".join(summary["conversation_tokens_percentiles"]) + " |",
+        "|" + "---:|" * len(summary["conversation_tokens_percentiles"]),
+        "| " + " | ".join(f"{v:,}" for v in summary["conversation_tokens_percentiles"].values()) + " |",
+        "",
+        f"![conversation lengths]({name}.conversation-lengths.png)",
+        "",
+        "### Supervised fraction per row",
+        "",
+        f"![supervised fraction per row]({name}.row-supervision.png)",
+        "",
+        "## Columns",
+        "",
+        "`input_ids` (list<int32>), `loss_mask` (list<uint8>), and `metadata`: `row_index`, and for each "
+        "conversation with tokens in the row its `source_index`, `source_id` and `segment_start`.",
+        "",
+        "## Toolchain",
+        "",
+        "| package | version |",
+        "|---|---|",
+        *[f"| {package} | {version} |" for package, version in versions.items()],
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _fmt(value) -> str:
+    return f"{value:.6f}" if isinstance(value, float) else str(value)
+
+
+def _figure():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"font.family": "DejaVu Sans", "font.size": 9, "svg.hashsalt": "fixed-sft"})
+    return plt, plt.subplots(figsize=(7, 3.6), dpi=100)
+
+
+def _png(plt, fig) -> bytes:
+    buffer = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buffer, format="png", metadata={"Software": None})
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def _plot_sources(stats: BuildStats, manifest: Manifest) -> bytes:
+    plt, (fig, ax) = _figure()
+    rows = stats.by_source()[:20][::-1]
+    names = [r["source"] if len(r["source"]) <= 48 else "…" + r["source"][-47:] for r in rows]
+    ax.barh(names, [r["tokens"] for r in rows], color="#9ab", label="all tokens")
+    ax.barh(names, [r["supervised_tokens"] for r in rows], color="#2a7", label="supervised")
+    ax.set_xlabel("tokens consumed")
+    ax.set_title(f"{manifest.name}: tokens per source")
+    ax.legend(loc="lower right")
+    return _png(plt, fig)
+
+
+def _plot_lengths(stats: BuildStats, manifest: Manifest) -> bytes:
+    plt, (fig, ax) = _figure()
+    lengths = np.asarray(stats.conversation_tokens, dtype=np.int64)
+    bins = np.unique(np.geomspace(1, max(2, int(lengths.max(initial=2))) + 1, 40).astype(np.int64))
+    ax.hist(lengths, bins=bins, color="#47a")
+    ax.set_xscale("log")
+    ax.axvline(manifest.row_tokens, color="#c33", linestyle="--", label=f"row length {manifest.row_tokens:,}")
+    ax.set_xlabel("tokens per conversation (log scale)")
+    ax.set_ylabel("conversations")
+    ax.set_title(f"{manifest.name}: conversation lengths ({lengths.size:,} conversations)")
+    ax.legend()
+    return _png(plt, fig)
+
+
+def _plot_supervision(stats: BuildStats, manifest: Manifest) -> bytes:
+    plt, (fig, ax) = _figure()
+    fraction = np.asarray(stats.row_supervised, dtype=np.float64) / manifest.row_tokens
+    ax.plot(np.arange(fraction.size), fraction, color="#2a7", linewidth=0.8)
+    ax.axhline(fraction.mean() if fraction.size else 0, color="#555", linestyle="--",
+               label=f"mean {fraction.mean() if fraction.size else 0:.3f}")
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("row")
+    ax.set_ylabel("supervised fraction")
+    ax.set_title(f"{manifest.name}: supervised fraction per row")
+    ax.legend()
+    return _png(plt, fig)
+
+
+def _write_atomic(path: Path, data: bytes) -> Path:
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_bytes(data)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+    return path

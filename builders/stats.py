@@ -1,0 +1,54 @@
+"""What a build consumed: per-conversation and per-row counts, summarized for the report and card."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from builders.encode import EncodedConversation
+from builders.packing import Row
+
+PERCENTILES = (0, 10, 50, 90, 99, 100)
+
+
+@dataclass
+class BuildStats:
+    row_tokens: int
+    sources: list = field(default_factory=list)
+    conversation_tokens: list = field(default_factory=list)  # each with its EOS
+    conversation_supervised: list = field(default_factory=list)
+    row_supervised: list = field(default_factory=list)
+    windows_skipped: int = 0
+
+    def add_conversation(self, conversation: EncodedConversation) -> None:
+        self.sources.append(conversation.source or "(none)")
+        self.conversation_tokens.append(len(conversation.ids))
+        self.conversation_supervised.append(int(np.count_nonzero(conversation.mask)))
+
+    def add_row(self, row: Row) -> None:
+        self.row_supervised.append(int(np.count_nonzero(row.loss_mask)))
+
+    def by_source(self) -> list[dict]:
+        """Per source: conversations, tokens and supervised tokens consumed, most tokens first."""
+        table = defaultdict(lambda: [0, 0, 0])
+        for source, tokens, supervised in zip(self.sources, self.conversation_tokens, self.conversation_supervised):
+            entry = table[source]
+            entry[0] += 1
+            entry[1] += tokens
+            entry[2] += supervised
+        return [{"source": s, "conversations": c, "tokens": t, "supervised_tokens": u}
+                for s, (c, t, u) in sorted(table.items(), key=lambda item: (-item[1][1], item[0]))]
+
+    def summary(self) -> dict:
+        lengths = np.asarray(self.conversation_tokens, dtype=np.int64)
+        return {
+            "conversations_consumed": len(self.conversation_tokens),
+            "stream_tokens_consumed": int(lengths.sum()),
+            "windows_skipped": self.windows_skipped,
+            "conversation_tokens_percentiles": {
+                f"p{p}": int(np.percentile(lengths, p, method="inverted_cdf")) for p in PERCENTILES
+            } if lengths.size else {},
+            "by_source": self.by_source(),
+        }

@@ -1,0 +1,188 @@
+"""What users see: progress and logs, the data card and its plots, inspect, diff, ecosystem fit."""
+
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from tokenizers import Tokenizer
+
+from builders.build import build, permutation
+from builders.card import PLOTS
+from builders.fixture.make import synthetic_rows, tokenizer_json
+from builders.glm5 import EOS
+from builders.manifest import load_manifest
+from builders.pinned import Hub
+from conftest import MANIFESTS, REPO, SELF_CONTAINED, lay_out_build, run_cli
+
+
+@pytest.fixture(scope="module")
+def cli_build(fixture_cache, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli-build")
+    done = run_cli("--build", SELF_CONTAINED, "--out", str(out), hf_home=fixture_cache)
+    assert done.returncode == 0, done.stderr
+    return out, done
+
+
+def test_plain_progress_lines_when_not_on_a_terminal(cli_build):
+    _, done = cli_build
+    lines = [line for line in done.stderr.splitlines() if line.startswith("building rows:")]
+    assert len(lines) == 10 and lines[-1].startswith("building rows: 48/48 rows (100%)")
+    assert "\r" not in done.stderr
+
+
+def test_quiet_and_verbose(fixture_cache, tmp_path):
+    quiet = run_cli("--build", SELF_CONTAINED, "--out", str(tmp_path / "q"), "-q", hf_home=fixture_cache)
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    loud = run_cli("--build", SELF_CONTAINED, "--out", str(tmp_path / "v"), "-v", hf_home=fixture_cache)
+    assert "tokenizer snapshot" in loud.stderr
+
+
+def test_json_report_on_stdout(fixture_cache, tmp_path):
+    done = run_cli("--build", SELF_CONTAINED, "--out", str(tmp_path), "--json", hf_home=fixture_cache)
+    report = json.loads(done.stdout)
+    manifest = load_manifest(MANIFESTS / f"{SELF_CONTAINED}.yaml")
+    assert report["verified"] and report["figures"]["rows_sha256"] == manifest.expect.rows_sha256
+    verified = run_cli("verify", str(tmp_path / f"{SELF_CONTAINED}.parquet"), "--json")
+    assert json.loads(verified.stdout)["verified"] is True and verified.returncode == 0
+
+
+def test_version_and_python_dash_m():
+    version = run_cli("--version")
+    assert version.returncode == 0 and version.stdout.startswith("fixed-sft ")
+    done = subprocess.run([sys.executable, "-m", "builders", "--help"], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0 and "inspect" in done.stdout and "diff" in done.stdout
+
+
+def front_matter(card: str) -> dict:
+    _, head, _ = card.split("---\n", 2)
+    return yaml.safe_load(head)
+
+
+def test_card_describes_the_build(cli_build):
+    out, _ = cli_build
+    card = (out / f"{SELF_CONTAINED}.md").read_text(encoding="utf-8")
+    manifest = load_manifest(MANIFESTS / f"{SELF_CONTAINED}.yaml")
+    meta = front_matter(card)
+    assert meta["license"] == "cc0-1.0" and meta["size_categories"] == ["n<1K"]
+    assert meta["source_datasets"] == [manifest.dataset.repo]
+    assert manifest.expect.rows_sha256 in card and manifest.dataset.revision in card
+    report = json.loads((out / f"{SELF_CONTAINED}.report.json").read_text())
+    for source in report["stats"]["by_source"]:
+        assert f"| {source['source']} | {source['conversations']:,} | {source['tokens']:,} |" in card
+    assert f"windows skipped for having no supervised token: {report['stats']['windows_skipped']}" in card
+    for plot in PLOTS:
+        assert f"({SELF_CONTAINED}.{plot}.png)" in card
+        assert (out / f"{SELF_CONTAINED}.{plot}.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_card_and_plots_are_deterministic(cli_build, fixture_cache, tmp_path):
+    out, _ = cli_build
+    again = run_cli("--build", SELF_CONTAINED, "--out", str(tmp_path), hf_home=fixture_cache,
+                    env={"PYTHONHASHSEED": "77"})
+    assert again.returncode == 0
+    for name in [f"{SELF_CONTAINED}.md"] + [f"{SELF_CONTAINED}.{plot}.png" for plot in PLOTS]:
+        assert (out / name).read_bytes() == (tmp_path / name).read_bytes(), name
+
+
+def test_plots_show_the_data(cli_build):
+    """Look at the pictures: the source plot has a supervised (green) bar, the supervision plot a green line."""
+    import matplotlib.image
+
+    out, _ = cli_build
+    green = np.array([0x22, 0xAA, 0x77]) / 255
+    for plot in ("tokens-per-source", "row-supervision"):
+        pixels = matplotlib.image.imread(out / f"{SELF_CONTAINED}.{plot}.png")[..., :3]
+        assert (np.abs(pixels - green).max(axis=-1) < 0.05).sum() > 50, plot
+    lengths = matplotlib.image.imread(out / f"{SELF_CONTAINED}.conversation-lengths.png")[..., :3]
+    blue = np.array([0x44, 0x77, 0xAA]) / 255
+    assert (np.abs(lengths - blue).max(axis=-1) < 0.05).sum() > 200
+
+
+def test_inspect_a_row(cli_build, fixture_cache, tmp_path):
+    out, _ = cli_build
+    path = out / f"{SELF_CONTAINED}.parquet"
+    html_path = tmp_path / "row.html"
+    done = run_cli("inspect", str(path), "--row", "3", "--color", "never", "--html", str(html_path),
+                   "--fixture-cache", str(fixture_cache))
+    assert done.returncode == 0, done.stderr
+    row = pq.read_table(path).slice(3, 1).to_pylist()[0]
+    assert done.stdout.startswith("row 3: 512 tokens")
+    for index, id_ in zip(row["metadata"]["source_index"], row["metadata"]["source_id"]):
+        assert f"source row {index} (id {id_})" in done.stdout
+    tokenizer = Tokenizer.from_str(tokenizer_json().decode())
+    ids, mask = np.array(row["input_ids"]), np.array(row["loss_mask"])
+    bounds = np.flatnonzero(np.diff(mask)) + 1
+    runs = [(r, m[0]) for r, m in zip(np.split(ids, bounds), np.split(mask, bounds))]
+    expected = [tokenizer.decode(r.tolist(), skip_special_tokens=False) for r, m in runs if m == 1]
+    shown = [s.replace("⏎" + EOS + "\n", EOS) for s in re.findall("⟦(.*?)⟧", done.stdout, re.S)]
+    assert shown == expected and expected
+    page = html_path.read_text(encoding="utf-8")
+    assert page.startswith("<!doctype html>") and 'class="sup"' in page
+
+
+def test_inspect_a_source_conversation(fixture_cache):
+    done = run_cli("inspect", "--build", SELF_CONTAINED, "--source-index", "0", "--color", "never",
+                   "--fixture-cache", str(fixture_cache))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("source row 0 (id ")
+
+
+def test_diff_two_builds_that_differ_in_one_conversation(tmp_path):
+    rows = synthetic_rows(seed=5, count=80)
+    a = load_manifest(lay_out_build(tmp_path / "a", rows, build_rows=20))
+    changed = [dict(r) for r in rows]
+    # change a conversation the build consumes: the 4th in permutation order
+    victim = int(permutation(3, len(rows))[3])
+    changed[victim] = {**rows[victim], "messages": rows[victim]["messages"][:-1]
+                       + [{"role": "assistant", "content": "a different answer"}]}
+    b = load_manifest(lay_out_build(tmp_path / "b", changed, build_rows=20))
+    built_a = build(a, tmp_path / "out-a", Hub(tmp_path / "a" / "hub", offline=True), card=False)
+    built_b = build(b, tmp_path / "out-b", Hub(tmp_path / "b" / "hub", offline=True), card=False)
+    done = run_cli("diff", str(built_a.parquet), str(built_b.parquet), "--json")
+    assert done.returncode == 1
+    first = json.loads(done.stdout)["first"]
+    assert first["a"]["source_id"] == rows[victim]["id"] == first["b"]["source_id"]
+    assert first["a"]["source_index"] == victim
+    table_a = pq.read_table(built_a.parquet).slice(first["row"], 1).to_pylist()[0]
+    table_b = pq.read_table(built_b.parquet).slice(first["row"], 1).to_pylist()[0]
+    assert table_a["input_ids"][:first["token"]] == table_b["input_ids"][:first["token"]]
+    assert table_a["input_ids"][first["token"]] != table_b["input_ids"][first["token"]]
+    text = run_cli("diff", str(built_a.parquet), str(built_b.parquet))
+    assert f"first difference: row {first['row']}, token {first['token']}, in the tokens" in text.stdout
+
+
+def test_diff_identical_and_against_a_fresh_build(cli_build, fixture_cache):
+    out, _ = cli_build
+    path = out / f"{SELF_CONTAINED}.parquet"
+    same = run_cli("diff", str(path), str(path))
+    assert same.returncode == 0 and same.stdout.startswith("identical: 48 rows")
+    fresh = run_cli("diff", str(path), "--build", SELF_CONTAINED, "--fixture-cache", str(fixture_cache), "-q")
+    assert fresh.returncode == 0 and "identical" in fresh.stdout
+
+
+def test_loads_with_datasets_and_pyarrow(cli_build, tmp_path):
+    import datasets
+
+    out, _ = cli_build
+    path = out / f"{SELF_CONTAINED}.parquet"
+    table = pq.read_table(path)
+    loaded = datasets.load_dataset("parquet", data_files=str(path), split="train",
+                                   cache_dir=str(tmp_path / "datasets-cache"))
+    assert loaded.num_rows == table.num_rows == 48
+    assert loaded[7]["input_ids"] == table.column("input_ids")[7].as_py()
+    assert loaded[7]["metadata"]["row_index"] == 7
+
+
+@pytest.mark.parametrize("library", ["polars", "duckdb"])
+def test_loads_with_other_readers_when_installed(cli_build, library):
+    module = pytest.importorskip(library, reason=f"{library} is not a dependency; checked where installed")
+    path = cli_build[0] / f"{SELF_CONTAINED}.parquet"
+    if library == "polars":
+        assert module.read_parquet(path).height == 48
+    else:
+        assert module.sql(f"select count(*) from '{path}'").fetchall()[0][0] == 48
