@@ -17,6 +17,7 @@ from builders.pinned import Hub
 REPO = Path(__file__).resolve().parents[1]
 MANIFESTS = REPO / "manifests"
 SELF_CONTAINED = "fixture-synthetic-v1"
+EDITED = "fixture-synthetic-edited-v1"
 FROM_SHARED = "fixture-tulu100-v1"
 
 
@@ -42,7 +43,7 @@ def hub(fixture_cache) -> Hub:
 
 
 def manifest_names(with_shared: bool = True) -> list:
-    names = [SELF_CONTAINED]
+    names = [SELF_CONTAINED, EDITED]
     if with_shared:
         names.append(pytest.param(FROM_SHARED, marks=pytest.mark.skipif(
             shared_dir() is None, reason="needs ../shared (real chat template and Tulu 3 rows)")))

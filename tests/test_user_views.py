@@ -17,7 +17,7 @@ from builders.fixture.make import synthetic_rows, tokenizer_json
 from builders.glm5 import EOS
 from builders.manifest import load_manifest
 from builders.pinned import Hub
-from conftest import MANIFESTS, REPO, SELF_CONTAINED, lay_out_build, run_cli
+from conftest import EDITED, MANIFESTS, REPO, SELF_CONTAINED, lay_out_build, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -186,3 +186,14 @@ def test_loads_with_other_readers_when_installed(cli_build, library):
         assert module.read_parquet(path).height == 48
     else:
         assert module.sql(f"select count(*) from '{path}'").fetchall()[0][0] == 48
+
+
+def test_diff_the_edited_fixture_as_the_readme_shows(cli_build, fixture_cache, tmp_path):
+    out, _ = cli_build
+    edited = run_cli("--build", EDITED, "--out", str(tmp_path), "-q", hf_home=fixture_cache)
+    assert edited.returncode == 0, edited.stderr
+    done = run_cli("diff", str(out / f"{SELF_CONTAINED}.parquet"), str(tmp_path / f"{EDITED}.parquet"))
+    rows = synthetic_rows()
+    victim = int(permutation(42, len(rows))[5])
+    assert done.returncode == 1
+    assert f"from source row {victim} (id {rows[victim]['id']})" in done.stdout
