@@ -27,6 +27,7 @@ from builders.errors import OutputError, PinnedInputError, SourceDataError
 from builders.figures import Check, RowFigures, check_notes, compare, file_hash
 from builders.manifest import Manifest
 from builders.packing import RowPacker
+from builders.parallel import encode_batches
 from builders.pinned import Hub, dataset_files, load_pinned_tokenizer
 from builders.progress import Reporter
 from builders.rowfile import RowWriter
@@ -58,14 +59,17 @@ def permutation_sha256(order: np.ndarray) -> str:
 
 
 def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporter = Reporter.silent(),
-          card: bool = True) -> BuildResult:
-    """Build ``manifest`` into ``out_dir``: the parquet, its JSON report and (with ``card``) its data card."""
+          card: bool = True, workers: int = 1) -> BuildResult:
+    """Build ``manifest`` into ``out_dir``: the parquet, its JSON report and (with ``card``) its data card.
+
+    ``workers`` processes render and tokenize (1: this process); the rows do not depend on it.
+    """
     timings = {}
     started = time.perf_counter()
     pinned = load_pinned_tokenizer(manifest.tokenizer, hub)
     source = ParquetSource(dataset_files(manifest.dataset, hub))
     order = _checked_order(manifest, source)
-    encoder = ConversationEncoder(pinned)
+    ConversationEncoder(pinned)  # fail on a tokenizer without the mask's tokens before writing anything
     timings["resolve_inputs_s"] = time.perf_counter() - started
     reporter.info(f"inputs resolved and checked: {source.num_rows:,} source rows in {len(source.files)} files")
     reporter.detail(f"tokenizer snapshot {pinned.snapshot}; source files: {', '.join(map(str, source.files))}")
@@ -78,7 +82,11 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
     temporary = out_dir / f".{manifest.name}.parquet.{os.getpid()}.tmp"
     try:
         started = time.perf_counter()
-        figures, stats = _write_rows(manifest, _stream(source, order, encoder), temporary, reporter)
+        stream = encode_batches(pinned, _batches(source, order), workers)
+        try:
+            figures, stats = _write_rows(manifest, stream, temporary, reporter)
+        finally:
+            stream.close()  # stops the workers as soon as the rows are there
         timings["build_s"] = time.perf_counter() - started
         started = time.perf_counter()
         computed = {**figures.as_dict(), **file_hash(temporary)}
@@ -93,7 +101,8 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
             write_card(out_dir, manifest, computed, checks, verified, stats, versions)
             timings["card_s"] = time.perf_counter() - started
         report = out_dir / f"{manifest.name}.report.json"
-        _write_json(report, _report(manifest, final, computed, checks, verified, notes, stats, timings, versions))
+        _write_json(report, {**_report(manifest, final, computed, checks, verified, notes, stats, timings, versions),
+                             "workers": workers})
         os.replace(temporary, final)
     except OSError as err:
         raise OutputError(f"{out_dir}: cannot write the build output ({err.strerror or err}); nothing was "
@@ -134,12 +143,11 @@ def _checked_order(manifest: Manifest, source: ParquetSource) -> np.ndarray:
     return order
 
 
-def _stream(source: ParquetSource, order: np.ndarray, encoder: ConversationEncoder) -> Iterator[EncodedConversation]:
-    """Encoded conversations in permutation order, read and tokenized only as far as consumed."""
+def _batches(source: ParquetSource, order: np.ndarray) -> Iterator[list[dict]]:
+    """Source rows in permutation order, in batches, read only as far as consumed."""
     for start in range(0, len(order), READ_CHUNK):
-        table = source.take(order[start:start + READ_CHUNK])
-        for batch in range(0, table.num_rows, ENCODE_BATCH):
-            yield from encoder.encode(table.slice(batch, ENCODE_BATCH).to_pylist())
+        for batch in source.take_batches(order[start:start + READ_CHUNK], ENCODE_BATCH):
+            yield batch.to_pylist()
 
 
 def _write_rows(manifest: Manifest, stream: Iterator[EncodedConversation], path: Path,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import tempfile
@@ -46,6 +47,7 @@ exit codes:
   4  the source holds a conversation the row contract cannot render, or too few rows
   5  a figure differs from the manifest (a build keeps its file as NAME.unverified.parquet)
   6  the output cannot be written (disk full, no permission)
+  7  a worker process died (killed, or out of memory)
   130 interrupted (SIGINT or SIGTERM); temporary files are removed
 """
 
@@ -62,6 +64,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--out", metavar="DIR", type=Path, default=Path("out"),
                    help="output folder for NAME.parquet, NAME.report.json and the data card NAME.md (default: out)")
     b.add_argument("--no-card", action="store_true", help="do not write the data card and its plots")
+    b.add_argument("--workers", type=int, default=os.cpu_count() or 1, metavar="N",
+                   help="processes that render and tokenize (default: all cores, here %(default)s); the rows "
+                        "are the same for any number")
     _hub_options(b)
     _output_options(b)
 
@@ -177,7 +182,9 @@ def _manifest(args, file: Path | None = None) -> Manifest:
 
 def _build(args) -> int:
     manifest = _manifest(args)
-    result = build(manifest, args.out, _hub(args), _reporter(args), card=not args.no_card)
+    if args.workers < 1:
+        raise UsageError(f"--workers must be at least 1, not {args.workers}")
+    result = build(manifest, args.out, _hub(args), _reporter(args), card=not args.no_card, workers=args.workers)
     if args.json:
         print(result.report.read_text(encoding="utf-8"), end="")
     else:

@@ -7,6 +7,7 @@ objects, so memory follows what a build consumes, not the size of the source.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,15 @@ class ParquetSource:
         Columns: ``index`` (the source index), ``id``, ``source`` (null where the files have
         none) and ``messages``; still Arrow data, so a caller converts only what it consumes.
         """
+        return next(self.take_batches(indices, max(1, len(indices))))
+
+    def take_batches(self, indices, batch_size: int) -> Iterator[pa.Table]:
+        """``take(indices)`` in consecutive batches of ``batch_size`` rows.
+
+        Each row group that holds a wanted row is decoded once, and only the wanted rows are
+        kept; each batch then copies out just its own rows, so memory holds the wanted rows
+        once, not twice.
+        """
         indices = np.asarray(indices, dtype=np.int64)
         if indices.size and (indices.min() < 0 or indices.max() >= self.num_rows):
             raise IndexError(f"source index out of range 0..{self.num_rows - 1}")
@@ -51,10 +61,13 @@ class ParquetSource:
             parts.append(pa.table({"index": pa.array(members), "id": picked.column("id").cast(pa.string()),
                                    "source": source, "messages": picked.column("messages")}))
         if not parts:
-            return pa.table({"index": pa.array([], pa.int64()), "id": pa.array([], pa.string()),
-                             "source": pa.array([], pa.string()),
-                             "messages": pa.array([], self._parquet[0].schema_arrow.field("messages").type)})
-        return pa.concat_tables(parts, promote_options="permissive").take(pa.array(position.reshape(-1)))
+            parts = [pa.table({"index": pa.array([], pa.int64()), "id": pa.array([], pa.string()),
+                               "source": pa.array([], pa.string()),
+                               "messages": pa.array([], self._parquet[0].schema_arrow.field("messages").type)})]
+        rows = pa.concat_tables(parts, promote_options="permissive")  # chunks side by side: no copy
+        position = position.reshape(-1)
+        for start in range(0, max(1, len(position)), batch_size):
+            yield rows.take(pa.array(position[start:start + batch_size], type=pa.int64()))
 
     def _read_group(self, group: int) -> pa.Table:
         f, g = int(self._group_file[group]), int(self._group_index[group])

@@ -14,15 +14,17 @@ from builders.manifest import load_manifest
 from conftest import MANIFESTS, SELF_CONTAINED, run_cli
 
 
-@pytest.mark.parametrize("env", [
-    {"PYTHONHASHSEED": "0", "RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"},
-    {"PYTHONHASHSEED": "12345", "RAYON_NUM_THREADS": "2", "OMP_NUM_THREADS": "2", "LC_ALL": "C"},
-    {"LC_ALL": "C.UTF-8", "LANG": "C.UTF-8", "TOKENIZERS_PARALLELISM": "true", "OMP_NUM_THREADS": "1"},
+@pytest.mark.parametrize("workers, env", [
+    ("1", {"PYTHONHASHSEED": "0", "RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}),
+    ("2", {"PYTHONHASHSEED": "12345", "RAYON_NUM_THREADS": "2", "OMP_NUM_THREADS": "2", "LC_ALL": "C"}),
+    ("3", {"LC_ALL": "C.UTF-8", "LANG": "C.UTF-8", "TOKENIZERS_PARALLELISM": "true", "OMP_NUM_THREADS": "1"}),
 ])
-def test_build_bytes_do_not_depend_on_the_process(env, fixture_cache, built, tmp_path):
+def test_build_bytes_do_not_depend_on_the_process(workers, env, fixture_cache, built, tmp_path):
+    """The session's build ran in-process with one worker; these run as users do, with 1 to 3 workers."""
     reference = built(SELF_CONTAINED).parquet.read_bytes()
     out = tmp_path / "out"
-    done = run_cli("--build", SELF_CONTAINED, "--out", str(out), hf_home=fixture_cache, env=env)
+    done = run_cli("--build", SELF_CONTAINED, "--out", str(out), "--workers", workers, hf_home=fixture_cache,
+                   env=env)
     assert done.returncode == 0, done.stderr
     assert (out / f"{SELF_CONTAINED}.parquet").read_bytes() == reference
 

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -72,6 +73,29 @@ def test_interrupted_build_leaves_no_file_and_a_rerun_is_identical(big_build, tm
     assert rerun.returncode == 0, stderr
     assert (out / "big.parquet").read_bytes() == expected
     assert not [p for p in out.iterdir() if p.suffix == ".tmp"], "a killed build's temporary file was left"
+
+
+def worker_pids(pid: int) -> list[int]:
+    """The build's worker processes (multiprocessing's spawned children, not its resource tracker)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    pids = [int(p) for p in children.read_text().split()] if children.exists() else []
+    return [p for p in pids if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+
+def test_a_killed_worker_fails_the_build_clearly(big_build, tmp_path):
+    hf_home, manifest, _ = big_build
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1")
+    process = subprocess.Popen([sys.executable, str(REPO / "data" / "generate_fixed_sft.py"), "--manifest",
+                                str(manifest), "--out", str(out), "--workers", "2"], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert wait_for(lambda: out.exists() and any(p.suffix == ".tmp" for p in out.iterdir())
+                    and len(worker_pids(process.pid)) >= 2), "no workers seen"
+    os.kill(worker_pids(process.pid)[-1], signal.SIGKILL)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 7 and "worker process died" in stderr, stderr
+    assert not [p for p in out.iterdir() if p.suffix in (".tmp", ".parquet")]
 
 
 def test_two_builds_into_one_folder_at_once(big_build, tmp_path):

@@ -1,0 +1,70 @@
+"""Encode batches of conversations in worker processes, in order, never far ahead of the consumer.
+
+Each worker holds its own copy of the pinned tokenizer and template and runs the same
+``ConversationEncoder`` as a single-process build, and results come back in submission order,
+so the rows do not depend on the number of workers. At most ``2 × workers`` batches are in
+flight: a build that stops early leaves little work behind, and memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+from tokenizers import Tokenizer
+
+from builders.encode import ConversationEncoder, EncodedConversation
+from builders.errors import BuildError
+from builders.pinned import PinnedTokenizer
+
+_ENCODER: ConversationEncoder | None = None
+
+
+class WorkerError(BuildError):
+    """A worker process died (killed, out of memory) before it returned its batch."""
+
+    exit_code = 7
+
+
+def encode_batches(pinned: PinnedTokenizer, batches: Iterable[list[dict]], workers: int) -> Iterator[EncodedConversation]:
+    """Encoded conversations of ``batches``, in order, using ``workers`` processes (1: this one)."""
+    if workers <= 1:
+        encoder = ConversationEncoder(pinned)
+        for batch in batches:
+            yield from encoder.encode(batch)
+        return
+    executor = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_start_worker,
+                                   initargs=(pinned.tokenizer.to_str(), pinned.chat_template))
+    in_flight: deque = deque()
+    try:
+        for batch in batches:
+            in_flight.append(executor.submit(_encode, batch))
+            if len(in_flight) >= 2 * workers:
+                yield from in_flight.popleft().result()
+        while in_flight:
+            yield from in_flight.popleft().result()
+    except BrokenProcessPool:
+        raise WorkerError("a tokenizing worker process died before returning its batch (killed, or out of "
+                          "memory); nothing was left at the final path") from None
+    finally:
+        for future in in_flight:
+            future.cancel()
+        executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _start_worker(tokenizer_json: str, chat_template: str) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and shuts workers down
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
+    global _ENCODER
+    tokenizer = Tokenizer.from_str(tokenizer_json)
+    _ENCODER = ConversationEncoder(PinnedTokenizer(tokenizer=tokenizer, chat_template=chat_template, snapshot=None))
+
+
+def _encode(batch: list[dict]) -> list[EncodedConversation]:
+    return _ENCODER.encode(batch)
