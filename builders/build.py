@@ -20,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from builders.card import write_card
 from builders.encode import ConversationEncoder, EncodedConversation
@@ -143,11 +144,10 @@ def _checked_order(manifest: Manifest, source: ParquetSource) -> np.ndarray:
     return order
 
 
-def _batches(source: ParquetSource, order: np.ndarray) -> Iterator[list[dict]]:
-    """Source rows in permutation order, in batches, read only as far as consumed."""
+def _batches(source: ParquetSource, order: np.ndarray) -> Iterator[pa.Table]:
+    """Source rows in permutation order, in batches (still Arrow data), read only as far as consumed."""
     for start in range(0, len(order), READ_CHUNK):
-        for batch in source.take_batches(order[start:start + READ_CHUNK], ENCODE_BATCH):
-            yield batch.to_pylist()
+        yield from source.take_batches(order[start:start + READ_CHUNK], ENCODE_BATCH)
 
 
 def _write_rows(manifest: Manifest, stream: Iterator[EncodedConversation], path: Path,

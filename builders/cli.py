@@ -64,9 +64,10 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--out", metavar="DIR", type=Path, default=Path("out"),
                    help="output folder for NAME.parquet, NAME.report.json and the data card NAME.md (default: out)")
     b.add_argument("--no-card", action="store_true", help="do not write the data card and its plots")
-    b.add_argument("--workers", type=int, default=os.cpu_count() or 1, metavar="N",
-                   help="processes that render and tokenize (default: all cores, here %(default)s); the rows "
-                        "are the same for any number")
+    b.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="processes that render and tokenize (default 1, whose tokenizer already uses all "
+                        f"{os.cpu_count()} cores; more processes also spread the Python-side work, which measured "
+                        "slower on 2 cores: see bench/); the rows are the same for any number")
     _hub_options(b)
     _output_options(b)
 

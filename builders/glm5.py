@@ -101,11 +101,8 @@ def loss_mask(lay: Layout, ids: np.ndarray, token_bytes: np.ndarray, stop_ids: n
         raise ConversationError(f"token {t} (bytes {int(starts[t])}..{int(ends[t])}) straddles the end of message "
                                 f"piece {int(piece[t])} or of its prefill; the glm5 mask is undefined for this tokenizer")
     mask = (starts >= boundary).astype(np.uint8)
-    eos_supervised = False
-    for p in lay.assistant_pieces:
-        after = int(np.searchsorted(starts, lay.piece_end[p], side="left"))
-        if after == len(ids):
-            eos_supervised = True
-        elif np.isin(ids[after], stop_ids):
-            mask[after] = 1
-    return mask, eos_supervised
+    # the token right after each answer: supervised when it is a stop token; past the end, the EOS
+    after = np.searchsorted(starts, lay.piece_end[list(lay.assistant_pieces)], side="left")
+    inside = after[after < len(ids)]
+    mask[inside[np.isin(ids[inside], stop_ids)]] = 1
+    return mask, bool((after == len(ids)).any())

@@ -1,4 +1,4 @@
-"""Encode batches of conversations in worker processes, in order, never far ahead of the consumer.
+"""Encode batches of conversations in parallel, in order, never far ahead of the consumer.
 
 Each worker holds its own copy of the pinned tokenizer and template and runs the same
 ``ConversationEncoder`` as a single-process build, and results come back in submission order,
@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
+import pyarrow as pa
 from tokenizers import Tokenizer
 
 from builders.encode import ConversationEncoder, EncodedConversation
@@ -31,31 +32,39 @@ class WorkerError(BuildError):
     exit_code = 7
 
 
-def encode_batches(pinned: PinnedTokenizer, batches: Iterable[list[dict]], workers: int) -> Iterator[EncodedConversation]:
-    """Encoded conversations of ``batches``, in order, using ``workers`` processes (1: this one)."""
+def encode_batches(pinned: PinnedTokenizer, batches: Iterable[pa.Table], workers: int) -> Iterator[EncodedConversation]:
+    """Encoded conversations of ``batches``, in order, using ``workers`` processes (1: this one,
+    whose tokenizer then uses all cores itself)."""
     if workers <= 1:
         encoder = ConversationEncoder(pinned)
         for batch in batches:
-            yield from encoder.encode(batch)
+            yield from encoder.encode(batch.to_pylist())
         return
     executor = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
                                    initializer=_start_worker,
                                    initargs=(pinned.tokenizer.to_str(), pinned.chat_template))
-    in_flight: deque = deque()
     try:
-        for batch in batches:
-            in_flight.append(executor.submit(_encode, batch))
-            if len(in_flight) >= 2 * workers:
-                yield from in_flight.popleft().result()
-        while in_flight:
-            yield from in_flight.popleft().result()
+        yield from _in_order(executor, _encode, batches, depth=2 * workers)
     except BrokenProcessPool:
         raise WorkerError("a tokenizing worker process died before returning its batch (killed, or out of "
                           "memory); nothing was left at the final path") from None
     finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _in_order(executor, encode, batches: Iterable[pa.Table], depth: int) -> Iterator[EncodedConversation]:
+    """``encode`` each batch on ``executor``, at most ``depth`` at a time, yielding results in order."""
+    in_flight: deque = deque()
+    try:
+        for batch in batches:
+            in_flight.append(executor.submit(encode, batch))
+            if len(in_flight) >= depth:
+                yield from in_flight.popleft().result()
+        while in_flight:
+            yield from in_flight.popleft().result()
+    finally:
         for future in in_flight:
             future.cancel()
-        executor.shutdown(wait=True, cancel_futures=True)
 
 
 def _start_worker(tokenizer_json: str, chat_template: str) -> None:
@@ -66,5 +75,5 @@ def _start_worker(tokenizer_json: str, chat_template: str) -> None:
     _ENCODER = ConversationEncoder(PinnedTokenizer(tokenizer=tokenizer, chat_template=chat_template, snapshot=None))
 
 
-def _encode(batch: list[dict]) -> list[EncodedConversation]:
-    return _ENCODER.encode(batch)
+def _encode(batch: pa.Table) -> list[EncodedConversation]:
+    return _ENCODER.encode(batch.to_pylist())  # converted here: Arrow tables travel cheaper than dicts

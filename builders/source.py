@@ -8,6 +8,7 @@ objects, so memory follows what a build consumes, not the size of the source.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ import pyarrow.parquet as pq
 from builders.errors import PinnedInputError
 
 COLUMNS = ("id", "messages", "source")
+READ_THREADS = 2  # row groups decoded at once; the order of results does not depend on it
 
 
 class ParquetSource:
@@ -45,36 +47,38 @@ class ParquetSource:
         """``take(indices)`` in consecutive batches of ``batch_size`` rows.
 
         Each row group that holds a wanted row is decoded once, and only the wanted rows are
-        kept; each batch then copies out just its own rows, so memory holds the wanted rows
-        once, not twice.
+        kept, in one table; each batch then copies out just its own rows.
         """
         indices = np.asarray(indices, dtype=np.int64)
         if indices.size and (indices.min() < 0 or indices.max() >= self.num_rows):
             raise IndexError(f"source index out of range 0..{self.num_rows - 1}")
         wanted, position = np.unique(indices, return_inverse=True)
         groups = np.searchsorted(self._group_start, wanted, side="right") - 1
-        parts = []
-        for group in np.unique(groups):
-            members = wanted[groups == group]
-            picked = self._read_group(int(group)).take(pa.array(members - self._group_start[group]))
-            source = picked.column("source") if "source" in picked.column_names else pa.nulls(len(members), pa.string())
-            parts.append(pa.table({"index": pa.array(members), "id": picked.column("id").cast(pa.string()),
-                                   "source": source, "messages": picked.column("messages")}))
+        with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:  # decoding releases the GIL
+            parts = list(pool.map(lambda group: self._pick(group, wanted[groups == group]), np.unique(groups)))
         if not parts:
             parts = [pa.table({"index": pa.array([], pa.int64()), "id": pa.array([], pa.string()),
                                "source": pa.array([], pa.string()),
                                "messages": pa.array([], self._parquet[0].schema_arrow.field("messages").type)})]
-        rows = pa.concat_tables(parts, promote_options="permissive")  # chunks side by side: no copy
+        # one contiguous table of the wanted rows: taking from hundreds of chunks is slow for nested columns
+        rows = pa.concat_tables(parts, promote_options="permissive").combine_chunks()
+        del parts
         position = position.reshape(-1)
         for start in range(0, max(1, len(position)), batch_size):
             yield rows.take(pa.array(position[start:start + batch_size], type=pa.int64()))
 
-    def _read_group(self, group: int) -> pa.Table:
+    def _pick(self, group: int, members: np.ndarray) -> pa.Table:
+        """Rows ``members`` (source indices) of row group ``group``, in the columns ``take`` returns."""
         f, g = int(self._group_file[group]), int(self._group_index[group])
         try:
-            return self._parquet[f].read_row_group(g, columns=self._columns[f])
+            # a file handle of its own: reads of one ParquetFile from several threads are not safe
+            table = pq.ParquetFile(self.files[f]).read_row_group(g, columns=self._columns[f])
         except (pa.ArrowException, OSError) as err:
             raise PinnedInputError(f"{self.files[f]}: cannot read row group {g}: {err}") from None
+        picked = table.take(pa.array(members - self._group_start[group]))
+        source = picked.column("source") if "source" in picked.column_names else pa.nulls(len(members), pa.string())
+        return pa.table({"index": pa.array(members), "id": picked.column("id").cast(pa.string()),
+                         "source": source, "messages": picked.column("messages")})
 
 
 def _open(path: Path) -> pq.ParquetFile:
