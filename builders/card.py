@@ -146,7 +146,11 @@ def _figure():
     return plt, plt.subplots(figsize=(7, 3.6), dpi=100)
 
 
-def _png(plt, fig) -> bytes:
+def _png(plt, fig, ax, title: str, xlabel: str, ylabel: str = "", legend: str = "best") -> bytes:
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(loc=legend)
     buffer = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buffer, format="png", metadata={"Software": None})
@@ -160,10 +164,7 @@ def _plot_sources(stats: BuildStats, manifest: Manifest) -> bytes:
     names = [r["source"] if len(r["source"]) <= 48 else "…" + r["source"][-47:] for r in rows]
     ax.barh(names, [r["tokens"] for r in rows], color="#9ab", label="all tokens")
     ax.barh(names, [r["supervised_tokens"] for r in rows], color="#2a7", label="supervised")
-    ax.set_xlabel("tokens consumed")
-    ax.set_title(f"{manifest.name}: tokens per source")
-    ax.legend(loc="lower right")
-    return _png(plt, fig)
+    return _png(plt, fig, ax, f"{manifest.name}: tokens per source", "tokens consumed", legend="lower right")
 
 
 def _plot_lengths(stats: BuildStats, manifest: Manifest) -> bytes:
@@ -173,11 +174,8 @@ def _plot_lengths(stats: BuildStats, manifest: Manifest) -> bytes:
     ax.hist(lengths, bins=bins, color="#47a")
     ax.set_xscale("log")
     ax.axvline(manifest.row_tokens, color="#c33", linestyle="--", label=f"row length {manifest.row_tokens:,}")
-    ax.set_xlabel("tokens per conversation (log scale)")
-    ax.set_ylabel("conversations")
-    ax.set_title(f"{manifest.name}: conversation lengths ({lengths.size:,} conversations)")
-    ax.legend()
-    return _png(plt, fig)
+    return _png(plt, fig, ax, f"{manifest.name}: conversation lengths ({lengths.size:,} conversations)",
+                "tokens per conversation (log scale)", "conversations")
 
 
 def _plot_supervision(stats: BuildStats, manifest: Manifest) -> bytes:
@@ -187,11 +185,7 @@ def _plot_supervision(stats: BuildStats, manifest: Manifest) -> bytes:
     ax.axhline(fraction.mean() if fraction.size else 0, color="#555", linestyle="--",
                label=f"mean {fraction.mean() if fraction.size else 0:.3f}")
     ax.set_ylim(0, 1.02)
-    ax.set_xlabel("row")
-    ax.set_ylabel("supervised fraction")
-    ax.set_title(f"{manifest.name}: supervised fraction per row")
-    ax.legend()
-    return _png(plt, fig)
+    return _png(plt, fig, ax, f"{manifest.name}: supervised fraction per row", "row", "supervised fraction")
 
 
 def _write_atomic(path: Path, data: bytes) -> Path:

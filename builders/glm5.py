@@ -99,7 +99,8 @@ def loss_mask(lay: Layout, ids: np.ndarray, token_bytes: np.ndarray, stop_ids: n
     if straddling.size:
         t = int(straddling[0])
         raise ConversationError(f"token {t} (bytes {int(starts[t])}..{int(ends[t])}) straddles the end of message "
-                                f"piece {int(piece[t])} or of its prefill; the glm5 mask is undefined for this tokenizer")
+                                f"piece {int(piece[t])} or of its prefill; the glm5 mask is undefined for this "
+                                f"tokenizer")
     mask = (starts >= boundary).astype(np.uint8)
     # the token right after each answer: supervised when it is a stop token; past the end, the EOS
     after = np.searchsorted(starts, lay.piece_end[list(lay.assistant_pieces)], side="left")

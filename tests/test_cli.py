@@ -122,7 +122,7 @@ def test_verify_names_each_differing_figure(built, tmp_path):
     flipped.write_bytes(bytes(data))
     done = run_cli("--verify", str(flipped), "--build", SELF_CONTAINED)
     assert done.returncode == 5 and "Traceback" not in done.stderr
-    assert f"DIFFERS     parquet_sha256: expected" in done.stdout or "cannot read the parquet file" in done.stderr
+    assert "DIFFERS     parquet_sha256: expected" in done.stdout or "cannot read the parquet file" in done.stderr
     assert hashlib.sha256(bytes(data)).hexdigest() != hashlib.sha256(good.read_bytes()).hexdigest()
 
 
