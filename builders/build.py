@@ -70,7 +70,7 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
     pinned = load_pinned_tokenizer(manifest.tokenizer, hub)
     source = ParquetSource(dataset_files(manifest.dataset, hub))
     order = _checked_order(manifest, source)
-    ConversationEncoder(pinned)  # fail on a tokenizer without the mask's tokens before writing anything
+    encoder = ConversationEncoder(pinned)  # fails on a tokenizer without the mask's tokens, before any output
     timings["resolve_inputs_s"] = time.perf_counter() - started
     reporter.info(f"inputs resolved and checked: {source.num_rows:,} source rows in {len(source.files)} files")
     reporter.detail(f"tokenizer snapshot {pinned.snapshot}; source files: {', '.join(map(str, source.files))}")
@@ -83,7 +83,7 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
     temporary = out_dir / f".{manifest.name}.parquet.{os.getpid()}.tmp"
     try:
         started = time.perf_counter()
-        stream = encode_batches(pinned, _batches(source, order), workers)
+        stream = encode_batches(encoder, _batches(source, order), workers)
         try:
             figures, stats = _write_rows(manifest, stream, temporary, reporter)
         finally:

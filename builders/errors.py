@@ -44,3 +44,9 @@ class VerificationError(BuildError):
     """The built or given file's figures differ from what the manifest pins."""
 
     exit_code = 5
+
+
+class WorkerError(BuildError):
+    """A worker process died (killed, out of memory) before it returned its batch."""
+
+    exit_code = 7

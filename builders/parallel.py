@@ -20,29 +20,24 @@ import pyarrow as pa
 from tokenizers import Tokenizer
 
 from builders.encode import ConversationEncoder, EncodedConversation
-from builders.errors import BuildError
+from builders.errors import WorkerError
 from builders.pinned import PinnedTokenizer
 
 _ENCODER: ConversationEncoder | None = None
 
 
-class WorkerError(BuildError):
-    """A worker process died (killed, out of memory) before it returned its batch."""
-
-    exit_code = 7
-
-
-def encode_batches(pinned: PinnedTokenizer, batches: Iterable[pa.Table], workers: int) -> Iterator[EncodedConversation]:
-    """Encoded conversations of ``batches``, in order, using ``workers`` processes (1: this one,
-    whose tokenizer then uses all cores itself)."""
+def encode_batches(encoder: ConversationEncoder, batches: Iterable[pa.Table],
+                   workers: int) -> Iterator[EncodedConversation]:
+    """Encoded conversations of ``batches``, in order: with ``encoder`` in this process when
+    ``workers`` is 1 (its tokenizer then uses all cores itself), else in ``workers`` processes that
+    each build the same encoder from its tokenizer and template."""
     if workers <= 1:
-        encoder = ConversationEncoder(pinned)
         for batch in batches:
             yield from encoder.encode(batch.to_pylist())
         return
     executor = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
                                    initializer=_start_worker,
-                                   initargs=(pinned.tokenizer.to_str(), pinned.chat_template))
+                                   initargs=(encoder.tokenizer.to_str(), encoder.renderer.chat_template))
     try:
         yield from _in_order(executor, _encode, batches, depth=2 * workers)
     except BrokenProcessPool:
