@@ -22,10 +22,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from builders.atomic import write_atomic
 from builders.card import write_card
 from builders.encode import ConversationEncoder, EncodedConversation
 from builders.errors import OutputError, PinnedInputError, SourceDataError
-from builders.figures import Check, RowFigures, check_notes, compare, file_hash
+from builders.figures import Check, RowFigures, all_match, check_notes, compare, file_hash
 from builders.manifest import Manifest
 from builders.packing import RowPacker
 from builders.parallel import encode_batches
@@ -93,7 +94,7 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
         computed = {**figures.as_dict(), **file_hash(temporary)}
         timings["hash_s"] = time.perf_counter() - started
         checks = compare(computed, manifest.expect, manifest.rows)
-        verified = all(check.status != "differs" for check in checks)
+        verified = all_match(checks)
         notes = check_notes(checks, manifest.expect)
         final = out_dir / (f"{manifest.name}.parquet" if verified else f"{manifest.name}.unverified.parquet")
         versions = toolchain()
@@ -102,8 +103,8 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
             write_card(out_dir, manifest, computed, checks, verified, stats, versions)
             timings["card_s"] = time.perf_counter() - started
         report = out_dir / f"{manifest.name}.report.json"
-        _write_json(report, {**_report(manifest, final, computed, checks, verified, notes, stats, timings, versions),
-                             "workers": workers})
+        document = _report(manifest, final, computed, checks, verified, notes, stats, timings, versions, workers)
+        write_atomic(report, (json.dumps(document, indent=2, sort_keys=True) + "\n").encode("utf-8"))
         os.replace(temporary, final)
     except OSError as err:
         raise OutputError(f"{out_dir}: cannot write the build output ({err.strerror or err}); nothing was "
@@ -180,7 +181,7 @@ def _write_rows(manifest: Manifest, stream: Iterator[EncodedConversation], path:
     return figures, stats
 
 
-def _report(manifest, final, computed, checks, verified, notes, stats, timings, versions) -> dict:
+def _report(manifest, final, computed, checks, verified, notes, stats, timings, versions, workers) -> dict:
     return {
         "name": manifest.name,
         "manifest": str(manifest.path) if manifest.path else None,
@@ -192,6 +193,7 @@ def _report(manifest, final, computed, checks, verified, notes, stats, timings, 
         "stats": stats.summary(),
         "timings": {key: round(value, 3) for key, value in timings.items()},
         "versions": versions,
+        "workers": workers,
         "argv": sys.argv,
     }
 
@@ -206,12 +208,3 @@ def _version(library: str) -> str | None:
         return metadata.version(library)
     except metadata.PackageNotFoundError:
         return None
-
-
-def _write_json(path: Path, document: dict) -> None:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        temporary.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)

@@ -7,11 +7,11 @@ dates), so the same build gives the same card, byte for byte, plots included.
 from __future__ import annotations
 
 import io
-import os
 from pathlib import Path
 
 import numpy as np
 
+from builders.atomic import write_atomic
 from builders.manifest import Manifest
 from builders.stats import BuildStats
 
@@ -32,9 +32,9 @@ def write_card(out_dir: Path, manifest: Manifest, figures: dict, checks: list, v
     """Write ``NAME.md`` and its PNG plots into ``out_dir``; return the paths written."""
     written = []
     for plot, draw in zip(PLOTS, (_plot_sources, _plot_lengths, _plot_supervision)):
-        written.append(_write_atomic(out_dir / f"{manifest.name}.{plot}.png", draw(stats, manifest)))
+        written.append(write_atomic(out_dir / f"{manifest.name}.{plot}.png", draw(stats, manifest)))
     text = card_text(manifest, figures, checks, verified, stats, versions)
-    written.append(_write_atomic(out_dir / f"{manifest.name}.md", text.encode("utf-8")))
+    written.append(write_atomic(out_dir / f"{manifest.name}.md", text.encode("utf-8")))
     return written
 
 
@@ -186,13 +186,3 @@ def _plot_supervision(stats: BuildStats, manifest: Manifest) -> bytes:
                label=f"mean {fraction.mean() if fraction.size else 0:.3f}")
     ax.set_ylim(0, 1.02)
     return _png(plt, fig, ax, f"{manifest.name}: supervised fraction per row", "row", "supervised fraction")
-
-
-def _write_atomic(path: Path, data: bytes) -> Path:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        temporary.write_bytes(data)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-    return path

@@ -18,7 +18,7 @@ from pathlib import Path
 from builders.build import build
 from builders.diff import describe, diff_files
 from builders.errors import BuildError, UsageError
-from builders.figures import Check, check_notes, compare, file_figures
+from builders.figures import Check, all_match, check_notes, compare, file_figures
 from builders.fixture.make import make_fixture_cache, shared_dir
 from builders.manifest import Manifest, load_manifest
 from builders.pinned import Hub
@@ -201,7 +201,7 @@ def _verify(args) -> int:
     figures = file_figures(args.file, manifest.row_tokens)
     checks = compare(figures, manifest.expect, manifest.rows)
     notes = check_notes(checks, manifest.expect)
-    verified = all(check.status != "differs" for check in checks)
+    verified = all_match(checks)
     if args.json:
         print(json.dumps({"file": str(args.file), "manifest": str(manifest.path), "verified": verified,
                           "figures": figures, "checks": [c.__dict__ for c in checks], "notes": notes},

@@ -92,6 +92,11 @@ def compare(figures: dict, expect: Expect, rows: int) -> list[Check]:
     return checks
 
 
+def all_match(checks: list[Check]) -> bool:
+    """Whether every pinned figure matched (figures that are not pinned do not count)."""
+    return all(check.status != "differs" for check in checks)
+
+
 def check_notes(checks: list[Check], expect: Expect) -> list[str]:
     """What a reader of the checks should know: the writer's version, and rows that match in a file that does not."""
     out = []

@@ -205,7 +205,7 @@ def test_verify_detects_row_changes(built, tmp_path, how, figure):
     pq.write_table(tampered(pq.read_table(built(SELF_CONTAINED).parquet), how), path)
     done = run_cli("--verify", str(path))
     assert done.returncode == 5
-    assert f"DIFFERS     {figure}:" in done.stdout
+    assert f"DIFFERS     {figure}:" in done.stdout and "DIFFERS     parquet_sha256:" in done.stdout
 
 
 @pytest.mark.parametrize("where", [0, 4, 0.25, 0.5, 0.75, -12, -5, -1])
