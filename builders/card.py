@@ -91,6 +91,8 @@ def card_text(manifest: Manifest, figures: dict, checks: list, verified: bool, s
         "## Contents",
         "",
         f"- supervised tokens: {figures['supervised_token_ratio']:.4f} of all tokens",
+        f"- trained tokens: {figures['trained_token_ratio']:.4f} of all tokens (the supervised ones after each "
+        f"row's token 0, which a next-token loss cannot predict)",
         f"- source conversations consumed: {summary['conversations_consumed']:,} "
         f"({summary['stream_tokens_consumed']:,} tokens with their EOS; the last one may be cut)",
         f"- windows skipped for having no supervised token: {summary['windows_skipped']:,}",

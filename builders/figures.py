@@ -24,6 +24,7 @@ class RowFigures:
         self.row_tokens = row_tokens
         self.rows = 0
         self.supervised_tokens = 0
+        self.trained_tokens = 0
         self._sha = hashlib.sha256()
 
     def add(self, input_ids: np.ndarray, loss_mask: np.ndarray) -> None:
@@ -34,13 +35,19 @@ class RowFigures:
             self._sha.update(row_mask.astype(np.uint8, copy=False).tobytes())
         self.rows += len(ids)
         self.supervised_tokens += int(np.count_nonzero(mask == 1))
+        self.trained_tokens += int(np.count_nonzero(mask[:, 1:] == 1))
+
+    def _ratio(self, tokens: int) -> float:
+        return tokens / (self.rows * self.row_tokens) if self.rows else 0.0
 
     def as_dict(self) -> dict:
         return {
             "rows": self.rows,
             "row_tokens": self.row_tokens,
             "rows_sha256": self._sha.hexdigest(),
-            "supervised_token_ratio": self.supervised_tokens / (self.rows * self.row_tokens) if self.rows else 0.0,
+            "supervised_token_ratio": self._ratio(self.supervised_tokens),
+            # what a next-token loss trains: token 0 of a row has no token before it to be predicted from
+            "trained_token_ratio": self._ratio(self.trained_tokens),
             "padding_tokens": 0,
         }
 

@@ -20,6 +20,18 @@ from builders.rowfile import open_row_file, read_group, token_matrices
 COLUMNS = ("input_ids", "loss_mask", "metadata")
 
 
+def response_start(loss_mask) -> int:
+    """Where a row's trained response starts: its first supervised token, and never token 0.
+
+    Training predicts token ``t`` from the logits at ``t - 1`` of the same row, so token 0 of a
+    row can never be a target. As a sample, a row of ``L`` tokens has the prompt ``[0, s)`` and
+    the response ``[s, L)`` with ``s = max(first supervised token, 1)``: every supervised token
+    at positions ``1 .. L - 1`` is trained exactly once, and a supervised token 0 is not.
+    """
+    supervised = np.flatnonzero(np.asarray(loss_mask))
+    return max(int(supervised[0]) if supervised.size else 1, 1)
+
+
 class RowReader:
     """The rows of one built parquet file.
 

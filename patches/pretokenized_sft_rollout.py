@@ -7,19 +7,25 @@ The recipe trains with::
     --loss-type sft_loss --calculate-per-token-loss
 
 miles reads ``--prompt-data`` row by row and keeps each row's ``metadata`` (the builder's
-provenance, with ``row_index``) on its sample; this function fetches that row's tokens and
-mask from the same file and fills the sample as miles' own ``sft_rollout`` does: ``tokens``,
-``response_length`` (from the first supervised token to the end), ``loss_mask`` (the last
-``response_length`` mask values) and ``reward = 0``.
+provenance, with ``row_index``) on its sample; the file has no ``messages`` column, so the
+sample's ``prompt`` is ``None``, which nothing in the SFT path reads. This function fetches the
+row's tokens and mask from the same file and fills the sample as miles' own ``sft_rollout``
+does: ``tokens``, ``response_length``, ``loss_mask`` (the last ``response_length`` mask values)
+and ``reward = 0``.
+
+The response starts at ``s = max(first supervised token, 1)`` (``builders.rows.response_start``):
+miles predicts response token ``t`` from the logit at ``t - 1`` of the packed sequence, so a
+response that began at token 0 would take its first logit from the previous sample of the
+micro-batch, or from nowhere for the first one (a crash in the loss). Token 0 of a row has no
+token before it and is never a target; every supervised token at positions ``1 .. L - 1`` is
+trained exactly once.
 """
 
 from __future__ import annotations
 
 import re
 
-import numpy as np
-
-from builders.rows import RowReader
+from builders.rows import RowReader, response_start
 
 __all__ = ["generate_rollout"]
 
@@ -35,11 +41,10 @@ def generate_rollout(args, rollout_id, data_buffer, evaluation=False):
     for group in samples:
         for sample in group:
             row = reader[_row_index(sample, reader)]
-            mask = row["loss_mask"]
-            response_length = len(mask) - int(np.argmax(mask != 0))
+            start = response_start(row["loss_mask"])
             sample.tokens = row["input_ids"].tolist()
-            sample.response_length = response_length
-            sample.loss_mask = mask[-response_length:].tolist()
+            sample.response_length = len(sample.tokens) - start
+            sample.loss_mask = row["loss_mask"][start:].tolist()
             sample.reward = 0
     return samples
 

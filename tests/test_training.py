@@ -20,7 +20,8 @@ from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows, tokenizer_js
 from builders.glm5 import EOS
 from builders.manifest import load_manifest
 from builders.rows import RowReader, worker_shard
-from conftest import MANIFESTS, REPO, SELF_CONTAINED
+from conftest import MANIFESTS, REPO, SELF_CONTAINED, manifest_names
+from miles_emulation import MilesWouldCrash, Target, trained_targets
 from test_glm5_mask import encoder
 
 
@@ -138,22 +139,86 @@ class DataBuffer:
         return [[sample] for sample in picked]
 
 
-def test_rollout_fills_samples_through_miles_reading_path(rows_file):
-    args = SimpleNamespace(prompt_data=str(rows_file), input_key="messages", metadata_key="metadata",
-                           rollout_batch_size=16, rollout_global_dataset=True)
-    buffer = DataBuffer(rows_file, args.input_key, args.metadata_key)
-    ids, masks = built_rows(rows_file)
+def fill(path, batch_size=16):
+    """Every row of ``path`` through miles' reading path and the rollout function, in order."""
+    args = SimpleNamespace(prompt_data=str(path), input_key="messages", metadata_key="metadata",
+                           rollout_batch_size=batch_size, rollout_global_dataset=True)
+    buffer = DataBuffer(path, args.input_key, args.metadata_key)
     filled = []
-    for rollout_id in range(3):
-        filled += pretokenized_sft_rollout.generate_rollout(args, rollout_id, buffer)
-    assert len(filled) == 48
-    for i, (sample,) in enumerate(filled):
-        assert sample.tokens == ids[i] and sample.reward == 0
-        first = masks[i].index(1)
-        assert sample.response_length == len(masks[i]) - first
-        assert sample.loss_mask == masks[i][first:]
-    with pytest.raises(ValueError, match="no evaluation"):
-        pretokenized_sft_rollout.generate_rollout(args, 0, buffer, evaluation=True)
+    while buffer.offset < len(buffer.samples):
+        filled += [sample for (sample,) in pretokenized_sft_rollout.generate_rollout(args, len(filled), buffer)]
+    return filled
+
+
+def assert_trains_exactly_the_supervised_tokens(filled, masks, per_micro_batch):
+    """Through miles' packing and slicing, each micro-batch trains exactly its rows' supervised
+    tokens at positions >= 1, each from the logit just before it in the same row."""
+    for first in range(0, len(filled), per_micro_batch):
+        batch = filled[first:first + per_micro_batch]
+        targets, normalizer = trained_targets(batch)
+        rows = [sample.metadata["row_index"] for sample in batch]
+        expected = {(row, int(t)) for row in rows for t in np.flatnonzero(masks[row]) if t >= 1}
+        assert len(targets) == len(expected) and {(t.row, t.position) for t in targets} == expected
+        assert all((t.logit_row, t.logit_position) == (t.row, t.position - 1) for t in targets)
+        # miles counts a sample with nothing to train as one token (max(mask.sum(), 1))
+        assert normalizer == len(expected) + sum(1 for row in rows if not np.asarray(masks[row])[1:].any())
+
+
+@pytest.mark.parametrize("name", manifest_names())
+@pytest.mark.parametrize("per_micro_batch", [1, 2, 3])
+def test_rollout_samples_train_exactly_the_supervised_tokens(built, name, per_micro_batch):
+    path = built(name).parquet
+    filled = fill(path)
+    ids, masks = built_rows(path)
+    assert len(filled) == len(ids)
+    for i, sample in enumerate(filled):
+        assert sample.metadata["row_index"] == i and sample.tokens == ids[i] and sample.reward == 0
+        assert sample.prompt is None  # the file has no messages column: miles' prompt is None
+    assert_trains_exactly_the_supervised_tokens(filled, masks, per_micro_batch)
+
+
+EDGE_MASKS = {
+    "starts supervised": [1, 1, 0, 0, 1, 1, 0, 1],
+    "starts unsupervised": [0, 0, 1, 1, 0, 1, 1, 0],
+    "all supervised": [1] * 8,
+    "only token 0 supervised": [1, 0, 0, 0, 0, 0, 0, 0],
+    "only the last token supervised": [0] * 7 + [1],
+}
+
+
+@pytest.fixture(scope="module")
+def edge_rows_file(tmp_path_factory):
+    from builders.packing import Row
+    from builders.rowfile import RowWriter
+
+    path = tmp_path_factory.mktemp("edge") / "edge.parquet"
+    writer = RowWriter(path)
+    for k, mask in enumerate(EDGE_MASKS.values()):
+        writer.write(Row(np.arange(8, dtype=np.int32) + 10 * k, np.array(mask, dtype=np.uint8), [k], [f"c{k}"], [0]))
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("per_micro_batch", [1, 2, 5])
+def test_rollout_edge_rows_train_exactly_the_supervised_tokens(edge_rows_file, per_micro_batch):
+    filled = fill(edge_rows_file, batch_size=2)
+    masks = list(EDGE_MASKS.values())
+    assert [s.response_length for s in filled] == [7, 6, 7, 7, 1]
+    assert_trains_exactly_the_supervised_tokens(filled, masks, per_micro_batch)
+    assert_trains_exactly_the_supervised_tokens(filled[::-1], masks, per_micro_batch)
+
+
+def test_a_response_from_token_0_breaks_miles(edge_rows_file):
+    """The emulation catches the old rollout's fault: a response that starts at token 0 gets no
+    logit when first in its micro-batch, and the previous row's last logit otherwise."""
+    filled = fill(edge_rows_file, batch_size=2)
+    first, second = filled[0], filled[2]  # both start supervised
+    for sample, mask in ((first, EDGE_MASKS["starts supervised"]), (second, EDGE_MASKS["all supervised"])):
+        sample.response_length, sample.loss_mask = len(mask), list(mask)
+    with pytest.raises(MilesWouldCrash):
+        trained_targets([first, second])
+    targets, _ = trained_targets([filled[1], first])
+    assert Target(row=0, position=0, logit_row=1, logit_position=7) in targets
 
 
 def test_rollout_reads_a_sliced_prompt_path(rows_file):
