@@ -10,8 +10,10 @@ import io
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from builders.atomic import write_atomic
+from builders.figures import Verification
 from builders.manifest import Manifest
 from builders.stats import BuildStats
 
@@ -27,40 +29,40 @@ def size_category(rows: int) -> str:
     return "n>1M"
 
 
-def write_card(out_dir: Path, manifest: Manifest, figures: dict, checks: list, verified: bool,
+def write_card(out_dir: Path, manifest: Manifest, figures: dict, verification: Verification,
                stats: BuildStats, versions: dict) -> list[Path]:
     """Write ``NAME.md`` and its PNG plots into ``out_dir``; return the paths written."""
     written = []
     for plot, draw in zip(PLOTS, (_plot_sources, _plot_lengths, _plot_supervision)):
         written.append(write_atomic(out_dir / f"{manifest.name}.{plot}.png", draw(stats, manifest)))
-    text = card_text(manifest, figures, checks, verified, stats, versions)
+    text = card_text(manifest, figures, verification, stats, versions)
     written.append(write_atomic(out_dir / f"{manifest.name}.md", text.encode("utf-8")))
     return written
 
 
-def card_text(manifest: Manifest, figures: dict, checks: list, verified: bool, stats: BuildStats,
+def front_matter(manifest: Manifest) -> str:
+    """The card's YAML metadata block, emitted by a YAML writer so any manifest text stays valid YAML."""
+    license_id = LICENSE_IDS.get((manifest.dataset.license or "").lower(), "other")
+    meta = {"license": license_id}
+    if license_id == "other" and manifest.dataset.license:
+        meta["license_name"] = manifest.dataset.license
+    meta |= {
+        "pretty_name": manifest.name,
+        "task_categories": ["text-generation"],
+        "size_categories": [size_category(manifest.rows)],
+        "source_datasets": [manifest.dataset.repo],
+        "tags": ["sft", "pretokenized", "fixed-sft", f"loss-mask-{manifest.loss_mask}"],
+    }
+    return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n"
+
+
+def card_text(manifest: Manifest, figures: dict, verification: Verification, stats: BuildStats,
               versions: dict) -> str:
     ds, tok, name = manifest.dataset, manifest.tokenizer, manifest.name
     summary = stats.summary()
-    license_id = LICENSE_IDS.get((ds.license or "").lower(), "other")
+    verified = verification.verified
     lines = [
-        "---",
-        f"license: {license_id}",
-        *([f"license_name: {ds.license}"] if license_id == "other" and ds.license else []),
-        f"pretty_name: {name}",
-        "task_categories:",
-        "- text-generation",
-        "size_categories:",
-        f"- {size_category(manifest.rows)}",
-        "source_datasets:",
-        f"- {ds.repo}",
-        "tags:",
-        "- sft",
-        "- pretokenized",
-        "- fixed-sft",
-        f"- loss-mask-{manifest.loss_mask}",
-        "---",
-        "",
+        front_matter(manifest),
         f"# {name}",
         "",
         f"{manifest.rows:,} rows of {manifest.row_tokens:,} tokens for supervised fine-tuning, built by fixed-SFT "
@@ -76,7 +78,8 @@ def card_text(manifest: Manifest, figures: dict, checks: list, verified: bool, s
         "",
         "| figure | expected | got | status |",
         "|---|---|---|---|",
-        *[f"| {c.figure} | {'' if c.expected is None else c.expected} | {_fmt(c.got)} | {c.status} |" for c in checks],
+        *[f"| {c.figure} | {'' if c.expected is None else c.expected} | {_fmt(c.got)} | {c.status} |"
+          for c in verification.checks],
         "",
         "`rows_sha256` names the rows themselves (token ids as little-endian uint32, then the mask as uint8, "
         "row by row); `parquet_sha256` names this file, whose bytes also depend on the writer's version.",

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from transformers.utils.chat_template_utils import render_jinja_template
 
+from builders.errors import ConversationError
+
 ROLES = ("system", "user", "assistant", "tool")
 MESSAGE_KEYS = ("role", "content", "reasoning_content")
-
-
-class ConversationError(ValueError):
-    """A conversation that the row contract does not define; the message says why."""
 
 
 def normalize_messages(messages) -> list[dict]:

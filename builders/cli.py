@@ -12,17 +12,11 @@ import os
 import signal
 import sys
 import tempfile
+import traceback
 from importlib import metadata
 from pathlib import Path
 
-from builders.build import build
-from builders.diff import describe, diff_files
-from builders.errors import BuildError, UsageError
-from builders.figures import Check, all_match, check_notes, compare, file_figures
-from builders.fixture.make import make_fixture_cache, shared_dir
-from builders.manifest import Manifest, load_manifest
-from builders.pinned import Hub
-from builders.progress import Reporter
+from builders.errors import BuildError, UsageError, VerificationError
 
 MANIFESTS = Path(__file__).resolve().parents[1] / "manifests"
 COMMANDS = ("build", "verify", "inspect", "diff")
@@ -124,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return {"build": _build, "verify": _verify, "inspect": _inspect, "diff": _diff}[args.command](args)
     except BuildError as err:
+        if getattr(args, "verbose", False):  # -v: the whole chain, with what caused it
+            traceback.print_exception(err, file=sys.stderr)
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
@@ -152,19 +148,26 @@ def _terminate(signum, frame):
     raise KeyboardInterrupt
 
 
-def _reporter(args) -> Reporter:
+def _reporter(args):
+    from builders.progress import Reporter
+
     quiet = getattr(args, "quiet", False) or getattr(args, "json", False)
     return Reporter(verbosity=0 if quiet else 2 if getattr(args, "verbose", False) else 1)
 
 
-def _hub(args) -> Hub:
+def _hub(args):
+    from builders.fixture.make import make_fixture_cache, shared_dir
+    from builders.pinned import Hub
+
     if getattr(args, "fixture_cache", None) is None:
         return Hub()
     make_fixture_cache(args.fixture_cache, shared_dir())
     return Hub(cache_dir=args.fixture_cache / "hub", offline=True)
 
 
-def _manifest(args, file: Path | None = None) -> Manifest:
+def _manifest(args, file: Path | None = None):
+    from builders.manifest import load_manifest
+
     if args.manifest is not None:
         return load_manifest(args.manifest)
     name = args.name
@@ -182,6 +185,8 @@ def _manifest(args, file: Path | None = None) -> Manifest:
 
 
 def _build(args) -> int:
+    from builders.build import build
+
     manifest = _manifest(args)
     if args.workers < 1:
         raise UsageError(f"--workers must be at least 1, not {args.workers}")
@@ -189,32 +194,38 @@ def _build(args) -> int:
     if args.json:
         print(result.report.read_text(encoding="utf-8"), end="")
     else:
-        _print_checks(result.checks, result.notes)
+        _print_checks(result.verification)
         print(f"{'verified' if result.verified else 'NOT verified'}: {result.parquet} (report: {result.report})")
-    return 0 if result.verified else 5
+    return _exit_code(result.verification)
 
 
 def _verify(args) -> int:
+    from dataclasses import asdict
+
+    from builders.figures import file_figures, verify
+
     manifest = _manifest(args, args.file)
     if not args.file.is_file():
         raise UsageError(f"verify: no file {args.file}")
     figures = file_figures(args.file, manifest.row_tokens)
-    checks = compare(figures, manifest.expect, manifest.rows)
-    notes = check_notes(checks, manifest.expect)
-    verified = all_match(checks)
+    verification = verify(figures, manifest)
     if args.json:
-        print(json.dumps({"file": str(args.file), "manifest": str(manifest.path), "verified": verified,
-                          "figures": figures, "checks": [c.__dict__ for c in checks], "notes": notes},
-                         indent=2, sort_keys=True))
+        print(json.dumps({"file": str(args.file), "manifest": str(manifest.path), "verified": verification.verified,
+                          "figures": figures, "checks": [asdict(c) for c in verification.checks],
+                          "notes": verification.notes}, indent=2, sort_keys=True))
     else:
-        _print_checks(checks, notes)
-        print(f"{'verified' if verified else 'NOT verified'}: {args.file} against {manifest.path}")
-    return 0 if verified else 5
+        _print_checks(verification)
+        print(f"{'verified' if verification.verified else 'NOT verified'}: {args.file} against {manifest.path}")
+    return _exit_code(verification)
+
+
+def _exit_code(verification) -> int:
+    return 0 if verification.verified else VerificationError.exit_code
 
 
 def _inspect(args) -> int:
-    from builders.inspect import as_html, as_terminal, conversation_view, row_view
     from builders.pinned import load_pinned_tokenizer
+    from builders.row_view import as_html, as_terminal, conversation_view, row_view
 
     if args.file is None and args.source_index is None:
         raise UsageError("inspect: give a built FILE (and --row N), or --source-index I with --build/--manifest")
@@ -240,17 +251,23 @@ def _inspect(args) -> int:
 
 def _source_view(manifest, hub, pinned, index, conversation_view):
     from builders.encode import ConversationEncoder
+    from builders.packing import with_eos
     from builders.pinned import dataset_files
     from builders.source import ParquetSource
 
     source = ParquetSource(dataset_files(manifest.dataset, hub))
     if not 0 <= index < source.num_rows:
         raise UsageError(f"inspect: the source has rows 0..{source.num_rows - 1}, not {index}")
-    (conversation,) = ConversationEncoder(pinned).encode(source.take([index]).to_pylist())
-    return conversation_view(pinned.tokenizer, index, conversation.id, conversation.ids, conversation.mask)
+    encoder = ConversationEncoder(pinned.tokenizer, pinned.chat_template)
+    (conversation,) = encoder.encode(source.take([index]).to_pylist())
+    ids, mask = with_eos(conversation.ids, conversation.mask, conversation.ends_with_answer, encoder.eos_id)
+    return conversation_view(pinned.tokenizer, index, conversation.id, ids, mask)
 
 
 def _diff(args) -> int:
+    from builders.build import build
+    from builders.diff import describe, diff_files
+
     for path in (args.a, args.b):
         if path is not None and not path.is_file():
             raise UsageError(f"diff: no file {path}")
@@ -265,15 +282,15 @@ def _diff(args) -> int:
     return 0 if result.identical else 1
 
 
-def _print_checks(checks: list[Check], notes: list[str]) -> None:
-    for check in checks:
+def _print_checks(verification) -> None:
+    for check in verification.checks:
         if check.status == "differs":
             print(f"  DIFFERS     {check.figure}: expected {check.expected}, got {check.got}")
         elif check.status == "ok":
             print(f"  ok          {check.figure}: {check.got}")
         else:
             print(f"  not pinned  {check.figure}: {check.got}")
-    for note in notes:
+    for note in verification.notes:
         print(f"note: {note}", file=sys.stderr)
 
 

@@ -1,40 +1,31 @@
-"""Turn source conversations into token ids and glm5 loss masks, each followed by its EOS."""
+"""Turn conversations into token ids and glm5 loss masks: render, check the layout, tokenize, mask."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from contextlib import contextmanager
 
 import jinja2
 import numpy as np
 from tokenizers import Tokenizer, pre_tokenizers
 
 from builders import glm5
-from builders.chat import ChatRenderer, ConversationError, normalize_messages
-from builders.errors import PinnedInputError, SourceDataError
-from builders.pinned import PinnedTokenizer
-
-
-@dataclass(frozen=True)
-class EncodedConversation:
-    index: int  # source index
-    id: str
-    source: str | None  # the source dataset's ``source`` column (which Tulu subset)
-    ids: np.ndarray  # int32: the conversation's tokens, then EOS
-    mask: np.ndarray  # uint8, same length
+from builders.chat import ChatRenderer, normalize_messages
+from builders.errors import ConversationError, PinnedInputError, SourceDataError
+from builders.records import EncodedConversation
 
 
 class ConversationEncoder:
-    """Renders with the pinned template, encodes with the pinned tokenizer, applies the glm5 mask.
+    """Renders with a chat template, encodes with a tokenizer, applies the glm5 mask.
 
-    The encoder owns ``pinned.tokenizer``: it turns off any truncation or padding that
+    The encoder owns ``tokenizer``: it turns off any truncation or padding that
     ``tokenizer.json`` configures, as transformers does when it encodes a rendered chat.
     """
 
-    def __init__(self, pinned: PinnedTokenizer):
-        self.tokenizer = pinned.tokenizer
+    def __init__(self, tokenizer: Tokenizer, chat_template: str):
+        self.tokenizer = tokenizer
         self.tokenizer.no_truncation()
         self.tokenizer.no_padding()
-        self.renderer = ChatRenderer(pinned.chat_template)
+        self.renderer = ChatRenderer(chat_template)
         self.token_bytes = token_byte_lengths(self.tokenizer)
         self.eos_id = self._token_id(glm5.EOS)
         self.stop_ids = np.array([self._token_id(t) for t in glm5.STOP_TOKENS], dtype=np.int64)
@@ -42,45 +33,69 @@ class ConversationEncoder:
     def _token_id(self, token: str) -> int:
         token_id = self.tokenizer.token_to_id(token)
         if token_id is None:
-            raise PinnedInputError(f"the pinned tokenizer has no token {token!r}, which the glm5 mask needs")
+            raise PinnedInputError(f"the tokenizer has no token {token!r}, which the glm5 mask needs")
         return token_id
 
     def encode(self, rows: list[dict]) -> list[EncodedConversation]:
-        """Encode source rows (dicts with ``index``, ``id``, ``messages``, optional ``source``), in order."""
-        layouts = [self._layout(row) for row in rows]
-        # the fast variant skips character offsets, which the mask does not use (it counts token bytes)
-        encodings = self.tokenizer.encode_batch_fast([lay.text for lay in layouts], add_special_tokens=False)
-        return [self._masked(row, lay, enc) for row, lay, enc in zip(rows, layouts, encodings)]
+        """Encode source rows (dicts with ``index``, ``id``, ``messages``, optional ``source``), in order.
 
-    def _layout(self, row: dict) -> glm5.Layout:
+        A conversation the contract does not define is a SourceDataError naming its source row.
+        """
+        layouts = []
+        for row in rows:
+            with _located(row):
+                layouts.append(self.layout(row["messages"]))
+        conversations = []
+        for row, lay, ids in zip(rows, layouts, self._tokenize(layouts)):
+            with _located(row):
+                mask, ends_with_answer = self._mask(lay, ids)
+            conversations.append(EncodedConversation(row["index"], row["id"], row.get("source"), ids, mask,
+                                                     ends_with_answer))
+        return conversations
+
+    def encode_messages(self, messages, untrained: frozenset[int] = frozenset()) -> tuple[np.ndarray, np.ndarray, bool]:
+        """One conversation's ids and mask, and whether it ends with a trained answer.
+
+        The answers at the positions in ``untrained`` supervise nothing (see ``glm5.layout``).
+        Raises ConversationError for a conversation the contract does not define.
+        """
+        lay = self.layout(messages, untrained)
+        (ids,) = self._tokenize([lay])
+        return (ids, *self._mask(lay, ids))
+
+    def layout(self, messages, untrained: frozenset[int] = frozenset()) -> glm5.Layout:
+        """The glm5 layout of ``messages``, checked against what the chat template renders."""
+        messages = normalize_messages(messages)
+        lay = glm5.layout(messages, untrained)
         try:
-            messages = normalize_messages(row["messages"])
-            lay = glm5.layout(messages)
             rendered = self.renderer.render(messages)
-        except ConversationError as err:
-            raise SourceDataError(f"{_where(row)}: {err}") from None
         except jinja2.TemplateError as err:
-            raise SourceDataError(f"{_where(row)}: the chat template failed: {err}") from None
+            raise ConversationError(f"the chat template failed: {err}") from err
         if rendered != lay.text:
             at = next((i for i, (a, b) in enumerate(zip(rendered, lay.text)) if a != b),
                       min(len(rendered), len(lay.text)))
-            raise SourceDataError(
-                f"{_where(row)}: the pinned template renders this conversation differently from the glm5 piece "
-                f"layout (first difference at character {at}: template {rendered[at:at + 40]!r}, glm5 "
-                f"{lay.text[at:at + 40]!r}); the glm5 mask is only defined for the GLM-4.7-Flash chat format")
+            raise ConversationError(
+                f"the chat template renders this conversation differently from the glm5 piece layout (first "
+                f"difference at character {at}: template {rendered[at:at + 40]!r}, glm5 {lay.text[at:at + 40]!r}); "
+                f"the glm5 mask is only defined for the GLM-4.7-Flash chat format")
         return lay
 
-    def _masked(self, row: dict, lay: glm5.Layout, encoding) -> EncodedConversation:
-        ids = np.array(encoding.ids, dtype=np.int32)
-        try:
-            mask, eos_supervised = glm5.loss_mask(lay, ids, self.token_bytes[ids], self.stop_ids)
-        except ConversationError as err:
-            raise SourceDataError(f"{_where(row)}: {err}") from None
-        return EncodedConversation(
-            index=row["index"], id=row["id"], source=row.get("source"),
-            ids=np.append(ids, np.int32(self.eos_id)),
-            mask=np.append(mask, np.uint8(eos_supervised)),
-        )
+    def _tokenize(self, layouts: list[glm5.Layout]) -> list[np.ndarray]:
+        # the fast variant skips character offsets, which the mask does not use (it counts token bytes)
+        encodings = self.tokenizer.encode_batch_fast([lay.text for lay in layouts], add_special_tokens=False)
+        return [np.array(encoding.ids, dtype=np.int32) for encoding in encodings]
+
+    def _mask(self, lay: glm5.Layout, ids: np.ndarray) -> tuple[np.ndarray, bool]:
+        return glm5.loss_mask(lay, ids, self.token_bytes[ids], self.stop_ids)
+
+
+@contextmanager
+def _located(row: dict):
+    """Turn a ConversationError into a SourceDataError that names the source row."""
+    try:
+        yield
+    except ConversationError as err:
+        raise SourceDataError(f"source row {row['index']} (id {row['id']!r}): {err}") from err
 
 
 def token_byte_lengths(tokenizer: Tokenizer) -> np.ndarray:
@@ -98,7 +113,3 @@ def token_byte_lengths(tokenizer: Tokenizer) -> np.ndarray:
     for token_id, added in tokenizer.get_added_tokens_decoder().items():
         lengths[token_id] = len(added.content.encode("utf-8"))
     return lengths
-
-
-def _where(row: dict) -> str:
-    return f"source row {row['index']} (id {row['id']!r})"

@@ -50,3 +50,11 @@ class WorkerError(BuildError):
     """A worker process died (killed, out of memory) before it returned its batch."""
 
     exit_code = 7
+
+
+class ConversationError(ValueError):
+    """A conversation that the row contract does not define; the message says why.
+
+    Raised where a conversation is checked, without knowing where it came from; the builder
+    turns it into a SourceDataError naming the source row, the on-the-fly mask into a ValueError.
+    """

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from builders.errors import VerificationError
-from builders.manifest import Expect
+from builders.manifest import Expect, Manifest
 from builders.rowfile import iter_token_batches, writer_version
 
 
@@ -84,9 +84,36 @@ class Check:
 PINNED_FIGURES = ("rows_sha256", "parquet_sha256", "parquet_bytes", "supervised_token_ratio", "padding_tokens")
 
 
-def compare(figures: dict, expect: Expect, rows: int) -> list[Check]:
+@dataclass(frozen=True)
+class Verification:
+    """The figures of a file checked against a manifest: each check, and what a reader should know."""
+
+    checks: list[Check]
+    notes: list[str]
+
+    @property
+    def verified(self) -> bool:
+        """Every pinned figure matched (figures that are not pinned do not count)."""
+        return not self.differing
+
+    @property
+    def differing(self) -> list[Check]:
+        return [check for check in self.checks if check.status == "differs"]
+
+    @property
+    def nothing_pinned(self) -> bool:
+        """The manifest's ``expect`` pins no figure (only the row count was checked)."""
+        return all(check.status == "not pinned" for check in self.checks if check.figure != "rows")
+
+    def summary(self) -> str:
+        """One line naming each differing figure, or ``matches``."""
+        return "; ".join(f"{c.figure} expected {c.expected}, got {c.got}" for c in self.differing) or "matches"
+
+
+def verify(figures: dict, manifest: Manifest) -> Verification:
     """Compare computed figures with the manifest's ``rows`` and ``expect``."""
-    checks = [Check("rows", rows, figures["rows"], "ok" if figures["rows"] == rows else "differs")]
+    expect = manifest.expect
+    checks = [Check("rows", manifest.rows, figures["rows"], "ok" if figures["rows"] == manifest.rows else "differs")]
     for name in PINNED_FIGURES:
         expected, got = getattr(expect, name), figures[name]
         if expected is None:
@@ -96,16 +123,11 @@ def compare(figures: dict, expect: Expect, rows: int) -> list[Check]:
                                 "ok" if expected.matches(got) else "differs"))
         else:
             checks.append(Check(name, expected, got, "ok" if expected == got else "differs"))
-    return checks
+    return Verification(checks, _notes(checks, expect))
 
 
-def all_match(checks: list[Check]) -> bool:
-    """Whether every pinned figure matched (figures that are not pinned do not count)."""
-    return all(check.status != "differs" for check in checks)
-
-
-def check_notes(checks: list[Check], expect: Expect) -> list[str]:
-    """What a reader of the checks should know: the writer's version, and rows that match in a file that does not."""
+def _notes(checks: list[Check], expect: Expect) -> list[str]:
+    """The writer's version, and rows that match in a file that does not."""
     out = []
     running = writer_version()
     if expect.writer is not None and expect.writer != running:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from builders.chat import ConversationError
+from builders.errors import ConversationError
 
 PREFIX = "[gMASK]<sop>"
 EOS = "<|endoftext|>"
@@ -34,11 +34,15 @@ class Layout:
     piece_start: np.ndarray  # int64 byte offset of each piece; piece 0 is the prefix
     piece_end: np.ndarray
     supervised_from: np.ndarray  # int64 byte offset, or past the end for unsupervised pieces
-    assistant_pieces: tuple[int, ...]
+    assistant_pieces: tuple[int, ...]  # the pieces of the answers that are trained
 
 
-def layout(messages: list[dict]) -> Layout:
-    """Lay out the glm5 pieces of normalized ``messages``."""
+def layout(messages: list[dict], untrained: frozenset[int] = frozenset()) -> Layout:
+    """Lay out the glm5 pieces of normalized ``messages``.
+
+    The answers at the positions in ``untrained`` (miles' ``step_loss_mask: 0``) are laid out
+    like the others but supervise nothing, not even the stop token after them.
+    """
     last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
     texts, prefills = [PREFIX], [None]
     for i, message in enumerate(messages):
@@ -46,7 +50,7 @@ def layout(messages: list[dict]) -> Layout:
         if role == "assistant":
             prefill, body = _assistant(message, show_reasoning=i > last_user)
             texts.append(prefill + body)
-            prefills.append(len(prefill.encode("utf-8")))
+            prefills.append(None if i in untrained else len(prefill.encode("utf-8")))
         elif role == "tool":
             first_of_run = i == 0 or messages[i - 1]["role"] != "tool"
             opener = ROLE_TOKENS["tool"] if first_of_run else ""
@@ -83,7 +87,8 @@ def _assistant(message: dict, show_reasoning: bool) -> tuple[str, str]:
 
 
 def loss_mask(lay: Layout, ids: np.ndarray, token_bytes: np.ndarray, stop_ids: np.ndarray) -> tuple[np.ndarray, bool]:
-    """The mask of a conversation's tokens, and whether the EOS that follows it is supervised.
+    """The mask of a conversation's tokens, and whether it ends with a trained answer (so the EOS after it
+    is that answer's stop token).
 
     ``token_bytes`` holds each token's length in bytes of ``lay.text``.
     """

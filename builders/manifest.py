@@ -81,22 +81,50 @@ class Manifest:
     path: Path | None = None
 
 
+class _FloatText(float):
+    """A YAML float that remembers how it was written (``0.670`` stays three decimals)."""
+
+    text: str
+
+
+class _Loader(yaml.SafeLoader):
+    """``yaml.safe_load``'s loader, keeping each float's text."""
+
+
+def _float_text(loader: _Loader, node: yaml.ScalarNode) -> _FloatText:
+    value = _FloatText(loader.construct_yaml_float(node))
+    value.text = node.value
+    return value
+
+
+_Loader.add_constructor("tag:yaml.org,2002:float", _float_text)
+
+
+def _safe_load(text: str):
+    """``yaml.safe_load`` with the float text kept."""
+    loader = _Loader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def load_manifest(path: str | Path) -> Manifest:
     """Read and validate the manifest at ``path``."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
-        raise ManifestError(f"{path}: cannot read the manifest: {err}") from None
+        raise ManifestError(f"{path}: cannot read the manifest: {err}") from err
     return parse_manifest(text, source=str(path), path=path)
 
 
 def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = None) -> Manifest:
     """Validate manifest YAML text; ``source`` names it in error messages."""
     try:
-        doc = yaml.safe_load(text)
+        doc = _safe_load(text)
     except yaml.YAMLError as err:
-        raise ManifestError(f"{source}: not valid YAML: {err}") from None
+        raise ManifestError(f"{source}: not valid YAML: {err}") from err
     check = _Checker(source)
     top = check.mapping(doc, "", required=("name", "dataset", "tokenizer", "loss_mask", "seed", "row_tokens", "rows"),
                         optional=("expect",))
@@ -193,7 +221,7 @@ class _Checker:
     def ratio(self, value, name: str) -> Ratio:
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             self.fail(name, f"expected a number, got {_kind(value)}")
-        text = value if isinstance(value, str) else repr(value)
+        text = value.text if isinstance(value, _FloatText) else value if isinstance(value, str) else repr(value)
         try:
             number = Decimal(text)
         except InvalidOperation:

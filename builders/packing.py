@@ -1,28 +1,31 @@
-"""Cut the EOS-joined token stream into fixed-length rows, skipping rows with no supervised token."""
+"""The token stream and its rows: conversations joined by EOS, cut into fixed-length windows.
+
+The stream is ``ids(c_0) EOS ids(c_1) EOS ...``. The EOS after a conversation is supervised
+when the conversation ends with an answer: it is that answer's stop token. The stream is cut
+into consecutive windows of ``row_tokens`` tokens; a window with no supervised token is skipped.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from builders.encode import EncodedConversation
+from builders.records import EncodedConversation, Row
 
 
-@dataclass(frozen=True)
-class Row:
-    input_ids: np.ndarray  # int32, row_tokens long
-    loss_mask: np.ndarray  # uint8, row_tokens long
-    source_index: list[int]  # the conversations whose tokens the row holds, in order
-    source_id: list[str]
-    segment_start: list[int]  # where each of them starts in the row (0 for one continued from before)
+def with_eos(ids: np.ndarray, mask: np.ndarray, ends_with_answer: bool, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """A conversation's part of the stream: its tokens, then the EOS, supervised after an answer."""
+    return np.append(ids, np.int32(eos_id)), np.append(mask, np.uint8(ends_with_answer))
 
 
 @dataclass
-class RowPacker:
-    """Consumes conversations in stream order and returns each completed, non-skipped row."""
+class Packer:
+    """Cuts the stream, given one conversation at a time in stream order, into rows."""
 
     row_tokens: int
+    eos_id: int
     windows_skipped: int = 0
     _ids: np.ndarray = field(init=False)
     _mask: np.ndarray = field(init=False)
@@ -33,31 +36,24 @@ class RowPacker:
         self._ids = np.empty(self.row_tokens, dtype=np.int32)
         self._mask = np.empty(self.row_tokens, dtype=np.uint8)
 
-    def add(self, conversation: EncodedConversation) -> list[Row]:
-        rows, taken, total = [], 0, len(conversation.ids)
-        while taken < total:
-            n = min(self.row_tokens - self._fill, total - taken)
-            self._ids[self._fill:self._fill + n] = conversation.ids[taken:taken + n]
-            self._mask[self._fill:self._fill + n] = conversation.mask[taken:taken + n]
-            self._segments.append((conversation.index, conversation.id, self._fill))
+    def joined(self, conversation: EncodedConversation) -> tuple[np.ndarray, np.ndarray]:
+        """The conversation's part of the stream (``with_eos``)."""
+        return with_eos(conversation.ids, conversation.mask, conversation.ends_with_answer, self.eos_id)
+
+    def cut(self, ids: np.ndarray, mask: np.ndarray, index: int, id_: str) -> Iterator[Row]:
+        """Append one conversation's part of the stream (``joined``); yield the rows it completes."""
+        taken = 0
+        while taken < len(ids):
+            n = min(self.row_tokens - self._fill, len(ids) - taken)
+            self._ids[self._fill:self._fill + n] = ids[taken:taken + n]
+            self._mask[self._fill:self._fill + n] = mask[taken:taken + n]
+            self._segments.append((index, id_, self._fill))
             self._fill += n
             taken += n
             if self._fill == self.row_tokens:
-                row = self._cut()
-                if row is None:
-                    self.windows_skipped += 1
+                segments, self._segments, self._fill = self._segments, [], 0
+                if self._mask.any():
+                    yield Row(self._ids.copy(), self._mask.copy(), [s[0] for s in segments], [s[1] for s in segments],
+                              [s[2] for s in segments])
                 else:
-                    rows.append(row)
-        return rows
-
-    def _cut(self) -> Row | None:
-        segments, self._segments, self._fill = self._segments, [], 0
-        if not self._mask.any():
-            return None
-        return Row(
-            input_ids=self._ids.copy(),
-            loss_mask=self._mask.copy(),
-            source_index=[s[0] for s in segments],
-            source_id=[s[1] for s in segments],
-            segment_start=[s[2] for s in segments],
-        )
+                    self.windows_skipped += 1

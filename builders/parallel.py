@@ -19,9 +19,9 @@ from concurrent.futures.process import BrokenProcessPool
 import pyarrow as pa
 from tokenizers import Tokenizer
 
-from builders.encode import ConversationEncoder, EncodedConversation
+from builders.encode import ConversationEncoder
 from builders.errors import WorkerError
-from builders.pinned import PinnedTokenizer
+from builders.records import EncodedConversation
 
 _ENCODER: ConversationEncoder | None = None
 
@@ -40,9 +40,9 @@ def encode_batches(encoder: ConversationEncoder, batches: Iterable[pa.Table],
                                    initargs=(encoder.tokenizer.to_str(), encoder.renderer.chat_template))
     try:
         yield from _in_order(executor, _encode, batches, depth=2 * workers)
-    except BrokenProcessPool:
+    except BrokenProcessPool as err:
         raise WorkerError("a tokenizing worker process died before returning its batch (killed, or out of "
-                          "memory); nothing was left at the final path") from None
+                          "memory); nothing was left at the final path") from err
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
 
@@ -66,8 +66,7 @@ def _start_worker(tokenizer_json: str, chat_template: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and shuts workers down
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
     global _ENCODER
-    tokenizer = Tokenizer.from_str(tokenizer_json)
-    _ENCODER = ConversationEncoder(PinnedTokenizer(tokenizer=tokenizer, chat_template=chat_template, snapshot=None))
+    _ENCODER = ConversationEncoder(Tokenizer.from_str(tokenizer_json), chat_template)
 
 
 def _encode(batch: pa.Table) -> list[EncodedConversation]:

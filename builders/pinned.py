@@ -33,7 +33,7 @@ class Hub:
 class PinnedTokenizer:
     tokenizer: Tokenizer
     chat_template: str
-    snapshot: Path | None  # None for a tokenizer that did not come from a pinned snapshot
+    snapshot: Path
 
 
 def resolve_snapshot(repo: str, repo_type: str, revision: str, allow_patterns: list[str], hub: Hub) -> Path:
@@ -47,7 +47,7 @@ def resolve_snapshot(repo: str, repo_type: str, revision: str, allow_patterns: l
             f"{repo_type} repo {repo} at revision {revision}: cannot resolve the pinned snapshot "
             f"({type(err).__name__}: {reason}). Offline (HF_HUB_OFFLINE=1), the snapshot must already be in "
             f"the HF cache (HF_HOME); online, the repo and commit must exist on the Hub."
-        ) from None
+        ) from err
     return Path(folder)
 
 
@@ -59,7 +59,7 @@ def load_pinned_tokenizer(pin: TokenizerPin, hub: Hub) -> PinnedTokenizer:
         tokenizer = Tokenizer.from_str(contents["tokenizer.json"].decode("utf-8"))
         chat_template = contents["chat_template.jinja"].decode("utf-8")
     except Exception as err:  # the bytes matched their pin, so this is a bad pin, not a tampered file
-        raise PinnedInputError(f"{snapshot}: the pinned tokenizer files cannot be parsed: {err}") from None
+        raise PinnedInputError(f"{snapshot}: the pinned tokenizer files cannot be parsed: {err}") from err
     return PinnedTokenizer(tokenizer=tokenizer, chat_template=chat_template, snapshot=snapshot)
 
 
@@ -80,7 +80,7 @@ def read_checked(path: Path, expected_sha256: str) -> bytes:
     try:
         data = path.read_bytes()
     except OSError as err:
-        raise PinnedInputError(f"{path}: cannot read the pinned file: {err.strerror or err}") from None
+        raise PinnedInputError(f"{path}: cannot read the pinned file: {err.strerror or err}") from err
     got = hashlib.sha256(data).hexdigest()
     if got != expected_sha256:
         raise PinnedInputError(f"{path}: sha256 is {got}, but the manifest pins {expected_sha256}")

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from builders.errors import VerificationError
-from builders.packing import Row
+from builders.records import Row
 
 ROW_GROUP_ROWS = 64
 METADATA_TYPE = pa.struct([
@@ -102,7 +102,7 @@ def open_row_file(path: Path) -> pq.ParquetFile:
     try:
         parquet = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as err:
-        raise VerificationError(f"{path}: cannot read the parquet file: {err}") from None
+        raise VerificationError(f"{path}: cannot read the parquet file: {err}") from err
     for name in ("input_ids", "loss_mask"):
         if name not in parquet.schema_arrow.names:
             raise VerificationError(f"{path}: no column {name!r}; not a fixed-SFT row file")
@@ -113,7 +113,7 @@ def read_group(path: Path, parquet: pq.ParquetFile, group: int, columns=("input_
     try:
         return parquet.read_row_group(group, columns=list(columns))
     except (pa.ArrowException, OSError) as err:
-        raise VerificationError(f"{path}: cannot read row group {group}: {err}") from None
+        raise VerificationError(f"{path}: cannot read row group {group}: {err}") from err
 
 
 def token_matrices(path: Path, table: pa.Table) -> tuple[np.ndarray, np.ndarray]:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from builders import figures
 from builders.errors import VerificationError
-from builders.figures import compare, file_figures
 from builders.manifest import Manifest
 from builders.rowfile import open_row_file, read_group, token_matrices
 
@@ -44,11 +44,9 @@ class RowReader:
         if verify:
             if manifest is None:
                 raise ValueError("verify=True needs the manifest to verify against")
-            differing = [c for c in compare(file_figures(self.path, manifest.row_tokens), manifest.expect,
-                                            manifest.rows) if c.status == "differs"]
-            if differing:
-                raise VerificationError(f"{self.path}: does not match {manifest.name}: " + "; ".join(
-                    f"{c.figure} expected {c.expected}, got {c.got}" for c in differing))
+            verification = figures.verify(figures.file_figures(self.path, manifest.row_tokens), manifest)
+            if not verification.verified:
+                raise VerificationError(f"{self.path}: does not match {manifest.name}: {verification.summary()}")
         self._parquet = open_row_file(self.path)
         self._columns = [c for c in COLUMNS if c in self._parquet.schema_arrow.names]
         sizes = [self._parquet.metadata.row_group(g).num_rows for g in range(self._parquet.metadata.num_row_groups)]

@@ -74,7 +74,7 @@ class ParquetSource:
             # a file handle of its own: reads of one ParquetFile from several threads are not safe
             table = pq.ParquetFile(self.files[f]).read_row_group(g, columns=self._columns[f])
         except (pa.ArrowException, OSError) as err:
-            raise PinnedInputError(f"{self.files[f]}: cannot read row group {g}: {err}") from None
+            raise PinnedInputError(f"{self.files[f]}: cannot read row group {g}: {err}") from err
         picked = table.take(pa.array(members - self._group_start[group]))
         source = picked.column("source") if "source" in picked.column_names else pa.nulls(len(members), pa.string())
         return pa.table({"index": pa.array(members), "id": picked.column("id").cast(pa.string()),
@@ -85,7 +85,7 @@ def _open(path: Path) -> pq.ParquetFile:
     try:
         pf = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as err:
-        raise PinnedInputError(f"{path}: not a readable parquet file: {err}") from None
+        raise PinnedInputError(f"{path}: not a readable parquet file: {err}") from err
     _check_schema(path, pf.schema_arrow)
     return pf
 

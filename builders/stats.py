@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from builders.encode import EncodedConversation
-from builders.packing import Row
+from builders.records import Row
 
 PERCENTILES = (0, 10, 50, 90, 99, 100)
 
@@ -22,10 +21,11 @@ class BuildStats:
     row_supervised: list = field(default_factory=list)
     windows_skipped: int = 0
 
-    def add_conversation(self, conversation: EncodedConversation) -> None:
-        self.sources.append(conversation.source or "(none)")
-        self.conversation_tokens.append(len(conversation.ids))
-        self.conversation_supervised.append(int(np.count_nonzero(conversation.mask)))
+    def add_conversation(self, source: str | None, ids: np.ndarray, mask: np.ndarray) -> None:
+        """One conversation's part of the stream (its tokens and the EOS after them)."""
+        self.sources.append(source or "(none)")
+        self.conversation_tokens.append(len(ids))
+        self.conversation_supervised.append(int(np.count_nonzero(mask)))
 
     def add_row(self, row: Row) -> None:
         self.row_supervised.append(int(np.count_nonzero(row.loss_mask)))

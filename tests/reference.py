@@ -97,8 +97,12 @@ class Reference:
             return token.encode("utf-8")
         return bytes(self.decoder[c] for c in token)
 
-    def conversation(self, messages: list[dict]) -> tuple[list[int], list[int]]:
-        """Token ids and mask of one conversation, followed by EOS and its mask value."""
+    def conversation(self, messages: list[dict], untrained=frozenset()) -> tuple[list[int], list[int]]:
+        """Token ids and mask of one conversation, followed by EOS and its mask value.
+
+        The answers at the message positions in ``untrained`` (miles' ``step_loss_mask: 0``)
+        supervise nothing, not even the stop token after them.
+        """
         refuse_undefined(messages)
         messages = [{k: v for k, v in m.items() if v is not None} for m in messages]
         text = self.tok.apply_chat_template(messages, chat_template=self.template, tokenize=False)
@@ -110,8 +114,10 @@ class Reference:
         mask = []
         position = 0  # token index
         after_answer = False
-        for role, prefill, rest in ps:
-            for part, supervised in ((prefill, False), (rest, role == "assistant")):
+        trained = False
+        for k, (role, prefill, rest) in enumerate(ps):
+            trained = role == "assistant" and k - 1 not in untrained
+            for part, supervised in ((prefill, False), (rest, trained)):
                 want, got = part.encode("utf-8"), b""
                 while len(got) < len(want):
                     got += self.token_bytes(ids[position])
@@ -120,10 +126,9 @@ class Reference:
                     after_answer = False
                     position += 1
                 assert got == want, f"tokens straddle a piece boundary: {got!r} vs {want!r}"
-            after_answer = role == "assistant"
+            after_answer = trained
         assert position == len(ids)
-        eos_mask = 1 if ps[-1][0] == "assistant" else 0
-        return list(ids) + [self.eos], mask + [eos_mask]
+        return list(ids) + [self.eos], mask + [1 if trained else 0]
 
 
 def read_source(files: list[Path]) -> list[dict]:

@@ -4,10 +4,10 @@ import shutil
 
 import pytest
 import yaml
+from helpers import MANIFESTS, SELF_CONTAINED, run_cli
 
 from builders.card import PLOTS
 from builders.fixture.make import TOKENIZER_REPO
-from conftest import MANIFESTS, SELF_CONTAINED, run_cli
 
 
 def manifest_copy(tmp_path, name=SELF_CONTAINED, **changes):
@@ -116,3 +116,14 @@ def test_rows_that_match_in_a_file_that_does_not_are_called_out(fixture_cache, t
     assert done.returncode == 5
     assert "ok          rows_sha256" in done.stdout and "DIFFERS     parquet_sha256" in done.stdout
     assert "rows are exactly the pinned rows" in done.stderr and "made with pyarrow 1.0.0" in done.stderr
+
+
+def test_verbose_errors_show_their_cause(tmp_path):
+    manifest = tmp_path / "broken.yaml"
+    manifest.write_text("name: [unclosed\n")
+    plain = run_cli("--manifest", str(manifest))
+    assert plain.returncode == 2 and "Traceback" not in plain.stderr and "not valid YAML" in plain.stderr
+    verbose = run_cli("--manifest", str(manifest), "-v")
+    assert verbose.returncode == 2
+    assert "ParserError" in verbose.stderr and "direct cause" in verbose.stderr
+    assert verbose.stderr.rindex("\nerror: ") > verbose.stderr.rindex("Traceback")  # the summary comes last

@@ -4,13 +4,13 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
+from helpers import MANIFESTS, SELF_CONTAINED, lay_out_build, manifest_names
+from reference import reference_rows, rows_sha256
 
 from builders.build import build
 from builders.fixture.make import synthetic_rows
 from builders.manifest import load_manifest
 from builders.pinned import Hub
-from conftest import MANIFESTS, SELF_CONTAINED, lay_out_build, manifest_names
-from reference import reference_rows, rows_sha256
 
 
 def snapshot_files(hub: Hub, repo: str, repo_type: str, revision: str):
@@ -36,7 +36,7 @@ def test_fixture_build_matches_reference_and_manifest(name, built, hub):
     manifest = load_manifest(MANIFESTS / f"{name}.yaml")
     expected = reference_for(manifest, hub)
     result = built(name)
-    assert result.verified, result.checks
+    assert result.verified, result.verification.summary()
     assert file_rows(result.parquet) == expected
     # the pinned hash is the one the independent reference computes, not just what the builder wrote
     assert rows_sha256(expected) == manifest.expect.rows_sha256

@@ -4,20 +4,17 @@ at the final path (issue: bad input, faults and tampering)."""
 import os
 import resource
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import REPO, SELF_CONTAINED, encoder, lay_out_build, run_cli, start_cli
 
 from builders.errors import SourceDataError
 from builders.fixture.hf_cache import MESSAGE, parquet_shards
 from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows
-from conftest import REPO, SELF_CONTAINED, lay_out_build, run_cli
-from test_glm5_mask import encoder
 
 BIG = dict(name="big", row_tokens=512, build_rows=1200, shards=3, row_group_rows=200)
 
@@ -33,12 +30,8 @@ def big_build(tmp_path_factory):
     return hf_home, manifest, (out / "big.parquet").read_bytes()
 
 
-def start_build(hf_home, manifest, out, **popen):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1")
-    return subprocess.Popen([sys.executable, str(REPO / "data" / "generate_fixed_sft.py"), "--manifest",
-                             str(manifest), "--out", str(out)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **popen)
+def start_build(hf_home, manifest, out, *more):
+    return start_cli("--manifest", str(manifest), "--out", str(out), *more, hf_home=hf_home)
 
 
 def wait_for(predicate, timeout=60.0):
@@ -85,11 +78,7 @@ def worker_pids(pid: int) -> list[int]:
 def test_a_killed_worker_fails_the_build_clearly(big_build, tmp_path):
     hf_home, manifest, _ = big_build
     out = tmp_path / "out"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1")
-    process = subprocess.Popen([sys.executable, str(REPO / "data" / "generate_fixed_sft.py"), "--manifest",
-                                str(manifest), "--out", str(out), "--workers", "2"], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = start_build(hf_home, manifest, out, "--workers", "2")
     assert wait_for(lambda: out.exists() and any(p.suffix == ".tmp" for p in out.iterdir())
                     and len(worker_pids(process.pid)) >= 2), "no workers seen"
     os.kill(worker_pids(process.pid)[-1], signal.SIGKILL)
@@ -116,12 +105,9 @@ def limit_file_size():
 
 
 def test_full_disk_fails_clearly(fixture_cache, tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env.update(HF_HOME=str(fixture_cache), HF_HUB_OFFLINE="1", PYTHONDONTWRITEBYTECODE="1")
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, str(REPO / "data" / "generate_fixed_sft.py"), "--build", SELF_CONTAINED,
-                           "--out", str(out)], env=env, capture_output=True, text=True, preexec_fn=limit_file_size,
-                          timeout=300)
+    done = run_cli("--build", SELF_CONTAINED, "--out", str(out), hf_home=fixture_cache,
+                   env={"PYTHONDONTWRITEBYTECODE": "1"}, preexec_fn=limit_file_size)
     assert done.returncode == 6, done.stderr
     assert "cannot write the build output" in done.stderr and "Traceback" not in done.stderr
     assert list(out.iterdir()) == []

@@ -2,17 +2,15 @@
 rendering and tokens against transformers' apply_chat_template, with both templates."""
 
 import pytest
+from helpers import TEMPLATES, encoder, with_its_eos
+from reference import refuse_undefined
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from builders.chat import normalize_messages
-from builders.encode import ConversationEncoder
 from builders.errors import SourceDataError
 from builders.fixture.conversations import hard_cases
-from builders.fixture.make import FIXTURE_TEMPLATE, PINNED_TEMPLATE, shared_dir, synthetic_rows, \
-    tokenizer_json, tulu_fixture_rows
-from builders.pinned import PinnedTokenizer
-from reference import refuse_undefined
+from builders.fixture.make import FIXTURE_TEMPLATE, shared_dir, synthetic_rows, tokenizer_json, tulu_fixture_rows
 
 E = "<|endoftext|>"
 EXPECTED_SUPERVISED = [
@@ -30,16 +28,6 @@ EXPECTED_SUPERVISED = [
     ["unprompted<|user|>"],
     ["晴れです 😀 — naïve café\u0301" + E],
 ]
-
-TEMPLATES = [pytest.param(lambda: FIXTURE_TEMPLATE.read_text(encoding="utf-8"), id="fixture-template"),
-             pytest.param(lambda: (shared_dir() / PINNED_TEMPLATE).read_text(encoding="utf-8"), id="pinned-template",
-                          marks=pytest.mark.skipif(shared_dir() is None, reason="needs ../shared (pinned template)"))]
-
-
-def encoder(template: str) -> ConversationEncoder:
-    tokenizer = Tokenizer.from_str(tokenizer_json().decode())
-    return ConversationEncoder(PinnedTokenizer(tokenizer=tokenizer, chat_template=template, snapshot=None))
-
 
 def supervised_spans(tokenizer: Tokenizer, ids, mask) -> list[str]:
     spans, current = [], []
@@ -61,7 +49,7 @@ def test_hard_cases_supervise_exactly_the_answers(template):
     assert len(cases) == len(EXPECTED_SUPERVISED)
     rows = [{"index": i, "id": f"hard_case_{i}", "messages": m} for i, m in enumerate(cases)]
     for row, conversation, expected in zip(rows, enc.encode(rows), EXPECTED_SUPERVISED):
-        assert supervised_spans(enc.tokenizer, conversation.ids, conversation.mask) == expected, row["id"]
+        assert supervised_spans(enc.tokenizer, *with_its_eos(enc, conversation)) == expected, row["id"]
 
 
 def all_fixture_rows():
@@ -86,8 +74,7 @@ def test_rendering_and_tokens_match_apply_chat_template(template, tmp_path):
         ids = hf.apply_chat_template(messages, chat_template=template, tokenize=True)
         ids = ids["input_ids"] if hasattr(ids, "keys") else ids
         assert enc.renderer.render(messages) == text, row["id"]
-        assert conversation.ids[:-1].tolist() == list(ids), row["id"]
-        assert conversation.ids[-1] == enc.eos_id
+        assert conversation.ids.tolist() == list(ids), row["id"]
 
 
 @pytest.mark.parametrize("messages, problem", [

@@ -1,9 +1,9 @@
 import pytest
 import yaml
+from conftest import MANIFESTS
 
 from builders.errors import ManifestError
 from builders.manifest import load_manifest, parse_manifest
-from conftest import MANIFESTS
 
 
 def base() -> dict:
@@ -68,8 +68,11 @@ def test_not_a_manifest(text):
         parse_manifest(text)
 
 
-def test_ratio_precision():
-    doc = base()
-    doc["expect"]["supervised_token_ratio"] = "0.670"
-    ratio = parse_manifest(yaml.safe_dump(doc)).expect.supervised_token_ratio
+@pytest.mark.parametrize("written", ["0.670", "'0.670'", '"0.670"'])
+def test_ratio_is_compared_at_the_precision_written(written):
+    """YAML reads 0.670 as the float 0.67; the manifest keeps the three decimals it was written with."""
+    text = (MANIFESTS / "fixture-synthetic-v1.yaml").read_text().replace(
+        "supervised_token_ratio: 0.5342", f"supervised_token_ratio: {written}")
+    ratio = parse_manifest(text).expect.supervised_token_ratio
     assert ratio.decimals == 3 and ratio.matches(0.6704) and not ratio.matches(0.6706)
+    assert not ratio.matches(0.6749)  # at two decimals this would round to 0.67 and match

@@ -1,6 +1,6 @@
 """CI runs the README's commands, word for word."""
 
-from conftest import REPO
+from helpers import REPO
 
 
 def test_ci_runs_the_readme_commands():

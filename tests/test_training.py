@@ -9,20 +9,21 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import numpy as np
+import pretokenized_sft_rollout
 import pyarrow.parquet as pq
 import pytest
+from helpers import MANIFESTS, REPO, SELF_CONTAINED, encoder, manifest_names, with_its_eos
+from miles_emulation import MilesWouldCrash, Target, trained_targets
+from reference import Reference
 from transformers import PreTrainedTokenizerFast
 
-import pretokenized_sft_rollout
 from builders.errors import VerificationError
 from builders.figures import RowFigures
+from builders.fixture.conversations import hard_cases
 from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows, tokenizer_json
 from builders.glm5 import EOS
 from builders.manifest import load_manifest
 from builders.rows import RowReader, worker_shard
-from conftest import MANIFESTS, REPO, SELF_CONTAINED, manifest_names
-from miles_emulation import MilesWouldCrash, Target, trained_targets
-from test_glm5_mask import encoder
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +189,7 @@ EDGE_MASKS = {
 
 @pytest.fixture(scope="module")
 def edge_rows_file(tmp_path_factory):
-    from builders.packing import Row
+    from builders.records import Row
     from builders.rowfile import RowWriter
 
     path = tmp_path_factory.mktemp("edge") / "edge.parquet"
@@ -290,7 +291,43 @@ def test_patched_generator_returns_the_builders_tokens_and_mask(patched_miles, t
     rows = [{"index": i, "id": r["id"], "messages": r["messages"]} for i, r in enumerate(synthetic_rows())]
     for row, expected in zip(rows, builder.encode(rows)):
         token_ids, loss_mask = generator.get_loss_mask(row["messages"])
-        assert token_ids == expected.ids.tolist() and loss_mask == expected.mask.tolist(), row["id"]
+        assert (token_ids, loss_mask) == with_its_eos(builder, expected), row["id"]
         assert token_ids[-1] == hf.convert_tokens_to_ids(EOS)
     with pytest.raises(ValueError, match="without tools"):
         generator.get_loss_mask(rows[0]["messages"], tools=[{"name": "f"}])
+
+
+@pytest.fixture(scope="module")
+def glm_hf_tokenizer(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hf-tokenizer") / "tokenizer.json"
+    path.write_bytes(tokenizer_json())
+    template = FIXTURE_TEMPLATE.read_text(encoding="utf-8")
+    return PreTrainedTokenizerFast(tokenizer_file=str(path), chat_template=template), path, template
+
+
+def test_step_loss_mask_unsupervises_an_answer_and_its_stop_token(glm_hf_tokenizer):
+    """miles' per-message step_loss_mask, against the reference implementation of the same rule."""
+    from builders.live_mask import glm5_loss_mask
+
+    hf, path, template = glm_hf_tokenizer
+    reference = Reference(path, template)
+    checked = 0
+    for messages in [*hard_cases(), *(r["messages"] for r in synthetic_rows()[:60])]:
+        answers = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        for untrained in [set(), *({i} for i in answers), set(answers)]:
+            marked = [{**m, "step_loss_mask": 0} if i in untrained else m for i, m in enumerate(messages)]
+            assert glm5_loss_mask(hf, marked) == reference.conversation(messages, frozenset(untrained))
+            checked += bool(untrained)
+    assert checked > 100
+    # the field present and 1 is the field absent, and the builder's rows have it absent
+    messages = hard_cases()[1]
+    assert glm5_loss_mask(hf, [{**m, "step_loss_mask": 1} for m in messages]) == glm5_loss_mask(hf, messages)
+
+
+@pytest.mark.parametrize("module", ["builders.rows", "pretokenized_sft_rollout"])
+def test_the_training_side_loads_no_tokenizer_stack(module):
+    """What miles imports from this project pulls in no transformers, tokenizers, jinja2 or huggingface_hub."""
+    code = (f"import sys, {module}; print(sorted({{n.split('.')[0] for n in sys.modules}} & "
+            "{'transformers', 'tokenizers', 'jinja2', 'huggingface_hub', 'torch', 'matplotlib', 'tqdm'}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0 and done.stdout.strip() == "[]" and done.stderr == "", done.stdout + done.stderr

@@ -9,15 +9,16 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from helpers import EDITED, MANIFESTS, REPO, SELF_CONTAINED, lay_out_build, run_cli
 from tokenizers import Tokenizer
 
-from builders.build import build, permutation
+from builders.build import build
 from builders.card import PLOTS
 from builders.fixture.make import synthetic_rows, tokenizer_json
 from builders.glm5 import EOS
 from builders.manifest import load_manifest
+from builders.order import permutation
 from builders.pinned import Hub
-from conftest import EDITED, MANIFESTS, REPO, SELF_CONTAINED, lay_out_build, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -197,3 +198,14 @@ def test_diff_the_edited_fixture_as_the_readme_shows(cli_build, fixture_cache, t
     victim = int(permutation(42, len(rows))[5])
     assert done.returncode == 1
     assert f"from source row {victim} (id {rows[victim]['id']})" in done.stdout
+
+
+def test_card_front_matter_stays_yaml_for_any_manifest_text():
+    from builders.card import front_matter as card_front_matter
+    from builders.manifest import parse_manifest
+
+    odd = "Custom: see https://example.org/#terms, 'quoted' — and \"more\""
+    text = (MANIFESTS / f"{SELF_CONTAINED}.yaml").read_text().replace("license: CC0-1.0 (generated)",
+                                                                       f"license: {json.dumps(odd)}")
+    meta = front_matter(card_front_matter(parse_manifest(text)) + "\n")
+    assert meta["license"] == "other" and meta["license_name"] == odd

@@ -1,0 +1,95 @@
+"""What the tests share: paths, fixture names, the CLI run as a user runs it, custom builds laid out."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from builders.encode import ConversationEncoder
+from builders.fixture.hf_cache import MESSAGE_WITH_REASONING, parquet_shards, put_snapshot
+from builders.fixture.make import FIXTURE_TEMPLATE, PINNED_TEMPLATE, shared_dir, tokenizer_json
+from builders.packing import with_eos
+
+REPO = Path(__file__).resolve().parents[1]
+MANIFESTS = REPO / "manifests"
+CLI = REPO / "data" / "generate_fixed_sft.py"
+SELF_CONTAINED = "fixture-synthetic-v1"
+EDITED = "fixture-synthetic-edited-v1"
+FROM_SHARED = "fixture-tulu100-v1"
+NEEDS_SHARED = pytest.mark.skipif(shared_dir() is None, reason="needs ../shared (real chat template and Tulu 3 rows)")
+
+TEMPLATES = [pytest.param(lambda: FIXTURE_TEMPLATE.read_text(encoding="utf-8"), id="fixture-template"),
+             pytest.param(lambda: (shared_dir() / PINNED_TEMPLATE).read_text(encoding="utf-8"), id="pinned-template",
+                          marks=NEEDS_SHARED)]
+
+
+def manifest_names(with_shared: bool = True) -> list:
+    names = [SELF_CONTAINED, EDITED]
+    if with_shared:
+        names.append(pytest.param(FROM_SHARED, marks=NEEDS_SHARED))
+    return names
+
+
+def encoder(template: str) -> ConversationEncoder:
+    """The builder's encoder with the fixture tokenizer and ``template``."""
+    return ConversationEncoder(Tokenizer.from_str(tokenizer_json().decode()), template)
+
+
+def with_its_eos(enc: ConversationEncoder, conversation) -> tuple[list[int], list[int]]:
+    """An encoded conversation as it enters the stream: its tokens and the EOS after them."""
+    ids, mask = with_eos(conversation.ids, conversation.mask, conversation.ends_with_answer, enc.eos_id)
+    return ids.tolist(), mask.tolist()
+
+
+def cli_env(hf_home: Path | None = None, env: dict | None = None, cwd: Path | None = None) -> dict:
+    """A user's environment: offline, HF_HOME set, no hash seed inherited."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "PYTHONHASHSEED"))}
+    environment["HF_HUB_OFFLINE"] = "1"
+    environment["HF_HOME"] = str(hf_home) if hf_home else str(Path(cwd or REPO) / ".no-hf-home")
+    environment.update(env or {})
+    return environment
+
+
+def run_cli(*args: str, hf_home: Path | None = None, env: dict | None = None, cwd: Path | None = None, **run):
+    """Run data/generate_fixed_sft.py in a fresh process, offline, as a user would."""
+    return subprocess.run([sys.executable, str(CLI), *args], capture_output=True, text=True,
+                          env=cli_env(hf_home, env, cwd), cwd=cwd or REPO, timeout=600, **run)
+
+
+def start_cli(*args: str, hf_home: Path | None = None, env: dict | None = None) -> subprocess.Popen:
+    """``run_cli`` without waiting: the process, its output piped."""
+    return subprocess.Popen([sys.executable, str(CLI), *args], env=cli_env(hf_home, env), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def lay_out_build(hf_home: Path, rows: list[dict], *, name: str = "custom", seed: int = 3, row_tokens: int = 200,
+                  build_rows: int = 30, shards: int = 4, row_group_rows: int = 5,
+                  dataset_files: dict | None = None, tokenizer_files: dict | None = None) -> Path:
+    """Lay out a dataset and tokenizer repo in ``hf_home`` and write a manifest naming them."""
+    dataset_files = dataset_files or parquet_shards(rows, shards=shards, row_group_rows=row_group_rows,
+                                                    message_type=MESSAGE_WITH_REASONING)
+    tokenizer_files = tokenizer_files or {"tokenizer.json": tokenizer_json(),
+                                          "chat_template.jinja": FIXTURE_TEMPLATE.read_bytes()}
+    dataset = put_snapshot(hf_home, f"someone/{name}-chat", "dataset", dataset_files)
+    tokenizer = put_snapshot(hf_home, f"someone/{name}-tokenizer", "model", tokenizer_files)
+    sha = {k: hashlib.sha256(v).hexdigest() for k, v in tokenizer_files.items()}
+    manifest = hf_home / f"{name}.yaml"
+    manifest.write_text(f"""\
+name: {name}
+dataset: {{repo: someone/{name}-chat, revision: {dataset}, split: train}}
+tokenizer:
+  repo: someone/{name}-tokenizer
+  revision: {tokenizer}
+  sha256: {{tokenizer.json: {sha['tokenizer.json']}, chat_template.jinja: {sha['chat_template.jinja']}}}
+loss_mask: glm5
+seed: {seed}
+row_tokens: {row_tokens}
+rows: {build_rows}
+""")
+    return manifest

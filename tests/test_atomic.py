@@ -1,0 +1,57 @@
+"""Files are written whole or not at all, synced to disk, and a killed build's temporaries are removed."""
+
+import os
+import subprocess
+import sys
+
+from builders.atomic import remove_stale_temporaries, staged, write_atomic
+from builders.build import build
+from builders.card import PLOTS
+from builders.manifest import load_manifest
+from helpers import MANIFESTS, SELF_CONTAINED
+
+
+def dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_stale_temporaries_of_every_output_are_removed_by_the_next_build(hub, tmp_path):
+    """A build killed while writing its parquet, report, card or plots leaves temporaries; the next
+    build of that name removes those of dead processes and leaves a running one's alone."""
+    out = tmp_path / "out"
+    out.mkdir()
+    finals = [f"{SELF_CONTAINED}.parquet", f"{SELF_CONTAINED}.report.json", f"{SELF_CONTAINED}.md",
+              *(f"{SELF_CONTAINED}.{plot}.png" for plot in PLOTS)]
+    stale = [out / f".{final}.{dead_pid()}.tmp" for final in finals]
+    running = out / f".{SELF_CONTAINED}.md.{os.getppid()}.tmp"  # a live process, not this one
+    other_build = out / f".another-build.md.{dead_pid()}.tmp"
+    for path in [*stale, running, other_build]:
+        path.write_bytes(b"partial")
+    build(load_manifest(MANIFESTS / f"{SELF_CONTAINED}.yaml"), out, hub)
+    assert not any(path.exists() for path in stale)
+    assert running.exists() and other_build.exists()
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == sorted(finals)
+
+
+def test_commit_syncs_the_file_and_its_folder(tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")) or real_fsync(fd))
+    target = tmp_path / "file.bin"
+    write_atomic(target, b"data")
+    assert synced == [str(tmp_path / f".file.bin.{os.getpid()}.tmp"), str(tmp_path)]
+    assert target.read_bytes() == b"data"
+
+
+def test_a_failed_write_leaves_nothing(tmp_path):
+    target = tmp_path / "file.bin"
+    try:
+        with staged(target) as file:
+            file.temporary.write_bytes(b"half")
+            raise RuntimeError("interrupted")
+    except RuntimeError:
+        pass
+    assert list(tmp_path.iterdir()) == []
+    remove_stale_temporaries(tmp_path, "file")  # nothing to do, nothing fails
