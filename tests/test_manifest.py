@@ -1,6 +1,6 @@
 import pytest
 import yaml
-from conftest import MANIFESTS
+from helpers import MANIFESTS
 
 from builders.errors import ManifestError
 from builders.manifest import load_manifest, parse_manifest
