@@ -103,6 +103,9 @@ def _hub_options(p) -> None:
     p.add_argument("--fixture-cache", metavar="DIR", type=Path,
                    help="lay out the fixture HF cache (the repos the fixture-* manifests pin) in DIR and read the "
                         "pinned inputs offline from it")
+    p.add_argument("--shared", metavar="DIR", type=Path,
+                   help="the real data folder (pinned/ and data/) that fixture-tulu100-v1 is made from "
+                        "(default: $FIXED_SFT_SHARED)")
 
 
 def _output_options(p) -> None:
@@ -161,7 +164,7 @@ def _hub(args):
 
     if getattr(args, "fixture_cache", None) is None:
         return Hub()
-    make_fixture_cache(args.fixture_cache, shared_dir())
+    make_fixture_cache(args.fixture_cache, shared_dir(args.shared))
     return Hub(cache_dir=args.fixture_cache / "hub", offline=True)
 
 

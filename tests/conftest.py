@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -44,5 +45,22 @@ def built(tmp_path_factory, hub):
             out = tmp_path_factory.mktemp(f"built-{name}")
             results[name] = build(load_manifest(MANIFESTS / f"{name}.yaml"), out, hub)
         return results[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def row_file(request):
+    """A fixture build's parquet: built in this session, or, with ``$FIXED_SFT_BUILT``, the one in
+    that folder. .ci/run tests the training side under miles' library versions that way: there the
+    fixture inputs themselves come out differently (another tokenizers trains another tokenizer)."""
+    def get(name: str) -> Path:
+        folder = os.environ.get("FIXED_SFT_BUILT")
+        if not folder:
+            return request.getfixturevalue("built")(name).parquet
+        path = Path(folder) / f"{name}.parquet"
+        if not path.is_file():
+            pytest.fail(f"FIXED_SFT_BUILT={folder} has no {path.name}: build it first")
+        return path
 
     return get

@@ -17,6 +17,10 @@ from builders.fixture.make import FIXTURE_TEMPLATE, PINNED_TEMPLATE, shared_dir,
 from builders.packing import with_eos
 
 REPO = Path(__file__).resolve().parents[1]
+# the real data folder: $FIXED_SFT_SHARED, or ../shared beside the checkout (as CI has it); the
+# processes the tests start inherit it
+if "FIXED_SFT_SHARED" not in os.environ and (REPO.parent / "shared").is_dir():
+    os.environ["FIXED_SFT_SHARED"] = str(REPO.parent / "shared")
 MANIFESTS = REPO / "manifests"
 CLI = REPO / "data" / "generate_fixed_sft.py"
 SELF_CONTAINED = "fixture-synthetic-v1"

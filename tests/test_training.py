@@ -27,8 +27,8 @@ from builders.rows import RowReader, worker_shard
 
 
 @pytest.fixture(scope="module")
-def rows_file(built):
-    return built(SELF_CONTAINED).parquet
+def rows_file(row_file):
+    return row_file(SELF_CONTAINED)
 
 
 def built_rows(path):
@@ -167,8 +167,8 @@ def assert_trains_exactly_the_supervised_tokens(filled, masks, per_micro_batch):
 
 @pytest.mark.parametrize("name", manifest_names())
 @pytest.mark.parametrize("per_micro_batch", [1, 2, 3])
-def test_rollout_samples_train_exactly_the_supervised_tokens(built, name, per_micro_batch):
-    path = built(name).parquet
+def test_rollout_samples_train_exactly_the_supervised_tokens(row_file, name, per_micro_batch):
+    path = row_file(name)
     filled = fill(path)
     ids, masks = built_rows(path)
     assert len(filled) == len(ids)
