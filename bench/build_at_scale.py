@@ -41,7 +41,7 @@ from builders.chat import ChatRenderer, normalize_messages  # noqa: E402
 from builders.figures import RowFigures  # noqa: E402
 from builders.fixture.make import PINNED_TEMPLATE, shared_dir  # noqa: E402
 from builders.manifest import load_manifest  # noqa: E402
-from builders.pinned import Hub, dataset_files, load_pinned_tokenizer  # noqa: E402
+from builders.pinned import Hub, dataset_files, load_pinned_tokenizer, resolve  # noqa: E402
 from builders.rows import RowReader  # noqa: E402
 from builders.source import ParquetSource  # noqa: E402
 
@@ -59,7 +59,7 @@ print(json.dumps({"exit": code, "seconds": elapsed,
 
 
 def run_build(manifest: Path, out: Path, hf_home: Path, workers: int) -> dict:
-    env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+    env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, "-c", CHILD, "--manifest", str(manifest), "--out", str(out),
                            "--workers", str(workers), "-q", "--no-card"],
                           capture_output=True, text=True, env=env, cwd=REPO)
@@ -77,8 +77,9 @@ def run_build(manifest: Path, out: Path, hf_home: Path, workers: int) -> dict:
 def floor(manifest_path: Path, hub: Hub, conversations: int) -> dict:
     """encode_batch of the rendered texts of the first ``conversations`` in permutation order."""
     manifest = load_manifest(manifest_path)
-    pinned = load_pinned_tokenizer(manifest.tokenizer, hub)
-    source = ParquetSource(dataset_files(manifest.dataset, hub))
+    snapshots = resolve(manifest, hub)
+    pinned = load_pinned_tokenizer(manifest.tokenizer, snapshots.tokenizer)
+    source = ParquetSource(dataset_files(manifest.dataset, snapshots.dataset))
     order = permutation(manifest.seed, source.num_rows)[:conversations]
     renderer = ChatRenderer(pinned.chat_template)
     texts = [renderer.render(normalize_messages(row["messages"])) for row in source.take(order).to_pylist()]

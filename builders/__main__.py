@@ -1,10 +1,7 @@
-"""``python -m builders ...``: the same command line as data/generate_fixed_sft.py."""
+"""``python -m builders ...``: the same command line as data/generate_fixed_sft.py and fixed-sft."""
 
-import os
 import sys
 
-os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-
-from builders.cli import main  # noqa: E402
+from builders.cli import main
 
 sys.exit(main())

@@ -24,12 +24,12 @@ from builders.atomic import remove_stale_temporaries, staged, write_atomic
 from builders.card import write_card
 from builders.encode import ConversationEncoder
 from builders.errors import OutputError, PinnedInputError, SourceDataError
-from builders.figures import RowFigures, Verification, file_hash, verify
+from builders.figures import RowFigures, Verification, file_digest, file_hash, verify
 from builders.manifest import Manifest
 from builders.order import permutation, permutation_sha256
 from builders.packing import Packer
 from builders.parallel import encode_batches
-from builders.pinned import Hub, dataset_files, load_pinned_tokenizer
+from builders.pinned import Hub, dataset_files, load_pinned_tokenizer, resolve
 from builders.progress import Reporter
 from builders.records import EncodedConversation, Row
 from builders.rowfile import RowWriter
@@ -62,10 +62,11 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
     """
     timings = Timings()
     with timings.stage("resolve_inputs_s"):
-        pinned = load_pinned_tokenizer(manifest.tokenizer, hub)
-        source = ParquetSource(dataset_files(manifest.dataset, hub))
+        snapshots = resolve(manifest, hub)
+        pinned = load_pinned_tokenizer(manifest.tokenizer, snapshots.tokenizer)
+        source = ParquetSource(dataset_files(manifest.dataset, snapshots.dataset))
         order = _checked_order(manifest, source)
-        encoder = ConversationEncoder(pinned.tokenizer, pinned.chat_template)  # fails early on missing tokens
+        encoder = ConversationEncoder(pinned.tokenizer, pinned.chat_template, manifest.contract)  # fails early
     reporter.info(f"inputs resolved and checked: {source.num_rows:,} source rows in {len(source.files)} files")
     reporter.detail(f"tokenizer snapshot {pinned.snapshot}; source files: {', '.join(map(str, source.files))}")
 
@@ -81,14 +82,16 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
                     stream.close()  # stops the workers as soon as the rows are there
             with timings.stage("hash_s"):
                 computed = {**figures.as_dict(), **file_hash(parquet.temporary)}
+                source_files = [dict(zip(("name", "sha256", "bytes"), (f"data/{path.name}", *file_digest(path))))
+                                for path in source.files]
             verification = verify(computed, manifest)
             final = out_dir / f"{manifest.name}{'' if verification.verified else '.unverified'}.parquet"
             versions = toolchain()
             if card:
                 with timings.stage("card_s"):
-                    write_card(out_dir, manifest, computed, verification, stats, versions)
+                    write_card(out_dir, manifest, computed, verification, stats, versions, source_files)
             report = write_atomic(out_dir / f"{manifest.name}.report.json", _report_json(
-                manifest, final, computed, verification, stats, timings, versions, workers))
+                manifest, final, computed, verification, stats, timings, versions, workers, source_files))
             parquet.commit(final)
     except OSError as err:
         raise OutputError(f"{out_dir}: cannot write the build output ({err.strerror or err}); nothing was "
@@ -101,8 +104,10 @@ def _checked_order(manifest: Manifest, source: ParquetSource) -> np.ndarray:
     if pin.rows is not None and pin.rows != source.num_rows:
         raise PinnedInputError(f"dataset {pin.repo}@{pin.revision}: the split has {source.num_rows} rows, "
                                f"the manifest pins dataset.rows {pin.rows}")
-    order = permutation(manifest.seed, source.num_rows)
-    if pin.permutation_sha256 is not None and permutation_sha256(order) != pin.permutation_sha256:
+    order = permutation(manifest.seed, source.num_rows, manifest.contract.order)
+    # the pinned sha256 is of the contract's own order; it says nothing of another reading's
+    if pin.permutation_sha256 is not None and manifest.contract.order == "numpy-generator" \
+            and permutation_sha256(order) != pin.permutation_sha256:
         raise PinnedInputError(f"permutation of {source.num_rows} rows with seed {manifest.seed}: sha256 is "
                                f"{permutation_sha256(order)}, the manifest pins {pin.permutation_sha256} "
                                f"(numpy {np.__version__} gives another stream)")
@@ -118,6 +123,9 @@ def _batches(source: ParquetSource, order: np.ndarray) -> Iterator[pa.Table]:
 def _rows(conversations: Iterable[EncodedConversation], packer: Packer, stats: BuildStats) -> Iterator[Row]:
     """The stream's rows, conversation by conversation, counting what each consumed."""
     for conversation in conversations:
+        if conversation.left_out:
+            stats.left_out += 1
+            continue
         ids, mask = packer.joined(conversation)
         stats.add_conversation(conversation.source, ids, mask)
         yield from packer.cut(ids, mask, conversation.index, conversation.id)
@@ -126,8 +134,8 @@ def _rows(conversations: Iterable[EncodedConversation], packer: Packer, stats: B
 def _write_rows(manifest: Manifest, eos_id: int, conversations: Iterable[EncodedConversation], path: Path,
                 reporter: Reporter) -> tuple[RowFigures, BuildStats]:
     """Write the first ``manifest.rows`` rows of the stream to ``path``; fail if the source has fewer."""
-    packer = Packer(manifest.row_tokens, eos_id)
-    figures = RowFigures(manifest.row_tokens)
+    packer = Packer(manifest.row_tokens, eos_id, manifest.contract)
+    figures = RowFigures(manifest.row_tokens, manifest.contract.hash)
     stats = BuildStats(manifest.row_tokens)
     writer = RowWriter(path)
     try:
@@ -149,15 +157,17 @@ def _write_rows(manifest: Manifest, eos_id: int, conversations: Iterable[Encoded
 
 
 def _report_json(manifest: Manifest, final: Path, computed: dict, verification: Verification, stats: BuildStats,
-                 timings: Timings, versions: dict, workers: int) -> bytes:
+                 timings: Timings, versions: dict, workers: int, source_files: list[dict]) -> bytes:
     document = {
         "name": manifest.name,
         "manifest": str(manifest.path) if manifest.path else None,
         "parquet": final.name,
         "verified": verification.verified,
+        "contract": manifest.contract.as_dict(),
         "figures": computed,
         "checks": [asdict(check) for check in verification.checks],
         "notes": verification.notes,
+        "source_files": source_files,
         "stats": stats.summary(),
         "timings": timings.as_dict(),
         "versions": versions,

@@ -30,12 +30,12 @@ def size_category(rows: int) -> str:
 
 
 def write_card(out_dir: Path, manifest: Manifest, figures: dict, verification: Verification,
-               stats: BuildStats, versions: dict) -> list[Path]:
+               stats: BuildStats, versions: dict, source_files: list[dict]) -> list[Path]:
     """Write ``NAME.md`` and its PNG plots into ``out_dir``; return the paths written."""
     written = []
     for plot, draw in zip(PLOTS, (_plot_sources, _plot_lengths, _plot_supervision)):
         written.append(write_atomic(out_dir / f"{manifest.name}.{plot}.png", draw(stats, manifest)))
-    text = card_text(manifest, figures, verification, stats, versions)
+    text = card_text(manifest, figures, verification, stats, versions, source_files)
     written.append(write_atomic(out_dir / f"{manifest.name}.md", text.encode("utf-8")))
     return written
 
@@ -57,7 +57,7 @@ def front_matter(manifest: Manifest) -> str:
 
 
 def card_text(manifest: Manifest, figures: dict, verification: Verification, stats: BuildStats,
-              versions: dict) -> str:
+              versions: dict, source_files: list[dict]) -> str:
     ds, tok, name = manifest.dataset, manifest.tokenizer, manifest.name
     summary = stats.summary()
     verified = verification.verified
@@ -88,8 +88,18 @@ def card_text(manifest: Manifest, figures: dict, verification: Verification, sta
         "",
         "| input | repo | revision | sha256 |",
         "|---|---|---|---|",
-        f"| dataset (split `{ds.split}`) | `{ds.repo}` | `{ds.revision}` | |",
+        *[f"| dataset: `{f['name']}` ({f['bytes']:,} bytes) | `{ds.repo}` | `{ds.revision}` | `{f['sha256']}` |"
+          for f in source_files],
         *[f"| `{file}` | `{tok.repo}` | `{tok.revision}` | `{digest}` |" for file, digest in tok.sha256.items()],
+        "",
+        "## Contract",
+        "",
+        "The readings of the row contract this build used (ROWS.md, \"Readings the recipe card leaves open\"):",
+        "",
+        "| key | reading | |",
+        "|---|---|---|",
+        *[f"| `{key}` | `{value}` | {'' if key not in manifest.contract.deviations() else 'not the default'} |"
+          for key, value in manifest.contract.as_dict().items()],
         "",
         "## Contents",
         "",
@@ -99,6 +109,8 @@ def card_text(manifest: Manifest, figures: dict, verification: Verification, sta
         f"- source conversations consumed: {summary['conversations_consumed']:,} "
         f"({summary['stream_tokens_consumed']:,} tokens with their EOS; the last one may be cut)",
         f"- windows skipped for having no supervised token: {summary['windows_skipped']:,}",
+        *([f"- conversations left out by the mask rule (no answer header found): {summary['conversations_left_out']:,}"]
+          if summary["conversations_left_out"] else []),
         f"- padding tokens: {figures['padding_tokens']}",
         "",
         "### Sources",
@@ -167,17 +179,24 @@ def _plot_sources(stats: BuildStats, manifest: Manifest) -> bytes:
     plt, (fig, ax) = _figure()
     rows = stats.by_source()[:20][::-1]
     names = [r["source"] if len(r["source"]) <= 48 else "…" + r["source"][-47:] for r in rows]
-    ax.barh(names, [r["tokens"] for r in rows], color="#9ab", label="all tokens")
+    total = max(1, sum(r["tokens"] for r in stats.by_source()))
+    bars = ax.barh(names, [r["tokens"] for r in rows], color="#9ab", label="all tokens")
     ax.barh(names, [r["supervised_tokens"] for r in rows], color="#2a7", label="supervised")
+    # every source is named with its share, however small its bar
+    ax.bar_label(bars, labels=[f" {r['tokens']:,} ({r['tokens'] / total:.1%})" for r in rows], fontsize=8)
+    ax.set_xlim(0, max(r["tokens"] for r in rows) * 1.35 if rows else 1)
     return _png(plt, fig, ax, f"{manifest.name}: tokens per source", "tokens consumed", legend="lower right")
 
 
 def _plot_lengths(stats: BuildStats, manifest: Manifest) -> bytes:
     plt, (fig, ax) = _figure()
     lengths = np.asarray(stats.conversation_tokens, dtype=np.int64)
-    bins = np.unique(np.geomspace(1, max(2, int(lengths.max(initial=2))) + 1, 40).astype(np.int64))
+    low = min(int(lengths.min()) if lengths.size else 1, manifest.row_tokens)
+    high = max(int(lengths.max()) if lengths.size else 2, manifest.row_tokens) + 1
+    bins = np.unique(np.geomspace(low, high, 40).astype(np.int64))
     ax.hist(lengths, bins=bins, color="#47a")
     ax.set_xscale("log")
+    ax.set_xlim(low, high)  # the data's range (and the row length), no empty decades
     ax.axvline(manifest.row_tokens, color="#c33", linestyle="--", label=f"row length {manifest.row_tokens:,}")
     return _png(plt, fig, ax, f"{manifest.name}: conversation lengths ({lengths.size:,} conversations)",
                 "tokens per conversation (log scale)", "conversations")

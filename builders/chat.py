@@ -7,7 +7,11 @@ add_generation_prompt=False)`` calls it, with no tools and no extra variables.
 
 from __future__ import annotations
 
-from transformers.utils.chat_template_utils import render_jinja_template
+import os
+
+# transformers advises at import that "PyTorch was not found": rendering a template needs no torch
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+from transformers.utils.chat_template_utils import render_jinja_template  # noqa: E402
 
 from builders.errors import ConversationError
 

@@ -1,25 +1,28 @@
-"""Command line: build, verify, inspect and diff row files named by manifests.
+"""Command line: build, verify, inspect, diff, download and explain row files named by manifests.
 
 ``generate_fixed_sft.py --build NAME`` (and ``--manifest FILE``, ``--verify FILE``) keep working:
-they are the ``build`` and ``verify`` subcommands written as options.
+they are the ``build`` and ``verify`` subcommands written as options. Modules are imported by
+the command that needs them, so ``--help`` and ``--version`` answer at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import signal
 import sys
-import tempfile
 import traceback
 from importlib import metadata
 from pathlib import Path
 
 from builders.errors import BuildError, UsageError, VerificationError
 
-MANIFESTS = Path(__file__).resolve().parents[1] / "manifests"
-COMMANDS = ("build", "verify", "inspect", "diff")
+COMMANDS = ("build", "verify", "inspect", "diff", "download")
+GLOBAL_FLAGS = ("-q", "--quiet", "-v", "--verbose", "--json")
+FILES_DIFFER = 8  # diff: the two files' rows differ
+INTERRUPTED = 130
 
 EPILOG = """\
 examples:
@@ -27,33 +30,42 @@ examples:
   %(prog)s --build fixture-synthetic-v1 --fixture-cache .fixture-cache   # self-contained, offline
   %(prog)s --manifest my.yaml --out /data/rows
   %(prog)s --verify out/glm47flash-tulu3-fixed8192-v1.parquet
+  %(prog)s download --build glm47flash-tulu3-fixed8192-v1  # fetch the pinned inputs, then build offline
   %(prog)s inspect out/fixture-synthetic-v1.parquet --row 3 --fixture-cache .fixture-cache
   %(prog)s diff out/a/NAME.parquet out/b/NAME.parquet
 
-commands (each has --help): build (the default), verify, inspect, diff.
+commands (each has --help): build (the default), verify, inspect, diff, download.
+-q, -v and --json go before or after the command.
 inputs come from the Hugging Face Hub, or offline from the HF cache (HF_HOME, HF_HUB_OFFLINE=1).
 
 exit codes:
-  0  built or verified: every figure the manifest pins matches (diff: the files are identical)
-  1  internal error (a bug: please report it), or diff: the files differ
-  2  bad command line or manifest
-  3  a pinned input is missing, unresolvable or does not match its sha256
-  4  the source holds a conversation the row contract cannot render, or too few rows
-  5  a figure differs from the manifest (a build keeps its file as NAME.unverified.parquet)
-  6  the output cannot be written (disk full, no permission)
-  7  a worker process died (killed, or out of memory)
+  0   built or verified: every figure the manifest pins matches (diff: the files are identical)
+  1   internal error (a bug: please report it)
+  2   bad command line, manifest, or input file (no such file, not a parquet row file)
+  3   a pinned input is missing, unresolvable or does not match its sha256
+  4   the source holds a conversation the row contract cannot render, or too few rows
+  5   a figure differs from the manifest (a build keeps its file as NAME.unverified.parquet)
+  6   the output cannot be written (disk full, no permission)
+  7   a worker process died (killed, or out of memory)
+  8   diff: the two files' rows differ
   130 interrupted (SIGINT or SIGTERM); temporary files are removed
 """
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="generate_fixed_sft.py", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=_prog(), epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
         description="Deterministically build fixed-length SFT rows named by a manifest, and verify their hashes.")
     p.add_argument("--version", action="version", version=f"fixed-sft {_own_version()}")
+    _global_options(p, suppress=False)
     commands = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    b = commands.add_parser("build", help="build a manifest's rows (the default command)")
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=help, allow_abbrev=False)
+        _global_options(sub, suppress=True)
+        return sub
+
+    b = command("build", "build a manifest's rows (the default command)")
     _manifest_options(b)
     b.add_argument("--out", metavar="DIR", type=Path, default=Path("out"),
                    help="output folder for NAME.parquet, NAME.report.json and the data card NAME.md (default: out)")
@@ -63,14 +75,12 @@ def parser() -> argparse.ArgumentParser:
                         f"{os.cpu_count()} cores; more processes also spread the Python-side work, which measured "
                         "slower on 2 cores: see bench/); the rows are the same for any number")
     _hub_options(b)
-    _output_options(b)
 
-    v = commands.add_parser("verify", help="re-read a built file and check it against its manifest")
+    v = command("verify", "re-read a built file and check it against its manifest")
     v.add_argument("file", type=Path, help="the parquet file to verify")
     _manifest_options(v, default_help="default: manifests/NAME.yaml for a file named NAME.parquet")
-    _output_options(v)
 
-    i = commands.add_parser("inspect", help="show a row or a source conversation decoded, supervision highlighted")
+    i = command("inspect", "show a row or a source conversation decoded, supervision highlighted")
     i.add_argument("file", type=Path, nargs="?", help="a built parquet file (omit with --source-index)")
     i.add_argument("--row", type=int, default=0, help="the row to show (default 0)")
     i.add_argument("--source-index", type=int, help="show this source conversation's tokens instead of a row")
@@ -80,14 +90,28 @@ def parser() -> argparse.ArgumentParser:
     _manifest_options(i, default_help="default: manifests/NAME.yaml for a file named NAME.parquet")
     _hub_options(i)
 
-    d = commands.add_parser("diff", help="compare two built files: the first row and token where they differ")
+    d = command("diff", "compare two built files: the first row and token where they differ")
     d.add_argument("a", type=Path, help="a built parquet file")
     d.add_argument("b", type=Path, nargs="?", help="another built parquet file (or give --build/--manifest to "
                                                    "build that manifest now and compare with it)")
     _manifest_options(d, default_help="build this manifest into a temporary folder and compare A with it")
     _hub_options(d)
-    _output_options(d)
+
+    dl = command("download", "fetch exactly the files a build reads into the HF cache (online), for an offline "
+                             "build")
+    _manifest_options(dl)
+    _hub_options(dl)
     return p
+
+
+def _global_options(p: argparse.ArgumentParser, suppress: bool) -> None:
+    """-q, -v and --json, accepted before the command (``suppress=False``) and after it."""
+    default = {"default": argparse.SUPPRESS} if suppress else {}
+    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout", **default)
+    loud = p.add_mutually_exclusive_group()
+    loud.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result", **default)
+    loud.add_argument("-v", "--verbose", action="store_true",
+                      help="print details of each step, and the causes of an error", **default)
 
 
 def _manifest_options(p, default_help: str | None = None) -> None:
@@ -95,8 +119,8 @@ def _manifest_options(p, default_help: str | None = None) -> None:
     which.add_argument("--build", dest="name", metavar="NAME", help="the manifest manifests/NAME.yaml"
                        + (f" ({default_help})" if default_help else ""))
     which.add_argument("--manifest", metavar="FILE", type=Path, help="the manifest in FILE")
-    p.add_argument("--manifests", metavar="DIR", type=Path, default=MANIFESTS,
-                   help=f"where --build looks up NAME.yaml (default: {MANIFESTS})")
+    p.add_argument("--manifests", metavar="DIR", type=Path,
+                   help="where --build looks up NAME.yaml (default: the manifests shipped with fixed-sft)")
 
 
 def _hub_options(p) -> None:
@@ -108,18 +132,14 @@ def _hub_options(p) -> None:
                         "(default: $FIXED_SFT_SHARED)")
 
 
-def _output_options(p) -> None:
-    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
-    loud = p.add_mutually_exclusive_group()
-    loud.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
-    loud.add_argument("-v", "--verbose", action="store_true", help="print details of each step")
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(_with_command(sys.argv[1:] if argv is None else argv))
-    signal.signal(signal.SIGTERM, _terminate)  # unwind like Ctrl-C, so temporary files are removed
+    """Run the command line; return the exit code."""
+    args = None
     try:
-        return {"build": _build, "verify": _verify, "inspect": _inspect, "diff": _diff}[args.command](args)
+        args = parser().parse_args(_with_command(sys.argv[1:] if argv is None else argv))
+        signal.signal(signal.SIGTERM, _terminate)  # unwind like Ctrl-C, so temporary files are removed
+        return {"build": _build, "verify": _verify, "inspect": _inspect, "diff": _diff,
+                "download": _download}[args.command](args)
     except BuildError as err:
         if getattr(args, "verbose", False):  # -v: the whole chain, with what caused it
             traceback.print_exception(err, file=sys.stderr)
@@ -127,49 +147,67 @@ def main(argv: list[str] | None = None) -> int:
         return err.exit_code
     except KeyboardInterrupt:
         print("error: interrupted; nothing was left at the final path", file=sys.stderr)
-        return 130
+        return INTERRUPTED
 
 
 def _with_command(argv: list[str]) -> list[str]:
-    """The option forms ``--build NAME``, ``--manifest FILE`` and ``--verify FILE`` as subcommands."""
-    if argv and argv[0] in COMMANDS or any(a in ("-h", "--help", "--version") for a in argv[:1]):
+    """The option forms ``--build NAME``, ``--manifest FILE`` and ``--verify FILE`` as subcommands.
+
+    Global flags may come first; a first word that is no command is refused with a suggestion.
+    """
+    at = next((k for k, a in enumerate(argv) if a not in GLOBAL_FLAGS), len(argv))
+    first = argv[at] if at < len(argv) else None
+    if first in COMMANDS or first in ("-h", "--help", "--version"):
         return argv
+    if first is None:
+        raise UsageError("nothing to do: give --build NAME, --manifest FILE or --verify FILE (see --help)")
+    if not first.startswith("-"):
+        close = difflib.get_close_matches(first, COMMANDS, n=1)
+        raise UsageError(f"unknown command {first!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+                         + f" (commands: {', '.join(COMMANDS)})")
     if "--verify" in argv:
-        at = argv.index("--verify")
-        return ["verify", *argv[at + 1:at + 2], *argv[:at], *argv[at + 2:]]
-    if not argv:
-        raise SystemExit(_usage("nothing to do: give --build NAME, --manifest FILE or --verify FILE (see --help)"))
+        v = argv.index("--verify")
+        return ["verify", *argv[v + 1:v + 2], *argv[:v], *argv[v + 2:]]
     return ["build", *argv]
-
-
-def _usage(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return UsageError.exit_code
 
 
 def _terminate(signum, frame):
     raise KeyboardInterrupt
 
 
+def _prog() -> str:
+    name = Path(sys.argv[0]).name
+    return name if name in ("fixed-sft", "generate_fixed_sft.py") else "fixed-sft"
+
+
 def _reporter(args):
     from builders.progress import Reporter
 
-    quiet = getattr(args, "quiet", False) or getattr(args, "json", False)
-    return Reporter(verbosity=0 if quiet else 2 if getattr(args, "verbose", False) else 1)
+    if args.quiet and args.verbose:
+        raise UsageError("-q and -v together: choose one")
+    return Reporter(verbosity=0 if args.quiet or args.json else 2 if args.verbose else 1)
 
 
-def _hub(args):
-    from builders.fixture.make import make_fixture_cache, shared_dir
+def _hub(args, manifest):
+    """Where the pinned inputs come from: the HF cache (and the Hub, online), or the fixture cache."""
+    from builders.fixture.make import OWNER, make_fixture_cache, shared_dir, shared_repos
     from builders.pinned import Hub
 
-    if getattr(args, "fixture_cache", None) is None:
-        return Hub()
-    make_fixture_cache(args.fixture_cache, shared_dir(args.shared))
+    repos = {manifest.dataset.repo, manifest.tokenizer.repo}
+    if args.fixture_cache is None:
+        fixtures = frozenset(repo for repo in repos if repo.startswith(f"{OWNER}/"))
+        # fixture repos are never on the Hub: no time is spent asking it for them
+        return Hub(offline=bool(fixtures), fixture_repos=fixtures)
+    shared = shared_dir(args.shared)
+    if shared is None and repos & shared_repos():
+        raise UsageError(f"{manifest.name} is made from the real data folder (pinned/ and data/): add --shared DIR "
+                         f"or set FIXED_SFT_SHARED")
+    make_fixture_cache(args.fixture_cache, shared)
     return Hub(cache_dir=args.fixture_cache / "hub", offline=True)
 
 
 def _manifest(args, file: Path | None = None):
-    from builders.manifest import load_manifest
+    from builders.manifest import load_manifest, shipped_manifests
 
     if args.manifest is not None:
         return load_manifest(args.manifest)
@@ -180,9 +218,10 @@ def _manifest(args, file: Path | None = None):
         raise UsageError("which manifest? give --build NAME or --manifest FILE (see --help)")
     if Path(name).name != name or name in ("", ".", ".."):
         raise UsageError(f"--build takes a manifest name, not a path: {name!r}")
-    candidate = args.manifests / f"{name}.yaml"
+    folder = args.manifests or shipped_manifests()
+    candidate = folder / f"{name}.yaml"
     if not candidate.is_file():
-        known = sorted(p.stem for p in args.manifests.glob("*.yaml"))
+        known = sorted(p.stem for p in folder.glob("*.yaml"))
         raise UsageError(f"no manifest {candidate} (known: {', '.join(known) or 'none'})")
     return load_manifest(candidate)
 
@@ -190,15 +229,16 @@ def _manifest(args, file: Path | None = None):
 def _build(args) -> int:
     from builders.build import build
 
-    manifest = _manifest(args)
     if args.workers < 1:
         raise UsageError(f"--workers must be at least 1, not {args.workers}")
-    result = build(manifest, args.out, _hub(args), _reporter(args), card=not args.no_card, workers=args.workers)
+    manifest = _manifest(args)
+    result = build(manifest, args.out, _hub(args, manifest), _reporter(args), card=not args.no_card,
+                   workers=args.workers)
     if args.json:
         print(result.report.read_text(encoding="utf-8"), end="")
     else:
         _print_checks(result.verification)
-        print(f"{'verified' if result.verified else 'NOT verified'}: {result.parquet} (report: {result.report})")
+        print(f"{_outcome(result.verification)}: {result.parquet} (report: {result.report})")
     return _exit_code(result.verification)
 
 
@@ -206,11 +246,11 @@ def _verify(args) -> int:
     from dataclasses import asdict
 
     from builders.figures import file_figures, verify
+    from builders.rowfile import check_row_file
 
+    check_row_file(args.file)
     manifest = _manifest(args, args.file)
-    if not args.file.is_file():
-        raise UsageError(f"verify: no file {args.file}")
-    figures = file_figures(args.file, manifest.row_tokens)
+    figures = file_figures(args.file, manifest.row_tokens, manifest.contract.hash)
     verification = verify(figures, manifest)
     if args.json:
         print(json.dumps({"file": str(args.file), "manifest": str(manifest.path), "verified": verification.verified,
@@ -218,8 +258,14 @@ def _verify(args) -> int:
                           "notes": verification.notes}, indent=2, sort_keys=True))
     else:
         _print_checks(verification)
-        print(f"{'verified' if verification.verified else 'NOT verified'}: {args.file} against {manifest.path}")
+        print(f"{_outcome(verification)}: {args.file} against {manifest.path}")
     return _exit_code(verification)
+
+
+def _outcome(verification) -> str:
+    if not verification.verified:
+        return "NOT verified"
+    return "built, nothing pinned to verify" if verification.nothing_pinned else "verified"
 
 
 def _exit_code(verification) -> int:
@@ -227,67 +273,69 @@ def _exit_code(verification) -> int:
 
 
 def _inspect(args) -> int:
-    from builders.pinned import load_pinned_tokenizer
-    from builders.row_view import as_html, as_terminal, conversation_view, row_view
+    from builders.row_view import inspect_row, inspect_source
 
     if args.file is None and args.source_index is None:
         raise UsageError("inspect: give a built FILE (and --row N), or --source-index I with --build/--manifest")
-    manifest = _manifest(args, args.file)
-    hub = _hub(args)
-    pinned = load_pinned_tokenizer(manifest.tokenizer, hub)
-    if args.source_index is not None:
-        view = _source_view(manifest, hub, pinned, args.source_index, conversation_view)
-    else:
-        from builders.rows import RowReader
+    if args.file is not None:
+        from builders.rowfile import check_row_file
 
-        reader = RowReader(args.file)
-        if not -len(reader) <= args.row < len(reader):
-            raise UsageError(f"inspect: {args.file} has rows 0..{len(reader) - 1}, not {args.row}")
-        view = row_view(pinned.tokenizer, reader[args.row])
+        check_row_file(args.file)
+    manifest = _manifest(args, args.file)
+    hub = _hub(args, manifest)
+    if args.source_index is not None:
+        view = inspect_source(manifest, hub, args.source_index)
+    else:
+        view = inspect_row(manifest, hub, args.file, args.row)
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
-    print(as_terminal(view, color), end="")
+    print(view.as_terminal(color), end="")
     if args.html:
-        args.html.write_text(as_html(view), encoding="utf-8")
+        args.html.write_text(view.as_html(), encoding="utf-8")
         print(f"HTML view: {args.html}", file=sys.stderr)
     return 0
 
 
-def _source_view(manifest, hub, pinned, index, conversation_view):
-    from builders.encode import ConversationEncoder
-    from builders.packing import with_eos
-    from builders.pinned import dataset_files
-    from builders.source import ParquetSource
-
-    source = ParquetSource(dataset_files(manifest.dataset, hub))
-    if not 0 <= index < source.num_rows:
-        raise UsageError(f"inspect: the source has rows 0..{source.num_rows - 1}, not {index}")
-    encoder = ConversationEncoder(pinned.tokenizer, pinned.chat_template)
-    (conversation,) = encoder.encode(source.take([index]).to_pylist())
-    ids, mask = with_eos(conversation.ids, conversation.mask, conversation.ends_with_answer, encoder.eos_id)
-    return conversation_view(pinned.tokenizer, index, conversation.id, ids, mask)
-
-
 def _diff(args) -> int:
+    import tempfile
+
     from builders.build import build
     from builders.diff import describe, diff_files
+    from builders.rowfile import check_row_file
 
     for path in (args.a, args.b):
-        if path is not None and not path.is_file():
-            raise UsageError(f"diff: no file {path}")
+        if path is not None:
+            check_row_file(path)
     if args.b is not None:
         result, b = diff_files(args.a, args.b), args.b
     else:
         manifest = _manifest(args, None)
         with tempfile.TemporaryDirectory() as folder:
-            built = build(manifest, Path(folder), _hub(args), _reporter(args), card=False)
+            built = build(manifest, Path(folder), _hub(args, manifest), _reporter(args), card=False)
             result, b = diff_files(args.a, built.parquet), Path(f"(a fresh build of {manifest.name})")
     print(json.dumps(result.as_dict(), indent=2, sort_keys=True) if args.json else describe(result, args.a, b))
-    return 0 if result.identical else 1
+    return 0 if result.identical else FILES_DIFFER
+
+
+def _download(args) -> int:
+    from builders.download import describe, download
+
+    manifest = _manifest(args)
+    hub = _hub(args, manifest)
+    fetched = download(manifest, hub)
+    if args.json:
+        print(json.dumps({"manifest": str(manifest.path), "repos": [
+            {"repo": f.repo.repo, "repo_type": f.repo.repo_type, "revision": f.repo.revision,
+             "files": [str(p) for p in f.files], "bytes": f.bytes} for f in fetched]}, indent=2, sort_keys=True))
+    else:
+        print(describe(fetched, manifest, hub))
+    return 0
 
 
 def _print_checks(verification) -> None:
     for check in verification.checks:
-        if check.status == "differs":
+        if verification.nothing_pinned:
+            print(f"  {check.figure}: {check.got}")
+        elif check.status == "differs":
             print(f"  DIFFERS     {check.figure}: expected {check.expected}, got {check.got}")
         elif check.status == "ok":
             print(f"  ok          {check.figure}: {check.got}")

@@ -1,67 +1,126 @@
-"""Turn conversations into token ids and glm5 loss masks: render, check the layout, tokenize, mask."""
+"""Turn conversations into token ids and glm5 loss masks: render, check the layout, tokenize, mask.
+
+Each conversation is rendered and tokenized once into an ``Annotated`` record that holds what
+every contract reading needs (its tokens, their structure-rule classes, the slime rules' masks
+when asked for); ``materialize`` turns it into the ids and mask of one reading. A build does
+both for its own contract; ``explain`` keeps the records and materializes many readings.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import jinja2
 import numpy as np
-from tokenizers import Tokenizer, pre_tokenizers
+from tokenizers import Tokenizer
 
-from builders import glm5
+from builders import glm5, slime
 from builders.chat import ChatRenderer, normalize_messages
-from builders.errors import ConversationError, PinnedInputError, SourceDataError
+from builders.contract import DEFAULT, SLIME_RULES, Contract
+from builders.errors import ConversationError, SourceDataError
 from builders.records import EncodedConversation
+from builders.vocab import Vocab, char_spans
+
+
+@dataclass(frozen=True)
+class Annotated:
+    """One conversation, rendered and tokenized once, with what each reading needs to mask it."""
+
+    ids: np.ndarray  # int32: the rendered text's tokens (add_special_tokens=False)
+    placement: glm5.Placement  # each token's glm5 class (the structure rule), and whether it is message text
+    ends_with_answer: bool
+    # per slime rule asked for: (the stop token id it appends or None, mask over ids and that token),
+    # or None where the rule finds no answer header (the conversation is left out)
+    slime: dict = field(default_factory=dict)
 
 
 class ConversationEncoder:
-    """Renders with a chat template, encodes with a tokenizer, applies the glm5 mask.
+    """Renders with a chat template, encodes with a tokenizer, masks as ``contract`` reads the glm5 rule.
 
     The encoder owns ``tokenizer``: it turns off any truncation or padding that
     ``tokenizer.json`` configures, as transformers does when it encodes a rendered chat.
     """
 
-    def __init__(self, tokenizer: Tokenizer, chat_template: str):
+    def __init__(self, tokenizer: Tokenizer, chat_template: str, contract: Contract = DEFAULT):
         self.tokenizer = tokenizer
         self.tokenizer.no_truncation()
         self.tokenizer.no_padding()
         self.renderer = ChatRenderer(chat_template)
-        self.token_bytes = token_byte_lengths(self.tokenizer)
-        self.eos_id = self._token_id(glm5.EOS)
-        self.stop_ids = np.array([self._token_id(t) for t in glm5.STOP_TOKENS], dtype=np.int64)
+        self.vocab = Vocab(tokenizer)
+        self.contract = contract
+        if contract.encode == "add-special":
+            self.vocab.post_processor_wrap()  # refuses a post-processor that adds different tokens, before any work
+        self._offsets_from_bytes = self.vocab.offsets_are_spans()
 
-    def _token_id(self, token: str) -> int:
-        token_id = self.tokenizer.token_to_id(token)
-        if token_id is None:
-            raise PinnedInputError(f"the tokenizer has no token {token!r}, which the glm5 mask needs")
-        return token_id
+    @property
+    def eos_id(self) -> int:
+        return self.vocab.eos_id
 
     def encode(self, rows: list[dict]) -> list[EncodedConversation]:
         """Encode source rows (dicts with ``index``, ``id``, ``messages``, optional ``source``), in order.
 
         A conversation the contract does not define is a SourceDataError naming its source row.
         """
-        layouts = []
-        for row in rows:
-            with _located(row):
-                layouts.append(self.layout(row["messages"]))
-        conversations = []
-        for row, lay, ids in zip(rows, layouts, self._tokenize(layouts)):
-            with _located(row):
-                mask, ends_with_answer = self._mask(lay, ids)
-            conversations.append(EncodedConversation(row["index"], row["id"], row.get("source"), ids, mask,
-                                                     ends_with_answer))
-        return conversations
+        rules = () if self.contract.structure_rule else (self.contract.mask_rule,)
+        out = []
+        for row, annotated in zip(rows, self.annotate(rows, rules)):
+            materialized = self.materialize(annotated, self.contract)
+            ids, mask, ends = materialized if materialized else (_EMPTY_IDS, _EMPTY_MASK, False)
+            out.append(EncodedConversation(row["index"], row["id"], row.get("source"), ids, mask, ends,
+                                           left_out=materialized is None))
+        return out
 
     def encode_messages(self, messages, untrained: frozenset[int] = frozenset()) -> tuple[np.ndarray, np.ndarray, bool]:
-        """One conversation's ids and mask, and whether it ends with a trained answer.
+        """One conversation's ids and mask under the default contract, and whether it ends with a trained answer.
 
         The answers at the positions in ``untrained`` supervise nothing (see ``glm5.layout``).
         Raises ConversationError for a conversation the contract does not define.
         """
         lay = self.layout(messages, untrained)
-        (ids,) = self._tokenize([lay])
-        return (ids, *self._mask(lay, ids))
+        (ids,) = self._tokenize([lay.text])
+        return self.materialize(Annotated(ids, self.placement(lay, ids), lay.ends_with_answer), DEFAULT)
+
+    def annotate(self, rows: list[dict], rules: Iterable[str] = ()) -> list[Annotated]:
+        """Render, check and tokenize source rows once; compute the classes and the ``rules``' slime masks."""
+        layouts = []
+        for row in rows:
+            with _located(row):
+                layouts.append(self.layout(row["messages"]))
+        texts = [lay.text for lay in layouts]
+        annotated = []
+        for row, lay, ids in zip(rows, layouts, self._tokenize(texts)):
+            with _located(row):
+                annotated.append(Annotated(ids, self.placement(lay, ids), lay.ends_with_answer))
+        rules = [rule for rule in rules if rule in SLIME_RULES]
+        if rules:
+            offsets = self._offsets(texts, [a.ids for a in annotated])
+            for lay, a, spans in zip(layouts, annotated, offsets):
+                for rule in rules:
+                    a.slime[rule] = self._slime(rule, lay, a.ids, spans)
+        return annotated
+
+    def materialize(self, annotated: Annotated, contract: Contract) -> tuple[np.ndarray, np.ndarray, bool] | None:
+        """The ids and mask of a conversation under ``contract``; None where its rule leaves it out."""
+        ids = annotated.ids
+        if contract.structure_rule:
+            mask = contract.class_mask()[annotated.placement.classes]
+            if contract.final == "append-stop" and annotated.ends_with_answer:
+                ids = np.append(ids, np.int32(self.vocab.token_id("<|user|>")))
+                mask = np.append(mask, contract.class_mask()[glm5.APPENDED_STOP])
+        else:
+            entry = annotated.slime[contract.mask_rule]
+            if entry is None:
+                return None
+            appended, mask = entry
+            if appended is not None:
+                ids = np.append(ids, np.int32(appended))
+        if contract.encode == "add-special":
+            before, after = self.vocab.post_processor_wrap()
+            ids = np.concatenate([before, ids, after])
+            mask = np.concatenate([np.zeros(len(before), np.uint8), mask, np.zeros(len(after), np.uint8)])
+        return ids, mask, annotated.ends_with_answer
 
     def layout(self, messages, untrained: frozenset[int] = frozenset()) -> glm5.Layout:
         """The glm5 layout of ``messages``, checked against what the chat template renders."""
@@ -71,22 +130,46 @@ class ConversationEncoder:
             rendered = self.renderer.render(messages)
         except jinja2.TemplateError as err:
             raise ConversationError(f"the chat template failed: {err}") from err
-        if rendered != lay.text:
-            at = next((i for i, (a, b) in enumerate(zip(rendered, lay.text)) if a != b),
-                      min(len(rendered), len(lay.text)))
+        text = lay.text
+        if rendered != text:
+            at = next((i for i, (a, b) in enumerate(zip(rendered, text)) if a != b), min(len(rendered), len(text)))
             raise ConversationError(
                 f"the chat template renders this conversation differently from the glm5 piece layout (first "
-                f"difference at character {at}: template {rendered[at:at + 40]!r}, glm5 {lay.text[at:at + 40]!r}); "
+                f"difference at character {at}: template {rendered[at:at + 40]!r}, glm5 {text[at:at + 40]!r}); "
                 f"the glm5 mask is only defined for the GLM-4.7-Flash chat format")
         return lay
 
-    def _tokenize(self, layouts: list[glm5.Layout]) -> list[np.ndarray]:
+    def _tokenize(self, texts: list[str]) -> list[np.ndarray]:
         # the fast variant skips character offsets, which the mask does not use (it counts token bytes)
-        encodings = self.tokenizer.encode_batch_fast([lay.text for lay in layouts], add_special_tokens=False)
+        encodings = self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)
         return [np.array(encoding.ids, dtype=np.int32) for encoding in encodings]
 
-    def _mask(self, lay: glm5.Layout, ids: np.ndarray) -> tuple[np.ndarray, bool]:
-        return glm5.loss_mask(lay, ids, self.token_bytes[ids], self.stop_ids)
+    def placement(self, lay: glm5.Layout, ids: np.ndarray) -> glm5.Placement:
+        """Where each of a conversation's tokens falls in its layout (its class, whether it is message text)."""
+        measure = (lambda part: self.vocab.measure(part.text)) if self.vocab.normalizes else \
+            (lambda part: len(part.text.encode("utf-8")))
+        return glm5.place(lay, ids, self.vocab.token_bytes[ids], self.vocab.stop_ids, measure)
+
+    def _offsets(self, texts: list[str], ids: list[np.ndarray]) -> list[np.ndarray]:
+        """Each token's character offsets: its own span where the encoding's offsets are those, else the encoding's."""
+        if self._offsets_from_bytes:
+            return [char_spans(text, self.vocab.token_bytes[i]) for text, i in zip(texts, ids)]
+        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
+        return [np.array(e.offsets, dtype=np.int64).reshape(-1, 2) for e in encodings]
+
+    def _slime(self, rule: str, lay: glm5.Layout, ids: np.ndarray, offsets: np.ndarray):
+        text = lay.text
+        stop = slime.appended_stop(rule, text, lay.roles[-1])
+        characters = slime.character_mask(rule, text + stop, lay.roles.count("assistant"))
+        if characters is None:
+            return None
+        if stop:
+            offsets = np.vstack([offsets, [[len(text), len(text) + len(stop)]]])
+        return (self.vocab.token_id(stop) if stop else None), slime.token_mask(characters, offsets)
+
+
+_EMPTY_IDS = np.zeros(0, dtype=np.int32)
+_EMPTY_MASK = np.zeros(0, dtype=np.uint8)
 
 
 @contextmanager
@@ -96,20 +179,3 @@ def _located(row: dict):
         yield
     except ConversationError as err:
         raise SourceDataError(f"source row {row['index']} (id {row['id']!r}): {err}") from err
-
-
-def token_byte_lengths(tokenizer: Tokenizer) -> np.ndarray:
-    """Each token id's length in bytes of the text it encodes, for a byte-level BPE tokenizer.
-
-    A regular token is spelled in the byte-level alphabet, one character per byte; an added
-    token matches its content literally. Ids that are neither get 0, which the mask's
-    coverage check turns into a clear error if such a token is ever produced.
-    """
-    alphabet = set(pre_tokenizers.ByteLevel.alphabet())
-    lengths = np.zeros(tokenizer.get_vocab_size(with_added_tokens=True), dtype=np.int64)
-    for token, token_id in tokenizer.get_vocab(with_added_tokens=False).items():
-        if alphabet.issuperset(token):
-            lengths[token_id] = len(token)
-    for token_id, added in tokenizer.get_added_tokens_decoder().items():
-        lengths[token_id] = len(added.content.encode("utf-8"))
-    return lengths

@@ -1,7 +1,8 @@
 """The figures that name a build, and their comparison with a manifest's ``expect``.
 
 ``rows_sha256`` follows the row contract: per row, its token ids as little-endian uint32
-bytes, then its mask as uint8 bytes.
+bytes, then its mask as uint8 bytes (the contract reading ``hash: u4-u1``; ``RowHash`` also
+computes the other layouts a builder might have hashed).
 """
 
 from __future__ import annotations
@@ -17,22 +18,51 @@ from builders.manifest import Expect, Manifest
 from builders.rowfile import iter_token_batches, writer_version
 
 
-class RowFigures:
-    """Accumulates the row figures of rows given in order."""
+class RowHash:
+    """SHA-256 of rows given in order, laid out as a ``hash`` reading says."""
 
-    def __init__(self, row_tokens: int):
+    def __init__(self, layout: str = "u4-u1"):
+        self.layout = layout
+        self._sha = hashlib.sha256()
+        self._masks: list[bytes] = []  # u4-all-u1-all: every mask after every row's ids
+
+    def add(self, ids: np.ndarray, mask: np.ndarray) -> None:
+        """Add a batch of rows (2-D arrays)."""
+        rows = len(ids)
+        if self.layout == "u4-u1":
+            data = np.concatenate([ids.astype("<u4").view(np.uint8).reshape(rows, -1), mask.astype(np.uint8)], axis=1)
+        elif self.layout == "i8-i8":
+            data = np.concatenate([ids.astype("<i8"), mask.astype("<i8")], axis=1)
+        elif self.layout == "ids-u4":
+            data = ids.astype("<u4")
+        elif self.layout == "u4-all-u1-all":
+            data = ids.astype("<u4")
+            self._masks.append(mask.astype(np.uint8).tobytes())
+        else:
+            raise ValueError(f"unknown hash layout {self.layout!r}")
+        self._sha.update(np.ascontiguousarray(data).tobytes())
+
+    def hexdigest(self) -> str:
+        sha = self._sha.copy()
+        for masks in self._masks:
+            sha.update(masks)
+        return sha.hexdigest()
+
+
+class RowFigures:
+    """Accumulates the row figures of rows given in order; ``rows_sha256`` in the ``hash`` layout given."""
+
+    def __init__(self, row_tokens: int, hash_layout: str = "u4-u1"):
         self.row_tokens = row_tokens
         self.rows = 0
         self.supervised_tokens = 0
         self.trained_tokens = 0
-        self._sha = hashlib.sha256()
+        self._hash = RowHash(hash_layout)
 
     def add(self, input_ids: np.ndarray, loss_mask: np.ndarray) -> None:
         """Add a batch of rows (2-D) or one row (1-D)."""
         ids, mask = np.atleast_2d(input_ids), np.atleast_2d(loss_mask)
-        for row_ids, row_mask in zip(ids, mask):
-            self._sha.update(row_ids.astype("<u4", copy=False).tobytes())
-            self._sha.update(row_mask.astype(np.uint8, copy=False).tobytes())
+        self._hash.add(ids, mask)
         self.rows += len(ids)
         self.supervised_tokens += int(np.count_nonzero(mask == 1))
         self.trained_tokens += int(np.count_nonzero(mask[:, 1:] == 1))
@@ -44,7 +74,7 @@ class RowFigures:
         return {
             "rows": self.rows,
             "row_tokens": self.row_tokens,
-            "rows_sha256": self._sha.hexdigest(),
+            "rows_sha256": self._hash.hexdigest(),
             "supervised_token_ratio": self._ratio(self.supervised_tokens),
             # what a next-token loss trains: token 0 of a row has no token before it to be predicted from
             "trained_token_ratio": self._ratio(self.trained_tokens),
@@ -52,9 +82,9 @@ class RowFigures:
         }
 
 
-def file_figures(path: Path, row_tokens: int) -> dict:
+def file_figures(path: Path, row_tokens: int, hash_layout: str = "u4-u1") -> dict:
     """Re-read a row file and compute all its figures."""
-    figures = RowFigures(row_tokens)
+    figures = RowFigures(row_tokens, hash_layout)
     for ids, mask in iter_token_batches(path):
         if ids.shape[1] != row_tokens:
             raise VerificationError(f"{path}: rows hold {ids.shape[1]} tokens, the manifest says {row_tokens}")
@@ -65,12 +95,19 @@ def file_figures(path: Path, row_tokens: int) -> dict:
 
 
 def file_hash(path: Path) -> dict:
+    """A built file's ``parquet_sha256`` and ``parquet_bytes``."""
+    sha256, size = file_digest(path)
+    return {"parquet_sha256": sha256, "parquet_bytes": size}
+
+
+def file_digest(path: Path) -> tuple[str, int]:
+    """The sha256 and size of a file, read in blocks."""
     sha, size = hashlib.sha256(), 0
     with open(path, "rb") as f:
-        while block := f.read(1 << 20):
+        while block := f.read(1 << 22):
             sha.update(block)
             size += len(block)
-    return {"parquet_sha256": sha.hexdigest(), "parquet_bytes": size}
+    return sha.hexdigest(), size
 
 
 @dataclass(frozen=True)
@@ -119,7 +156,7 @@ def verify(figures: dict, manifest: Manifest) -> Verification:
         if expected is None:
             checks.append(Check(name, None, got, "not pinned"))
         elif name == "supervised_token_ratio":
-            checks.append(Check(name, expected.text, round(got, expected.decimals),
+            checks.append(Check(name, float(expected.text), round(got, expected.decimals),
                                 "ok" if expected.matches(got) else "differs"))
         else:
             checks.append(Check(name, expected, got, "ok" if expected == got else "differs"))

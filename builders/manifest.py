@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from builders.contract import DEFAULT, KEYS, Contract, valid
 from builders.errors import ManifestError
 
 LOSS_MASKS = ("glm5",)
@@ -78,6 +79,7 @@ class Manifest:
     row_tokens: int
     rows: int
     expect: Expect = field(default_factory=Expect)
+    contract: Contract = DEFAULT
     path: Path | None = None
 
 
@@ -98,6 +100,14 @@ def _float_text(loader: _Loader, node: yaml.ScalarNode) -> _FloatText:
 
 
 _Loader.add_constructor("tag:yaml.org,2002:float", _float_text)
+
+
+def shipped_manifests() -> Path:
+    """The manifests that come with this install: ``builders/manifests`` in a wheel, the checkout's
+    ``manifests/`` (beside ``builders/``) otherwise."""
+    package = Path(__file__).resolve().parent
+    inside = package / "manifests"
+    return inside if inside.is_dir() else package.parent / "manifests"
 
 
 def _safe_load(text: str):
@@ -127,7 +137,7 @@ def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = No
         raise ManifestError(f"{source}: not valid YAML: {err}") from err
     check = _Checker(source)
     top = check.mapping(doc, "", required=("name", "dataset", "tokenizer", "loss_mask", "seed", "row_tokens", "rows"),
-                        optional=("expect",))
+                        optional=("expect", "contract"))
     ds = check.mapping(top["dataset"], "dataset", required=("repo", "revision", "split"),
                        optional=("license", "rows", "permutation_sha256"))
     tok = check.mapping(top["tokenizer"], "tokenizer", required=("repo", "revision", "sha256"))
@@ -167,6 +177,7 @@ def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = No
             writer=check.optional(exp, "writer", "expect.writer",
                                   lambda v, f: check.pattern(v, f, _WRITER, "'pyarrow X.Y.Z'")),
         ),
+        contract=check.contract(top.get("contract")),
         path=path,
     )
 
@@ -185,7 +196,7 @@ class _Checker:
             self.fail(name, f"expected a mapping, got {_kind(value)}")
         for key in value:
             if key not in required and key not in optional:
-                self.fail(_join(name, str(key)), "unknown field")
+                self.fail(_join(name, str(key)), f"unknown field (known: {', '.join((*required, *optional))})")
         for key in required:
             if key not in value:
                 self.fail(_join(name, key), "missing")
@@ -217,6 +228,16 @@ class _Checker:
         if self.non_negative_int(value, name) == 0:
             self.fail(name, "expected a whole number > 0, got 0")
         return value
+
+    def contract(self, value) -> Contract:
+        """The ``contract:`` mapping: keys and values exactly as ROWS.md names them; absent keys take the default."""
+        if value is None:
+            return DEFAULT
+        readings = self.mapping(value, "contract", optional=KEYS)
+        for key, reading in readings.items():
+            if reading not in valid(key):
+                self.fail(f"contract.{key}", f"unknown reading {reading!r} (valid: {', '.join(valid(key))})")
+        return Contract(**readings)
 
     def ratio(self, value, name: str) -> Ratio:
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):

@@ -1,15 +1,45 @@
-"""The order in which source conversations enter the stream: a seeded permutation of the source."""
+"""The order in which source conversations enter the stream: a seeded permutation of the source.
+
+The contract's order (reading ``order: numpy-generator``) is
+``numpy.random.default_rng(seed).permutation(n)``; the other readings are the orders other
+builders reach for (``builders.contract``).
+"""
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import random
 
 import numpy as np
 
+from builders.errors import UsageError
 
-def permutation(seed: int, n: int) -> np.ndarray:
-    """The row contract's order: ``numpy.random.default_rng(seed).permutation(n)``."""
-    return np.random.default_rng(seed).permutation(n)
+
+def permutation(seed: int, n: int, reading: str = "numpy-generator") -> np.ndarray:
+    """The source indices in stream order, as int64, under an ``order`` reading."""
+    if reading == "numpy-generator":
+        return np.random.default_rng(seed).permutation(n)
+    if reading == "numpy-legacy":
+        return np.random.RandomState(seed).permutation(n).astype(np.int64)
+    if reading == "python-random":
+        order = list(range(n))
+        random.Random(seed).shuffle(order)
+        return np.array(order, dtype=np.int64)
+    if reading == "torch":
+        try:
+            import torch
+        except ImportError as err:
+            raise UsageError("contract reading order: torch needs torch, which is not installed here") from err
+        return torch.randperm(n, generator=torch.Generator().manual_seed(seed)).numpy().astype(np.int64)
+    if reading == "source":
+        return np.arange(n, dtype=np.int64)
+    raise ValueError(f"unknown order reading {reading!r}")
+
+
+def torch_available() -> bool:
+    """Whether the ``order: torch`` reading can run here (without importing torch)."""
+    return importlib.util.find_spec("torch") is not None
 
 
 def permutation_sha256(order: np.ndarray) -> str:

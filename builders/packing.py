@@ -3,6 +3,7 @@
 The stream is ``ids(c_0) EOS ids(c_1) EOS ...``. The EOS after a conversation is supervised
 when the conversation ends with an answer: it is that answer's stop token. The stream is cut
 into consecutive windows of ``row_tokens`` tokens; a window with no supervised token is skipped.
+(The contract readings ``eos`` and ``skip`` choose otherwise: see ``builders.contract``.)
 """
 
 from __future__ import annotations
@@ -12,12 +13,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from builders.contract import DEFAULT, Contract
 from builders.records import EncodedConversation, Row
 
 
-def with_eos(ids: np.ndarray, mask: np.ndarray, ends_with_answer: bool, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """A conversation's part of the stream: its tokens, then the EOS, supervised after an answer."""
-    return np.append(ids, np.int32(eos_id)), np.append(mask, np.uint8(ends_with_answer))
+def with_eos(ids: np.ndarray, mask: np.ndarray, ends_with_answer: bool, eos_id: int,
+             contract: Contract = DEFAULT) -> tuple[np.ndarray, np.ndarray]:
+    """A conversation's part of the stream: its tokens, then the EOS (supervised after an answer)."""
+    eos = contract.eos_mask(ends_with_answer)
+    if eos is None:
+        return ids, mask
+    return np.append(ids, np.int32(eos_id)), np.append(mask, np.uint8(eos))
 
 
 @dataclass
@@ -26,6 +32,7 @@ class Packer:
 
     row_tokens: int
     eos_id: int
+    contract: Contract = DEFAULT
     windows_skipped: int = 0
     _ids: np.ndarray = field(init=False)
     _mask: np.ndarray = field(init=False)
@@ -38,7 +45,7 @@ class Packer:
 
     def joined(self, conversation: EncodedConversation) -> tuple[np.ndarray, np.ndarray]:
         """The conversation's part of the stream (``with_eos``)."""
-        return with_eos(conversation.ids, conversation.mask, conversation.ends_with_answer, self.eos_id)
+        return with_eos(conversation.ids, conversation.mask, conversation.ends_with_answer, self.eos_id, self.contract)
 
     def cut(self, ids: np.ndarray, mask: np.ndarray, index: int, id_: str) -> Iterator[Row]:
         """Append one conversation's part of the stream (``joined``); yield the rows it completes."""
@@ -52,7 +59,7 @@ class Packer:
             taken += n
             if self._fill == self.row_tokens:
                 segments, self._segments, self._fill = self._segments, [], 0
-                if self._mask.any():
+                if self._mask.any() or self.contract.skip == "keep-all":
                     yield Row(self._ids.copy(), self._mask.copy(), [s[0] for s in segments], [s[1] for s in segments],
                               [s[2] for s in segments])
                 else:

@@ -2,13 +2,17 @@
 
 ``huggingface_hub.snapshot_download`` downloads when online and reads the HF cache
 (``HF_HOME``, ``HF_HUB_OFFLINE=1``) when not, so a pre-filled cache builds with no network.
-The tokenizer files are read once, as bytes, and hashed before anything parses them: what is
-parsed is exactly what was checked.
+Each repo is asked for exactly the files a build reads (``PinnedRepo.patterns``), so online a
+build fetches nothing else, and ``download`` fetches the same. The tokenizer files are read
+once, as bytes, and hashed before anything parses them: what is parsed is exactly what was
+checked.
 """
 
 from __future__ import annotations
 
 import hashlib
+import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +21,7 @@ from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 from tokenizers import Tokenizer
 
 from builders.errors import PinnedInputError
-from builders.manifest import TOKENIZER_FILES, DatasetPin, TokenizerPin
+from builders.manifest import TOKENIZER_FILES, DatasetPin, Manifest, TokenizerPin, shipped_manifests
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,33 @@ class Hub:
 
     cache_dir: Path | None = None
     offline: bool = False
+    fixture_repos: frozenset[str] = frozenset()  # repos this project's fixture cache lays out: never on the Hub
+
+
+@dataclass(frozen=True)
+class PinnedRepo:
+    """A Hub repo at a pinned commit, and the files a build reads from it."""
+
+    repo: str
+    repo_type: str  # "model" or "dataset"
+    revision: str
+    patterns: tuple[str, ...]
+
+    def hf_download_command(self) -> str:
+        """The ``hf download`` line that fetches exactly these files (with the ``hf`` of this environment)."""
+        hf = Path(sys.executable).with_name("hf")
+        type_option = f" --repo-type {self.repo_type}" if self.repo_type != "model" else ""
+        include = " ".join(shlex.quote(p) for p in self.patterns)
+        return (f"{shlex.quote(str(hf))} download {self.repo}{type_option} --revision {self.revision} "
+                f"--include {include}")
+
+
+@dataclass(frozen=True)
+class Snapshots:
+    """The local folders of a manifest's pinned repos."""
+
+    tokenizer: Path
+    dataset: Path
 
 
 @dataclass(frozen=True)
@@ -36,24 +67,77 @@ class PinnedTokenizer:
     snapshot: Path
 
 
-def resolve_snapshot(repo: str, repo_type: str, revision: str, allow_patterns: list[str], hub: Hub) -> Path:
-    """Return the local folder of ``repo`` at ``revision``, downloading it if online."""
+def tokenizer_repo(pin: TokenizerPin) -> PinnedRepo:
+    return PinnedRepo(pin.repo, "model", pin.revision, TOKENIZER_FILES)
+
+
+def dataset_repo(pin: DatasetPin) -> PinnedRepo:
+    return PinnedRepo(pin.repo, "dataset", pin.revision, (f"data/{pin.split}-*.parquet",))
+
+
+def resolve(manifest: Manifest, hub: Hub) -> Snapshots:
+    """Resolve (online: download) every pinned repo of ``manifest``.
+
+    A repo that is neither in the cache nor reachable is an error that lists every such repo of
+    the manifest at once, with the command that fetches them.
+    """
+    repos = {"tokenizer": tokenizer_repo(manifest.tokenizer), "dataset": dataset_repo(manifest.dataset)}
+    folders, missing = {}, []
+    for part, repo in repos.items():
+        try:
+            folders[part] = resolve_snapshot(repo, hub)
+        except _NotInCache as err:
+            missing.append((repo, err.__cause__))
+    if missing:
+        lines = [f"  {repo.repo_type} {repo.repo} at {repo.revision}: {', '.join(repo.patterns)}"
+                 for repo, _ in missing]
+        where = f" ({hub.cache_dir})" if hub.cache_dir else " (HF_HOME)"
+        if any(repo.repo in hub.fixture_repos for repo, _ in missing):
+            raise PinnedInputError(f"these pinned inputs are not in the HF cache{where}:\n" + "\n".join(lines)
+                                   + f"\n{manifest.name} is made of fixtures this project lays out, not Hub repos: "
+                                     "add --fixture-cache DIR") from missing[0][1]
+        commands = [f"  {repo.hf_download_command()}" for repo, _ in missing]
+        raise PinnedInputError(
+            f"these pinned inputs are not in the HF cache{where} and cannot be downloaded here (offline, or the Hub "
+            "is out of reach):\n" + "\n".join(lines)
+            + "\nfetch them into the same HF cache on a machine that reaches the Hub, with\n  "
+            + cli_command("download", manifest) + "\nor\n" + "\n".join(commands)
+            + "\nthen build with HF_HUB_OFFLINE=1") from missing[0][1]
+    return Snapshots(**folders)
+
+
+def cli_command(command: str, manifest: Manifest) -> str:
+    """This project's command line for ``command`` on ``manifest``, as it runs in this environment."""
+    shipped = manifest.path is None or manifest.path.parent.resolve() == shipped_manifests().resolve()
+    which = f"--build {manifest.name}" if shipped else f"--manifest {shlex.quote(str(manifest.path))}"
+    return f"{shlex.quote(sys.executable)} -m builders {command} {which}"
+
+
+class _NotInCache(PinnedInputError):
+    """A pinned repo that the cache does not hold and that cannot be downloaded here."""
+
+
+def resolve_snapshot(repo: PinnedRepo, hub: Hub) -> Path:
+    """Return the local folder of ``repo`` at its revision, downloading its files if online."""
     try:
-        folder = snapshot_download(repo, repo_type=repo_type, revision=revision, allow_patterns=allow_patterns,
-                                   cache_dir=hub.cache_dir, local_files_only=hub.offline)
-    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as err:
+        folder = snapshot_download(repo.repo, repo_type=repo.repo_type, revision=repo.revision,
+                                   allow_patterns=list(repo.patterns), cache_dir=hub.cache_dir,
+                                   local_files_only=hub.offline)
+    except LocalEntryNotFoundError as err:
+        raise _NotInCache(f"{repo.repo_type} repo {repo.repo} at revision {repo.revision} is not in the HF "
+                          f"cache") from err
+    except (HfHubHTTPError, OSError, ValueError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise PinnedInputError(
-            f"{repo_type} repo {repo} at revision {revision}: cannot resolve the pinned snapshot "
+            f"{repo.repo_type} repo {repo.repo} at revision {repo.revision}: cannot resolve the pinned snapshot "
             f"({type(err).__name__}: {reason}). Offline (HF_HUB_OFFLINE=1), the snapshot must already be in "
             f"the HF cache (HF_HOME); online, the repo and commit must exist on the Hub."
         ) from err
     return Path(folder)
 
 
-def load_pinned_tokenizer(pin: TokenizerPin, hub: Hub) -> PinnedTokenizer:
-    """Resolve the tokenizer snapshot, check both files' sha256, then parse them."""
-    snapshot = resolve_snapshot(pin.repo, "model", pin.revision, list(TOKENIZER_FILES), hub)
+def load_pinned_tokenizer(pin: TokenizerPin, snapshot: Path) -> PinnedTokenizer:
+    """Check both tokenizer files of the resolved snapshot against their sha256, then parse them."""
     contents = {name: read_checked(snapshot / name, pin.sha256[name]) for name in TOKENIZER_FILES}
     try:
         tokenizer = Tokenizer.from_str(contents["tokenizer.json"].decode("utf-8"))
@@ -63,15 +147,12 @@ def load_pinned_tokenizer(pin: TokenizerPin, hub: Hub) -> PinnedTokenizer:
     return PinnedTokenizer(tokenizer=tokenizer, chat_template=chat_template, snapshot=snapshot)
 
 
-def dataset_files(pin: DatasetPin, hub: Hub) -> list[Path]:
-    """Resolve the dataset snapshot and list its split's parquet files in sorted file-name order."""
-    pattern = f"data/{pin.split}-*.parquet"
-    snapshot = resolve_snapshot(pin.repo, "dataset", pin.revision, [pattern], hub)
+def dataset_files(pin: DatasetPin, snapshot: Path) -> list[Path]:
+    """The split's parquet files in the resolved dataset snapshot, in sorted file-name order."""
     files = sorted((snapshot / "data").glob(f"{pin.split}-*.parquet"), key=lambda p: p.name)
     if not files:
-        raise PinnedInputError(
-            f"dataset repo {pin.repo} at revision {pin.revision}: no parquet files match {pattern} in {snapshot}"
-        )
+        raise PinnedInputError(f"dataset repo {pin.repo} at revision {pin.revision}: no parquet files match "
+                               f"{dataset_repo(pin).patterns[0]} in {snapshot}")
     return files
 
 

@@ -1,7 +1,8 @@
 """What a long step tells the user: progress bars on a terminal, plain log lines elsewhere.
 
 On a terminal, a step shows a tqdm bar with counts, rate and ETA. Otherwise (CI logs, pipes)
-it logs a line at each tenth of the way, so logs stay short and readable. Verbosity 0 is
+it logs a line every ``LOG_EVERY`` seconds of wall time and one at the end, each with the rate
+over the wall time so far, so logs stay short and readable at any speed. Verbosity 0 is
 ``--quiet`` (errors and the result only), 1 the default, 2 ``-v`` (details too).
 """
 
@@ -12,6 +13,8 @@ import time
 from contextlib import contextmanager
 
 from tqdm import tqdm
+
+LOG_EVERY = 10.0  # seconds between log lines when not on a terminal
 
 
 class Reporter:
@@ -51,25 +54,26 @@ class _Silent:
 
 
 class _Lines:
-    """Logs ``step: done/total unit (pct), rate`` at each tenth of ``total``."""
+    """Logs ``step: done/total unit (pct), rate over wall time`` every ``every`` seconds, and at the end."""
 
-    def __init__(self, step: str, total: int, unit: str, stream):
+    def __init__(self, step: str, total: int, unit: str, stream, every: float = LOG_EVERY, clock=time.monotonic):
         self.step, self.total, self.unit, self.stream = step, total, unit, stream
-        self.done, self.next_tenth = 0, 1
-        self.started = time.perf_counter()
+        self.every, self.clock = every, clock
+        self.done, self.logged = 0, None
+        self.started = self.last = clock()
 
     def update(self, n: int = 1) -> None:
         self.done += n
-        while self.total and self.next_tenth <= 10 and self.done * 10 >= self.next_tenth * self.total:
+        if self.clock() - self.last >= self.every:
             self._line()
-            self.next_tenth += 1
 
     def finish(self) -> None:
-        if self.next_tenth <= 10:
+        if self.logged != self.done:
             self._line()
 
     def _line(self) -> None:
-        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        self.last, self.logged = self.clock(), self.done
+        elapsed = max(self.last - self.started, 1e-9)
         share = f" ({100 * self.done // self.total}%)" if self.total else ""
-        print(f"{self.step}: {self.done}/{self.total} {self.unit}{share}, {self.done / elapsed:.1f} {self.unit}/s",
-              file=self.stream, flush=True)
+        print(f"{self.step}: {self.done}/{self.total} {self.unit}{share}, {self.done / elapsed:.1f} {self.unit}/s "
+              f"over {elapsed:.0f} s", file=self.stream, flush=True)

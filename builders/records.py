@@ -15,6 +15,7 @@ class EncodedConversation:
     ids: np.ndarray  # int32: the conversation's tokens (the EOS that follows it is the stream's)
     mask: np.ndarray  # uint8, same length
     ends_with_answer: bool  # whether the last piece is an answer, so the EOS after it is its stop token
+    left_out: bool = False  # a mask rule that finds no answer header in it leaves it out of the stream (slime readings)
 
 
 @dataclass(frozen=True)

@@ -1,29 +1,35 @@
 """Show a row, or one source conversation, decoded: supervised spans highlighted, conversation and
-EOS boundaries marked, each conversation labelled with its source index and id."""
+EOS boundaries marked, each conversation labelled with its source index and id.
+
+A special token's text typed inside a message (a user writing ``<|user|>``) becomes the special
+token itself, so the ids alone cannot tell it from the template's markup. The view re-encodes
+the row's source conversations to know which tokens are a message's own text, and marks special
+tokens there as literal.
+"""
 
 from __future__ import annotations
 
 import html
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer
 
 from builders.glm5 import EOS
 
-PREFIX_TOKEN = "[gMASK]"
-
-GREEN, DIM, RESET = "\033[42;30m", "\033[2m", "\033[0m"
+GREEN, MAGENTA, DIM, RESET = "\033[42;30m", "\033[4;35m", "\033[2m", "\033[0m"
+LEGEND = ("legend: ⟦…⟧ supervised (loss_mask 1) · ⏎ the EOS after a conversation · «…» special-token text typed "
+          "inside a message (encoded as that special token) · ⋯ the conversation goes on in the next row")
 
 
 @dataclass(frozen=True)
 class Span:
-    """A run of tokens of one conversation with one mask value."""
+    """A run of tokens of one conversation with one mask value, and whether it is literal special-token text."""
 
-    conversation: int  # position in the row's segment list
+    conversation: int  # position in the view's segment list
     supervised: bool
+    literal: bool
     text: str
-    tokens: int
 
 
 @dataclass(frozen=True)
@@ -31,74 +37,167 @@ class View:
     title: str
     labels: list[str]  # one per conversation segment
     spans: list[Span]
+    continues: bool  # the last conversation goes on past the end of the row
+
+    def as_terminal(self, color: bool) -> str:
+        """Supervised text on green (or between ⟦ ⟧), literal special-token text underlined (or between « »)."""
+        def dim(text: str) -> str:
+            return f"{DIM}{text}{RESET}" if color else text
+
+        out, current, inside = [self.title, "\n", dim(LEGEND)], None, False
+        for span in self.spans:
+            if span.conversation != current or span.supervised != inside:
+                if inside and not color:
+                    out.append("⟧")
+                if span.conversation != current:
+                    current = span.conversation
+                    out.append(dim(f"\n── {self.labels[current]} ──") + "\n")
+                if span.supervised and not color:
+                    out.append("⟦")
+                inside = span.supervised
+            text = span.text if span.literal else span.text.replace(EOS, "⏎" + EOS + "\n")
+            if color:
+                style = (MAGENTA if span.literal else "") + (GREEN if span.supervised else "")
+                out.append(f"{style}{text}{RESET}" if style else text)
+            else:
+                out.append(f"«{text}»" if span.literal else text)
+        if inside and not color:
+            out.append("⟧")
+        if self.continues:
+            out.append(dim(" ⋯ (continues in the next row)"))
+        return "".join(out) + "\n"
+
+    def as_html(self) -> str:
+        parts = [
+            "<!doctype html>\n<html><head><meta charset=\"utf-8\">",
+            f"<title>{html.escape(self.title)}</title>",
+            "<style>body{font-family:sans-serif;margin:2em;max-width:70em}"
+            ".conv{border-left:4px solid #9ab;margin:1em 0;padding:.3em .8em}"
+            ".label{color:#555;font-size:.85em;margin-bottom:.4em}"
+            "pre{white-space:pre-wrap;word-break:break-word;margin:0;font-size:.9em}"
+            ".sup{background:#bfe8c6}.eos{color:#c33;font-weight:bold}"
+            ".literal{outline:1px dashed #a3a;color:#a3a}.more{color:#777}</style></head><body>",
+            f"<h1>{html.escape(self.title)}</h1>",
+            "<p><span class=\"sup\">supervised (loss_mask = 1)</span> · plain: not supervised · "
+            "<span class=\"eos\">⏎</span> the EOS after a conversation · "
+            "<span class=\"literal\">&lt;|user|&gt;</span> special-token text typed inside a message "
+            "(encoded as that special token) · <span class=\"more\">⋯</span> continues in the next row</p>",
+        ]
+        current = None
+        for span in self.spans:
+            if span.conversation != current:
+                if current is not None:
+                    parts.append("</pre></div>")
+                current = span.conversation
+                parts.append(f"<div class=\"conv\"><div class=\"label\">{html.escape(self.labels[current])}</div><pre>")
+            text = html.escape(span.text)
+            if not span.literal:
+                text = text.replace(html.escape(EOS), f"<span class=\"eos\">⏎{html.escape(EOS)}</span>")
+            else:
+                text = f"<span class=\"literal\" title=\"typed inside a message\">{text}</span>"
+            parts.append(f"<span class=\"sup\">{text}</span>" if span.supervised else text)
+        if self.continues:
+            parts.append("<span class=\"more\"> ⋯ (continues in the next row)</span>")
+        parts.append("</pre></div></body></html>\n")
+        return "".join(parts)
 
 
-def row_view(tokenizer: Tokenizer, row: dict) -> View:
-    """A built row (a dict from ``builders.rows.RowReader``) split into labelled spans."""
-    starts = list(row.get("segment_start") or [0])
+def inspect_row(manifest, hub, file: Path, row_index: int) -> View:
+    """Row ``row_index`` of a built file, its conversations re-encoded from the pinned source."""
+    from builders.errors import UsageError
+    from builders.rows import RowReader
+
+    reader = RowReader(file)
+    if not -len(reader) <= row_index < len(reader):
+        raise UsageError(f"inspect: {file} has rows 0..{len(reader) - 1}, not {row_index}")
+    row = reader[row_index]
+    encoder, source = _pinned(manifest, hub)
     ids, mask = np.asarray(row["input_ids"]), np.asarray(row["loss_mask"])
-    # every conversation's rendering begins with the prefix token, so a row that does not continues one
-    continued = len(ids) > 0 and tokenizer.id_to_token(int(ids[0])) != PREFIX_TOKEN
+    starts = list(row.get("segment_start") or [0])
+    indices = list(row.get("source_index") or [])
+    literal = np.zeros(len(ids), dtype=bool)
+    continued = continues = False
+    for k, (start, index) in enumerate(zip(starts, indices)):
+        end = starts[k + 1] if k + 1 < len(starts) else len(ids)
+        part, part_literal = _conversation(encoder, source, index)
+        offset = _offset(part, ids[start:end], first=k == 0, last=k == len(starts) - 1)
+        literal[start:end] = part_literal[offset:offset + end - start]
+        continued |= k == 0 and offset > 0
+        continues |= k == len(starts) - 1 and offset + end - start < len(part)
     labels = [f"source row {index} (id {id_}){' (continued from an earlier row)' if k == 0 and continued else ''}"
-              for k, (index, id_) in enumerate(zip(row.get("source_index") or [None], row.get("source_id") or [None]))]
+              for k, (index, id_) in enumerate(zip(indices or [None], row.get("source_id") or [None]))]
     supervised = int(np.count_nonzero(mask))
     title = f"row {row['index']}: {len(ids):,} tokens, {supervised:,} supervised ({supervised / max(1, len(ids)):.1%})"
-    return View(title, labels, _spans(tokenizer, ids, mask, starts))
+    return View(title, labels, _spans(encoder.tokenizer, ids, mask, literal, starts), continues)
 
 
-def conversation_view(tokenizer: Tokenizer, index: int, id_: str, ids: np.ndarray, mask: np.ndarray) -> View:
+def inspect_source(manifest, hub, index: int) -> View:
+    """Source conversation ``index`` as it enters the stream (with its EOS)."""
+    from builders.errors import UsageError
+
+    encoder, source = _pinned(manifest, hub)
+    if not 0 <= index < source.num_rows:
+        raise UsageError(f"inspect: the source has rows 0..{source.num_rows - 1}, not {index}")
+    (row,) = source.take([index]).to_pylist()
+    (ids, mask), literal = _conversation(encoder, source, index, with_mask=True)
     supervised = int(np.count_nonzero(mask))
-    title = f"source row {index} (id {id_}): {len(ids):,} tokens with EOS, {supervised:,} supervised"
-    return View(title, [f"source row {index} (id {id_})"], _spans(tokenizer, ids, mask, [0]))
+    title = f"source row {index} (id {row['id']}): {len(ids):,} tokens with EOS, {supervised:,} supervised"
+    return View(title, [f"source row {index} (id {row['id']})"], _spans(encoder.tokenizer, ids, mask, literal, [0]),
+                False)
 
 
-def _spans(tokenizer: Tokenizer, ids: np.ndarray, mask: np.ndarray, starts: list[int]) -> list[Span]:
-    bounds = sorted(set(starts) | {len(ids)} | {int(i) for i in np.flatnonzero(np.diff(mask.astype(np.int8))) + 1})
+def _pinned(manifest, hub):
+    from builders.encode import ConversationEncoder
+    from builders.pinned import dataset_files, load_pinned_tokenizer, resolve
+    from builders.source import ParquetSource
+
+    snapshots = resolve(manifest, hub)
+    pinned = load_pinned_tokenizer(manifest.tokenizer, snapshots.tokenizer)
+    encoder = ConversationEncoder(pinned.tokenizer, pinned.chat_template, manifest.contract)
+    return encoder, ParquetSource(dataset_files(manifest.dataset, snapshots.dataset))
+
+
+def _conversation(encoder, source, index: int, with_mask: bool = False):
+    """A source conversation's part of the stream, and which of its tokens are special tokens inside message text."""
+    from builders.errors import UsageError
+    from builders.packing import with_eos
+
+    (row,) = source.take([index]).to_pylist()
+    (annotated,) = encoder.annotate([row], (encoder.contract.mask_rule,))
+    materialized = encoder.materialize(annotated, encoder.contract)
+    if materialized is None:
+        raise UsageError(f"inspect: source row {index} is left out of the stream by mask_rule "
+                         f"{encoder.contract.mask_rule} (no answer header found)")
+    ids, mask = with_eos(*materialized, encoder.eos_id, encoder.contract)
+    special = np.isin(annotated.ids, list(encoder.tokenizer.get_added_tokens_decoder()))
+    literal = np.zeros(len(ids), dtype=bool)
+    literal[_plain_offset(encoder):][:len(annotated.ids)] = annotated.placement.message_text & special
+    return ((ids, mask) if with_mask else ids), literal
+
+
+def _plain_offset(encoder) -> int:
+    """Where the text's own tokens begin in a conversation's ids (after what a post-processor puts first)."""
+    return len(encoder.vocab.post_processor_wrap()[0]) if encoder.contract.encode == "add-special" else 0
+
+
+def _offset(conversation: np.ndarray, segment: np.ndarray, first: bool, last: bool) -> int:
+    """Where a row's segment starts within its conversation's part of the stream."""
+    if not first:
+        return 0  # a conversation that starts in this row
+    if not last:
+        return len(conversation) - len(segment)  # one that ends in this row
+    matches = [k for k in range(len(conversation) - len(segment) + 1)
+               if np.array_equal(conversation[k:k + len(segment)], segment)]
+    return matches[0] if matches else 0
+
+
+def _spans(tokenizer, ids: np.ndarray, mask: np.ndarray, literal: np.ndarray, starts: list[int]) -> list[Span]:
+    change = np.flatnonzero((np.diff(mask.astype(np.int8)) != 0) | (np.diff(literal.astype(np.int8)) != 0)) + 1
+    bounds = sorted(set(starts) | {len(ids)} | {int(i) for i in change})
     spans, segment = [], 0
     for begin, end in zip(bounds, bounds[1:]):
         while segment + 1 < len(starts) and starts[segment + 1] <= begin:
             segment += 1
         text = tokenizer.decode(ids[begin:end].tolist(), skip_special_tokens=False)
-        spans.append(Span(segment, bool(mask[begin]), text, end - begin))
+        spans.append(Span(segment, bool(mask[begin]), bool(literal[begin]), text))
     return spans
-
-
-def as_terminal(view: View, color: bool) -> str:
-    """Supervised text on green (or between ⟦ ⟧ without color), a header line per conversation."""
-    out, current = [view.title], None
-    for span in view.spans:
-        if span.conversation != current:
-            current = span.conversation
-            out.append(f"\n{DIM if color else ''}── {view.labels[current]} ──{RESET if color else ''}\n")
-        text = span.text.replace(EOS, "⏎" + EOS + "\n")
-        if span.supervised:
-            out.append(f"{GREEN}{text}{RESET}" if color else f"⟦{text}⟧")
-        else:
-            out.append(text)
-    return "".join(out) + "\n"
-
-
-def as_html(view: View) -> str:
-    parts = [
-        "<!doctype html>\n<html><head><meta charset=\"utf-8\">",
-        f"<title>{html.escape(view.title)}</title>",
-        "<style>body{font-family:sans-serif;margin:2em;max-width:70em}"
-        ".conv{border-left:4px solid #9ab;margin:1em 0;padding:.3em .8em}"
-        ".label{color:#555;font-size:.85em;margin-bottom:.4em}"
-        "pre{white-space:pre-wrap;word-break:break-word;margin:0;font-size:.9em}"
-        ".sup{background:#bfe8c6}.eos{color:#c33;font-weight:bold}</style></head><body>",
-        f"<h1>{html.escape(view.title)}</h1>",
-        "<p><span class=\"sup\">supervised (loss_mask = 1)</span> · plain: not supervised · "
-        "<span class=\"eos\">⏎</span> EOS between conversations</p>",
-    ]
-    current = None
-    for span in view.spans:
-        if span.conversation != current:
-            if current is not None:
-                parts.append("</pre></div>")
-            current = span.conversation
-            parts.append(f"<div class=\"conv\"><div class=\"label\">{html.escape(view.labels[current])}</div><pre>")
-        text = html.escape(span.text).replace(html.escape(EOS), f"<span class=\"eos\">⏎{html.escape(EOS)}</span>")
-        parts.append(f"<span class=\"sup\">{text}</span>" if span.supervised else text)
-    parts.append("</pre></div></body></html>\n")
-    return "".join(parts)

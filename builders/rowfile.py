@@ -14,10 +14,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from builders.errors import VerificationError
+from builders.errors import UsageError, VerificationError
 from builders.records import Row
 
 ROW_GROUP_ROWS = 64
+PARQUET_MAGIC = b"PAR1"  # a parquet file begins and ends with it
 METADATA_TYPE = pa.struct([
     ("row_index", pa.int64()),
     ("source_index", pa.list_(pa.int64())),
@@ -97,15 +98,27 @@ def _lists(arrays: list[np.ndarray], value_type: pa.DataType) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=value_type))
 
 
+def check_row_file(path: Path) -> None:
+    """Refuse, as bad input, a path given as a row file that is missing or is not parquet."""
+    if not path.is_file():
+        raise UsageError(f"{path}: no such file")
+    with open(path, "rb") as f:
+        head = f.read(4)
+        f.seek(max(0, path.stat().st_size - 4))
+        tail = f.read(4)
+    if head != PARQUET_MAGIC or tail != PARQUET_MAGIC:
+        raise UsageError(f"{path}: not a parquet file")
+
+
 def open_row_file(path: Path) -> pq.ParquetFile:
-    """Open a built row file, or raise VerificationError saying why it is not one."""
+    """Open a built row file; a file that is damaged is a VerificationError, one of another kind bad input."""
     try:
         parquet = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as err:
         raise VerificationError(f"{path}: cannot read the parquet file: {err}") from err
     for name in ("input_ids", "loss_mask"):
         if name not in parquet.schema_arrow.names:
-            raise VerificationError(f"{path}: no column {name!r}; not a fixed-SFT row file")
+            raise UsageError(f"{path}: no column {name!r}; not a fixed-SFT row file")
     return parquet
 
 

@@ -44,7 +44,8 @@ class RowReader:
         if verify:
             if manifest is None:
                 raise ValueError("verify=True needs the manifest to verify against")
-            verification = figures.verify(figures.file_figures(self.path, manifest.row_tokens), manifest)
+            verification = figures.verify(figures.file_figures(self.path, manifest.row_tokens, manifest.contract.hash),
+                                          manifest)
             if not verification.verified:
                 raise VerificationError(f"{self.path}: does not match {manifest.name}: {verification.summary()}")
         self._parquet = open_row_file(self.path)

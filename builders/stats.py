@@ -20,6 +20,7 @@ class BuildStats:
     conversation_supervised: list = field(default_factory=list)
     row_supervised: list = field(default_factory=list)
     windows_skipped: int = 0
+    left_out: int = 0  # conversations a slime mask rule leaves out (no answer header found)
 
     def add_conversation(self, source: str | None, ids: np.ndarray, mask: np.ndarray) -> None:
         """One conversation's part of the stream (its tokens and the EOS after them)."""
@@ -47,6 +48,7 @@ class BuildStats:
             "conversations_consumed": len(self.conversation_tokens),
             "stream_tokens_consumed": int(lengths.sum()),
             "windows_skipped": self.windows_skipped,
+            "conversations_left_out": self.left_out,
             "conversation_tokens_percentiles": {
                 f"p{p}": int(np.percentile(lengths, p, method="inverted_cdf")) for p in PERCENTILES
             } if lengths.size else {},

@@ -60,10 +60,11 @@ def cli_env(hf_home: Path | None = None, env: dict | None = None, cwd: Path | No
     return environment
 
 
-def run_cli(*args: str, hf_home: Path | None = None, env: dict | None = None, cwd: Path | None = None, **run):
+def run_cli(*args: str, hf_home: Path | None = None, env: dict | None = None, cwd: Path | None = None,
+            timeout: float = 600, **run):
     """Run data/generate_fixed_sft.py in a fresh process, offline, as a user would."""
     return subprocess.run([sys.executable, str(CLI), *args], capture_output=True, text=True,
-                          env=cli_env(hf_home, env, cwd), cwd=cwd or REPO, timeout=600, **run)
+                          env=cli_env(hf_home, env, cwd), cwd=cwd or REPO, timeout=timeout, **run)
 
 
 def start_cli(*args: str, hf_home: Path | None = None, env: dict | None = None) -> subprocess.Popen:

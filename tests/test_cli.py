@@ -1,6 +1,9 @@
 """The command line as users run it: offline from HF_HOME, exit codes, what is left on disk."""
 
+import json
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -63,13 +66,34 @@ def test_tampered_tokenizer_fails_before_any_work(fixture_cache, tmp_path):
 
 
 def test_unknown_revision_offline_fails_clearly(fixture_cache, tmp_path):
-    manifest = manifest_copy(tmp_path, dataset__revision="0" * 40)
+    manifest = manifest_copy(tmp_path, dataset__repo="someone/chat", dataset__revision="0" * 40)
     out = tmp_path / "out"
     done = run_cli("--manifest", str(manifest), "--out", str(out), hf_home=fixture_cache)
     assert done.returncode == 3
-    assert "0" * 40 in done.stderr and "HF_HUB_OFFLINE" in done.stderr
-    assert "Traceback" not in done.stderr
+    assert f"dataset someone/chat at {'0' * 40}: data/train-*.parquet" in done.stderr
+    assert f"download someone/chat --repo-type dataset --revision {'0' * 40} --include 'data/train-*.parquet'" \
+        in done.stderr and f"-m builders download --manifest {manifest}" in done.stderr
+    assert "HF_HUB_OFFLINE" in done.stderr and "Traceback" not in done.stderr
     assert not out.exists()
+
+
+def test_an_empty_cache_offline_lists_every_missing_repo(tmp_path):
+    done = run_cli("--build", "glm47flash-tulu3-fixed8192-v1", "--out", str(tmp_path / "out"),
+                   hf_home=tmp_path / "empty")
+    assert done.returncode == 3, done.stderr
+    assert "model zai-org/GLM-4.7-Flash at 7dd20894a642a0aa287e9827cb1a1f7f91386b67: tokenizer.json, " \
+           "chat_template.jinja" in done.stderr
+    assert "dataset allenai/tulu-3-sft-mixture at b14afda60f1bbebe55d5d2fa1e4df5042f97f8be" in done.stderr
+    assert "-m builders download --build glm47flash-tulu3-fixed8192-v1" in done.stderr
+    hf = str(Path(sys.executable).with_name("hf"))
+    assert f"{hf} download zai-org/GLM-4.7-Flash --revision 7dd20894a642a0aa287e9827cb1a1f7f91386b67 --include " \
+           "tokenizer.json chat_template.jinja" in done.stderr
+
+
+def test_a_fixture_build_without_the_fixture_cache_says_what_to_add(tmp_path):
+    done = run_cli("--build", SELF_CONTAINED, "--out", str(tmp_path / "out"), hf_home=tmp_path / "empty",
+                   env={"HF_HUB_OFFLINE": "0"}, timeout=20)  # online: the fixture repos are never asked for
+    assert done.returncode == 3 and "add --fixture-cache DIR" in done.stderr, done.stderr
 
 
 def test_bad_manifest_exit_2(tmp_path):
@@ -127,3 +151,76 @@ def test_verbose_errors_show_their_cause(tmp_path):
     assert verbose.returncode == 2
     assert "ParserError" in verbose.stderr and "direct cause" in verbose.stderr
     assert verbose.stderr.rindex("\nerror: ") > verbose.stderr.rindex("Traceback")  # the summary comes last
+
+
+@pytest.fixture(scope="module")
+def two_builds(fixture_cache, tmp_path_factory):
+    """The self-contained fixture, and a build of it with shorter rows and fewer of them."""
+    out = tmp_path_factory.mktemp("two-builds")
+    first = run_cli("--build", SELF_CONTAINED, "--out", str(out / "a"), "-q", hf_home=fixture_cache)
+    manifest = manifest_copy(out, row_tokens=256, rows=20, expect=None)
+    second = run_cli("--manifest", str(manifest), "--out", str(out / "b"), hf_home=fixture_cache)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    return out / "a" / f"{SELF_CONTAINED}.parquet", out / "b" / f"{SELF_CONTAINED}.parquet", second
+
+
+def test_a_build_that_pins_nothing_says_so(two_builds):
+    _, _, built = two_builds
+    assert "built, nothing pinned to verify:" in built.stdout
+    assert "not pinned" not in built.stdout and "verified" not in built.stdout
+    assert "  rows_sha256: " in built.stdout
+
+
+def test_diff_of_rows_of_different_lengths_says_so_first(two_builds):
+    a, b, _ = two_builds
+    done = run_cli("diff", str(a), str(b))
+    assert done.returncode == 8
+    assert done.stdout.startswith("the rows differ in length: 512 tokens in A, 256 in B")
+
+
+def test_diff_of_files_with_different_row_counts(two_builds, tmp_path):
+    import pyarrow.parquet as pq
+
+    a, _, _ = two_builds
+    shorter = tmp_path / "shorter.parquet"
+    pq.write_table(pq.read_table(a).slice(0, 40), shorter)
+    done = run_cli("--json", "diff", str(a), str(shorter))  # --json before the command
+    report = json.loads(done.stdout)
+    assert done.returncode == 8 and (report["rows_a"], report["rows_b"], report["differing_rows"]) == (48, 40, 8)
+    assert report["first"]["row"] == 40 and report["first"]["kind"] == "row missing"
+    text = run_cli("diff", str(a), str(shorter), "-q")
+    assert "different row counts: 48 in A, 40 in B" in text.stdout and "row missing in B" in text.stdout
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--verify", "nowhere.parquet"], "nowhere.parquet: no such file"),
+    (["--verify", "README.md"], "README.md: not a parquet file"),
+    (["verify", "pyproject.toml", "--build", SELF_CONTAINED], "not a parquet file"),
+    (["diff", "README.md", "README.md"], "not a parquet file"),
+    (["biuld", "--build", SELF_CONTAINED], "unknown command 'biuld'; did you mean 'build'?"),
+    (["--build", SELF_CONTAINED, "--worker", "2"], "unrecognized arguments: --worker"),
+    (["--build", SELF_CONTAINED, "--fixture-cach", "x"], "unrecognized arguments: --fixture-cach"),
+])
+def test_bad_input_files_and_words_are_named(argv, message):
+    done = run_cli(*argv)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_parquet_file_that_is_no_row_file(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / f"{SELF_CONTAINED}.parquet"
+    pq.write_table(pa.table({"x": [1]}), path)
+    done = run_cli("--verify", str(path))
+    assert done.returncode == 2 and "no column 'input_ids'; not a fixed-SFT row file" in done.stderr
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["-q", "--help"], ["inspect", "--help"]])
+def test_help_and_version_load_nothing_heavy(argv):
+    done = run_cli(*argv, env={"PYTHONWARNINGS": "default"}, **{})
+    assert done.returncode == 0 and done.stderr == ""
+    imported = run_cli(*argv, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    heavy = {"transformers", "tokenizers", "huggingface_hub", "pyarrow", "numpy", "builders.fixture"}
+    assert not [line for line in imported.stderr.splitlines() if line.split("|")[-1].strip() in heavy]

@@ -9,7 +9,7 @@ import pytest
 from builders.errors import PinnedInputError
 from builders.fixture.hf_cache import MESSAGE, parquet_shards, put_snapshot
 from builders.manifest import DatasetPin
-from builders.pinned import Hub, dataset_files
+from builders.pinned import Hub, dataset_files, dataset_repo, resolve_snapshot
 from builders.source import ParquetSource
 
 ROWS = [{"id": f"r{i}", "source": "s", "messages": [{"role": "user", "content": f"q{i}"},
@@ -18,8 +18,10 @@ ROWS = [{"id": f"r{i}", "source": "s", "messages": [{"role": "user", "content": 
 
 
 def lay_out(tmp_path, files):
+    """A dataset repo in an offline HF cache: its pin and its resolved snapshot folder."""
     commit = put_snapshot(tmp_path, "o/d", "dataset", files)
-    return DatasetPin(repo="o/d", revision=commit, split="train"), Hub(tmp_path / "hub", offline=True)
+    pin = DatasetPin(repo="o/d", revision=commit, split="train")
+    return pin, resolve_snapshot(dataset_repo(pin), Hub(tmp_path / "hub", offline=True))
 
 
 def parquet_bytes(table):
@@ -29,8 +31,8 @@ def parquet_bytes(table):
 
 
 def test_source_index_spans_files_and_row_groups(tmp_path):
-    pin, hub = lay_out(tmp_path, parquet_shards(ROWS, shards=3, row_group_rows=2, message_type=MESSAGE))
-    source = ParquetSource(dataset_files(pin, hub))
+    pin, snapshot = lay_out(tmp_path, parquet_shards(ROWS, shards=3, row_group_rows=2, message_type=MESSAGE))
+    source = ParquetSource(dataset_files(pin, snapshot))
     assert source.num_rows == 10
     taken = source.take([9, 0, 4, 4, 7]).to_pylist()
     assert [r["id"] for r in taken] == ["r9", "r0", "r4", "r4", "r7"]
@@ -39,9 +41,9 @@ def test_source_index_spans_files_and_row_groups(tmp_path):
 
 
 def test_split_without_parquet_files(tmp_path):
-    pin, hub = lay_out(tmp_path, {"data/test-00000-of-00001.parquet": b"x", "README.md": b"hi"})
+    pin, snapshot = lay_out(tmp_path, {"data/test-00000-of-00001.parquet": b"x", "README.md": b"hi"})
     with pytest.raises(PinnedInputError, match=r"no parquet files match data/train-\*\.parquet"):
-        dataset_files(pin, hub)
+        dataset_files(pin, snapshot)
 
 
 @pytest.mark.parametrize("content, problem", [
@@ -53,15 +55,15 @@ def test_split_without_parquet_files(tmp_path):
 def test_bad_shard_is_named(tmp_path, content, problem):
     good = parquet_shards(ROWS, shards=1, row_group_rows=4, message_type=MESSAGE)
     files = {**good, "data/train-00001-of-00002.parquet": content}
-    pin, hub = lay_out(tmp_path, files)
+    pin, snapshot = lay_out(tmp_path, files)
     with pytest.raises(PinnedInputError) as err:
-        ParquetSource(dataset_files(pin, hub))
+        ParquetSource(dataset_files(pin, snapshot))
     assert "train-00001-of-00002.parquet" in str(err.value) and problem in str(err.value)
 
 
 def test_truncated_shard_is_named(tmp_path):
     files = parquet_shards(ROWS, shards=1, row_group_rows=4, message_type=MESSAGE)
     name, data = next(iter(files.items()))
-    pin, hub = lay_out(tmp_path, {name: data[: len(data) // 2]})
+    pin, snapshot = lay_out(tmp_path, {name: data[: len(data) // 2]})
     with pytest.raises(PinnedInputError, match="train-00000-of-00001.parquet"):
-        ParquetSource(dataset_files(pin, hub))
+        ParquetSource(dataset_files(pin, snapshot))

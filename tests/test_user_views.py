@@ -9,12 +9,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from helpers import EDITED, MANIFESTS, REPO, SELF_CONTAINED, lay_out_build, run_cli
+from helpers import EDITED, MANIFESTS, REPO, SELF_CONTAINED, encoder, lay_out_build, run_cli
 from tokenizers import Tokenizer
 
 from builders.build import build
 from builders.card import PLOTS
-from builders.fixture.make import synthetic_rows, tokenizer_json
+from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows, tokenizer_json
 from builders.glm5 import EOS
 from builders.manifest import load_manifest
 from builders.order import permutation
@@ -32,8 +32,27 @@ def cli_build(fixture_cache, tmp_path_factory):
 def test_plain_progress_lines_when_not_on_a_terminal(cli_build):
     _, done = cli_build
     lines = [line for line in done.stderr.splitlines() if line.startswith("building rows:")]
-    assert len(lines) == 10 and lines[-1].startswith("building rows: 48/48 rows (100%)")
+    assert lines and lines[-1].startswith("building rows: 48/48 rows (100%)")
     assert "\r" not in done.stderr
+
+
+def test_log_lines_come_at_a_steady_pace_with_the_wall_time_rate():
+    """Bursts of progress make no burst of lines: one per interval of wall time, each with the rate so far."""
+    import io
+
+    from builders.progress import _Lines
+
+    now = [0.0]
+    stream = io.StringIO()
+    lines = _Lines("building rows", total=1000, unit="rows", stream=stream, every=10.0, clock=lambda: now[0])
+    for second, done in [(1, 300), (2, 300), (12, 100), (13, 100), (25, 200)]:
+        now[0] = second
+        lines.update(done)
+    lines.finish()
+    assert stream.getvalue().splitlines() == [
+        "building rows: 700/1000 rows (70%), 58.3 rows/s over 12 s",
+        "building rows: 1000/1000 rows (100%), 40.0 rows/s over 25 s",
+    ]
 
 
 def test_quiet_and_verbose(fixture_cache, tmp_path):
@@ -120,8 +139,11 @@ def test_inspect_a_row(cli_build, fixture_cache, tmp_path):
     bounds = np.flatnonzero(np.diff(mask)) + 1
     runs = [(r, m[0]) for r, m in zip(np.split(ids, bounds), np.split(mask, bounds))]
     expected = [tokenizer.decode(r.tolist(), skip_special_tokens=False) for r, m in runs if m == 1]
-    shown = [s.replace("⏎" + EOS + "\n", EOS) for s in re.findall("⟦(.*?)⟧", done.stdout, re.S)]
+    body = done.stdout.split("\n", 2)[2]  # after the title and the legend
+    shown = [s.replace("⏎" + EOS + "\n", EOS).replace("«", "").replace("»", "")
+             for s in re.findall("⟦(.*?)⟧", body, re.S)]
     assert shown == expected and expected
+    assert done.stdout.splitlines()[1].startswith("legend: ⟦…⟧ supervised")
     page = html_path.read_text(encoding="utf-8")
     assert page.startswith("<!doctype html>") and 'class="sup"' in page
 
@@ -145,7 +167,7 @@ def test_diff_two_builds_that_differ_in_one_conversation(tmp_path):
     built_a = build(a, tmp_path / "out-a", Hub(tmp_path / "a" / "hub", offline=True), card=False)
     built_b = build(b, tmp_path / "out-b", Hub(tmp_path / "b" / "hub", offline=True), card=False)
     done = run_cli("diff", str(built_a.parquet), str(built_b.parquet), "--json")
-    assert done.returncode == 1
+    assert done.returncode == 8
     first = json.loads(done.stdout)["first"]
     assert first["a"]["source_id"] == rows[victim]["id"] == first["b"]["source_id"]
     assert first["a"]["source_index"] == victim
@@ -196,7 +218,7 @@ def test_diff_the_edited_fixture_as_the_readme_shows(cli_build, fixture_cache, t
     done = run_cli("diff", str(out / f"{SELF_CONTAINED}.parquet"), str(tmp_path / f"{EDITED}.parquet"))
     rows = synthetic_rows()
     victim = int(permutation(42, len(rows))[5])
-    assert done.returncode == 1
+    assert done.returncode == 8
     assert f"from source row {victim} (id {rows[victim]['id']})" in done.stdout
 
 
@@ -209,3 +231,34 @@ def test_card_front_matter_stays_yaml_for_any_manifest_text():
                                                                        f"license: {json.dumps(odd)}")
     meta = front_matter(card_front_matter(parse_manifest(text)) + "\n")
     assert meta["license"] == "other" and meta["license_name"] == odd
+
+
+def test_inspect_tells_special_token_text_in_a_message_from_the_template(fixture_cache, tmp_path):
+    """hard_case_0 (source row 0) types role tokens into its user and assistant messages."""
+    page = tmp_path / "conversation.html"
+    done = run_cli("inspect", "--build", SELF_CONTAINED, "--source-index", "0", "--color", "never",
+                   "--html", str(page), "--fixture-cache", str(fixture_cache))
+    assert done.returncode == 0, done.stderr
+    assert "<|user|>What does «<|assistant|>» mean? And «<|user|>», «<|endoftext|>», «[gMASK]<sop>»?" \
+           "<|assistant|></think>⟦They are GLM's role tokens: «<|user|>» starts" in done.stdout
+    html_text = page.read_text(encoding="utf-8")
+    assert html_text.count('class="literal"') == 6 + 1  # six typed tokens, and the legend's example
+
+
+def test_inspect_marks_a_row_that_ends_mid_conversation(cli_build, fixture_cache, tmp_path):
+    out, _ = cli_build
+    path = out / f"{SELF_CONTAINED}.parquet"
+    meta = pq.read_table(path).column("metadata").to_pylist()
+    assert meta[4]["source_index"][0] == meta[3]["source_index"][-1]  # row 3's last conversation goes on in row 4
+    done = run_cli("inspect", str(path), "--row", "3", "--color", "never", "--fixture-cache", str(fixture_cache))
+    assert done.stdout.rstrip().endswith("⋯ (continues in the next row)")
+    # rows that end exactly where a conversation ends: four copies of one conversation fill a row
+    conversation = [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "hello, friend"}]
+    length = len(encoder(FIXTURE_TEMPLATE.read_text()).encode_messages(conversation)[0]) + 1  # with its EOS
+    rows = [{"id": f"same_{k}", "source": "same", "messages": conversation} for k in range(20)]
+    manifest = lay_out_build(tmp_path / "hf", rows, row_tokens=4 * length, build_rows=3)
+    built = build(load_manifest(manifest), tmp_path / "out", Hub(tmp_path / "hf" / "hub", offline=True), card=False)
+    done = run_cli("inspect", str(built.parquet), "--row", "1", "--manifest", str(manifest), "--color", "never",
+                   hf_home=tmp_path / "hf")
+    assert done.returncode == 0, done.stderr
+    assert "continues" not in done.stdout and done.stdout.count("── source row") == 4

@@ -1,0 +1,55 @@
+"""Fetch into the HF cache exactly the files a build reads, for a build that then runs offline."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from huggingface_hub import constants
+
+from builders.manifest import Manifest
+from builders.pinned import Hub, PinnedRepo, cli_command, dataset_repo, resolve, tokenizer_repo
+
+
+@dataclass(frozen=True)
+class Fetched:
+    repo: PinnedRepo
+    files: list[Path]  # the matched files in the snapshot folder
+
+    @property
+    def bytes(self) -> int:
+        return sum(path.stat().st_size for path in self.files)
+
+
+def download(manifest: Manifest, hub: Hub) -> list[Fetched]:
+    """Resolve every pinned repo online (the cache answers for what it already holds)."""
+    snapshots = resolve(manifest, hub)
+    fetched = []
+    for repo, folder in ((tokenizer_repo(manifest.tokenizer), snapshots.tokenizer),
+                         (dataset_repo(manifest.dataset), snapshots.dataset)):
+        files = sorted({path for pattern in repo.patterns for path in folder.glob(pattern)})
+        fetched.append(Fetched(repo, files))
+    return fetched
+
+
+def describe(fetched: list[Fetched], manifest: Manifest, hub: Hub) -> str:
+    """What was fetched, where, and the command that builds from it offline."""
+    cache = hub.cache_dir or Path(constants.HF_HUB_CACHE)
+    total = sum(f.bytes for f in fetched)
+    lines = [f"in the HF cache {cache}: {sum(len(f.files) for f in fetched)} files, {_size(total)}"]
+    for f in fetched:
+        names = ", ".join(path.name for path in f.files[:3])
+        names += f", … ({len(f.files)} files)" if len(f.files) > 3 else ""
+        lines.append(f"  {f.repo.repo_type} {f.repo.repo} at {f.repo.revision[:12]}: {names} ({_size(f.bytes)})")
+    home = shlex.quote(str(hub.cache_dir.parent if hub.cache_dir else constants.HF_HOME))
+    lines.append(f"build offline from it (here, or where this cache is copied to HF_HOME/hub):\n"
+                 f"  HF_HUB_OFFLINE=1 HF_HOME={home} {cli_command('build', manifest)}")
+    return "\n".join(lines)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} bytes"
