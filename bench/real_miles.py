@@ -223,6 +223,7 @@ def main() -> int:
     one_rank_parallel_state()
     if args.response_from_token_0:
         import numpy as np
+
         import pretokenized_sft_rollout
 
         pretokenized_sft_rollout.response_start = lambda mask: int(np.argmax(np.asarray(mask) != 0))

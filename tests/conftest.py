@@ -6,12 +6,12 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import MANIFESTS
 
 from builders.build import build
 from builders.fixture.make import make_fixture_cache, shared_dir
 from builders.manifest import load_manifest
 from builders.pinned import Hub
+from helpers import MANIFESTS
 
 
 @pytest.fixture(scope="session")

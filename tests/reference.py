@@ -1,40 +1,35 @@
 """A slow, deliberately plain implementation of the row contract (ROWS.md), for checking the builder.
 
 It shares no code with ``builders``: it reads the parquet files whole, orders them with
-``datasets.Dataset.shuffle``, renders and tokenizes through transformers'
-``apply_chat_template(tokenize=True)``, finds message pieces by walking the tokens' bytes,
-packs Python lists, and hashes with ``struct``.
+``datasets.Dataset.shuffle`` (and the other orders by their own library calls), renders and
+tokenizes through transformers (``apply_chat_template``, the tokenizer's call with offsets),
+places tokens in message pieces by their character offsets, marks the slime rules' characters
+one by one as the pull requests do, packs Python lists, and hashes with ``struct``.
+
+Every reading of ROWS.md's "Readings the recipe card leaves open" is implemented here from the
+text of ROWS.md, independently of ``builders.contract``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import random
 import struct
 from pathlib import Path
 
-import datasets
+import numpy as np
 import pyarrow.parquet as pq
 from transformers import PreTrainedTokenizerFast
 
 STOP = ("<|endoftext|>", "<|user|>", "<|observation|>")
+DEFAULTS = {"order": "numpy-generator", "encode": "plain", "mask_rule": "structure", "eos": "after-answer",
+            "final": "eos", "prefill": "after-prefill", "stop": "supervised", "skip": "skip-unsupervised",
+            "hash": "u4-u1"}
 
 
-def byte_decoder() -> dict[str, int]:
-    """GPT-2's byte-level alphabet, inverted: character → byte."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[chr(b)] = b
-        else:
-            chars[chr(256 + extra)] = b
-            extra += 1
-    return chars
-
-
-def pieces(messages: list[dict]) -> list[tuple[str, str, str]]:
-    """(role, prefill, rest) per rendered piece, following the contract's description."""
+def pieces(messages: list[dict], prefill_reading: str = "after-prefill") -> list[tuple[str, str, str]]:
+    """(role, prefill, rest) per rendered piece, following the contract's description; the prefill
+    of an answer is what ``prefill_reading`` leaves unsupervised."""
     out = [("prefix", "[gMASK]<sop>", "")]
     last_user = -1
     for i, m in enumerate(messages):
@@ -58,9 +53,15 @@ def pieces(messages: list[dict]) -> list[tuple[str, str, str]]:
                     reasoning = before.rstrip("\n").split("<think>")[-1].lstrip("\n")
                     content = after.lstrip("\n")
             if i > last_user and reasoning != "":
-                out.append((role, "<|assistant|><think>", reasoning.strip() + "</think>" + content.strip()))
+                tag, rest = "<think>", reasoning.strip() + "</think>" + content.strip()
             else:
-                out.append((role, "<|assistant|></think>", content.strip()))
+                tag, rest = "</think>", content.strip()
+            if prefill_reading == "after-prefill":
+                out.append((role, "<|assistant|>" + tag, rest))
+            elif prefill_reading == "after-role":
+                out.append((role, "<|assistant|>", tag + rest))
+            else:  # whole-piece
+                out.append((role, "", "<|assistant|>" + tag + rest))
         else:
             raise ValueError(f"role {role}")
     return out
@@ -87,48 +88,132 @@ class Reference:
     def __init__(self, tokenizer_json: Path, chat_template: str):
         self.tok = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_json))
         self.template = chat_template
-        self.decoder = byte_decoder()
-        self.added = {t.content for t in self.tok.added_tokens_decoder.values()}
         self.eos = self.tok.convert_tokens_to_ids("<|endoftext|>")
 
-    def token_bytes(self, token_id: int) -> bytes:
-        token = self.tok.convert_ids_to_tokens(token_id)
-        if token in self.added:
-            return token.encode("utf-8")
-        return bytes(self.decoder[c] for c in token)
-
-    def conversation(self, messages: list[dict], untrained=frozenset()) -> tuple[list[int], list[int]]:
-        """Token ids and mask of one conversation, followed by EOS and its mask value.
+    def conversation(self, messages: list[dict], untrained=frozenset(), readings: dict | None = None):
+        """Token ids and mask of one conversation followed by its EOS (as ``eos`` says), or None
+        where a slime rule finds no answer header.
 
         The answers at the message positions in ``untrained`` (miles' ``step_loss_mask: 0``)
         supervise nothing, not even the stop token after them.
         """
+        r = {**DEFAULTS, **(readings or {})}
         refuse_undefined(messages)
         messages = [{k: v for k, v in m.items() if v is not None} for m in messages]
         text = self.tok.apply_chat_template(messages, chat_template=self.template, tokenize=False)
-        ids = self.tok.apply_chat_template(messages, chat_template=self.template, tokenize=True)
-        if hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        ps = pieces(messages)
+        template_ids = self.tok.apply_chat_template(messages, chat_template=self.template, tokenize=True)
+        if hasattr(template_ids, "keys"):
+            template_ids = template_ids["input_ids"]
+        last = len(messages) - 1
+        ends_with_answer = messages[-1]["role"] == "assistant" and last not in untrained
+        if r["mask_rule"] == "structure":
+            appended = "<|user|>" if r["final"] == "append-stop" and messages[-1]["role"] == "assistant" else ""
+            ids, mask = self._structure(messages, text, untrained, r)
+            assert ids == list(template_ids)
+            if appended:
+                ids, mask = ids + [self.tok.convert_tokens_to_ids(appended)], mask + [1]
+        else:
+            slimed = self._slime(messages, text, r["mask_rule"])
+            if slimed is None:
+                return None
+            ids, mask, appended = slimed
+        if r["encode"] == "add-special":
+            ids, mask = self._post_processed(text + appended, ids, mask)
+        eos = {"after-answer": int(ends_with_answer), "supervised": 1, "unsupervised": 0, "none": None}[r["eos"]]
+        return (ids, mask) if eos is None else (ids + [self.eos], mask + [eos])
+
+    def _structure(self, messages, text, untrained, r):
+        """The glm5 rule from the message structure, tokens placed by their character offsets."""
+        encoding = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = encoding["input_ids"], encoding["offset_mapping"]
+        regions, at = [], 0  # (start, end, supervised, piece) of each piece's prefill and rest, in characters
+        ps = pieces(messages, r["prefill"])
         assert "".join(a + b for _, a, b in ps) == text, "reference pieces differ from the template's rendering"
-        mask = []
-        position = 0  # token index
-        after_answer = False
-        trained = False
+        answer_pieces = [role == "assistant" and k - 1 not in untrained for k, (role, _, _) in enumerate(ps)]
         for k, (role, prefill, rest) in enumerate(ps):
-            trained = role == "assistant" and k - 1 not in untrained
-            for part, supervised in ((prefill, False), (rest, trained)):
-                want, got = part.encode("utf-8"), b""
-                while len(got) < len(want):
-                    got += self.token_bytes(ids[position])
-                    stop = after_answer and self.tok.convert_ids_to_tokens(ids[position]) in STOP
-                    mask.append(1 if supervised or stop else 0)
-                    after_answer = False
-                    position += 1
-                assert got == want, f"tokens straddle a piece boundary: {got!r} vs {want!r}"
-            after_answer = trained
-        assert position == len(ids)
-        return list(ids) + [self.eos], mask + [1 if trained else 0]
+            regions.append((at, at + len(prefill), False, k))
+            at += len(prefill)
+            regions.append((at, at + len(rest), answer_pieces[k], k))
+            at += len(rest)
+        mask, previous = [], None
+        for token_id, (start, end) in zip(ids, offsets):
+            region = next(i for i, (a, b, _, _) in enumerate(regions) if a <= start < b)
+            _, region_end, supervised, piece = regions[region]
+            assert end <= region_end, "a token straddles a region"
+            follows_answer = previous is not None and piece != previous and answer_pieces[previous]
+            is_stop = follows_answer and self.tok.convert_ids_to_tokens(token_id) in STOP
+            mask.append(1 if supervised or (is_stop and r["stop"] == "supervised") else 0)
+            previous = piece
+        return list(ids), mask
+
+    def _slime(self, messages, text, rule):
+        """The slime PRs' glm5 masks, character by character, as the PRs compute them."""
+        appended = ""
+        if rule == "slime-pr1844" and messages[-1]["role"] == "assistant" and not text.endswith(STOP):
+            appended = "<|user|>"
+        full = text + appended
+        char_mask = [0] * len(full)
+        cursor = 0
+        for m in messages:
+            if m["role"] != "assistant":
+                continue
+            header = full.find("<|assistant|>", cursor)
+            if header < 0:
+                return None
+            content_start = header + len("<|assistant|>")
+            if rule == "slime-pr1844":
+                found = [(full.find(s, content_start), s) for s in STOP if full.find(s, content_start) >= 0]
+                stop = min(found) if found else None
+                span_end = stop[0] if stop else len(full)
+                cursor = span_end
+                start = content_start
+                while start < span_end and full[start].isspace():
+                    start += 1
+                if full.startswith("<think>", start):
+                    start += len("<think>")
+                elif full.startswith("</think>", start):
+                    start += len("</think>")
+                for pos in range(start, span_end):
+                    char_mask[pos] = 1
+                if stop:
+                    for pos in range(stop[0], stop[0] + len(stop[1])):
+                        char_mask[pos] = 1
+            else:
+                end = len(full)
+                for marker in ("<|user|>", "<|assistant|>", "<|system|>", "<|observation|>"):
+                    at = full.find(marker, content_start)
+                    if 0 <= at < end:
+                        end = at
+                cursor = end
+                start = content_start
+                if full[start:start + len("</think>")] == "</think>":
+                    start += len("</think>")
+                elif full[start:start + len("<think>")] == "<think>":
+                    close = full.find("</think>", start)
+                    if 0 <= close < end:
+                        start = close + len("</think>")
+                for pos in range(start, end):
+                    char_mask[pos] = 1
+        encoding = self.tok(full, add_special_tokens=False, return_offsets_mapping=True)
+        mask = [1 if end > start and any(char_mask[start:end]) else 0 for start, end in encoding["offset_mapping"]]
+        return list(encoding["input_ids"]), mask, appended
+
+    def _post_processed(self, text, ids, mask):
+        """The post-processor's tokens around the text's own, unsupervised (``encode: add-special``)."""
+        encoding = self.tok(text, add_special_tokens=True)
+        sequence = encoding.sequence_ids()
+        full_ids, full_mask, own = [], [], iter(zip(ids, mask))
+        for token_id, seq in zip(encoding["input_ids"], sequence):
+            if seq is None:
+                full_ids.append(token_id)
+                full_mask.append(0)
+            else:
+                own_id, own_mask = next(own)
+                assert own_id == token_id
+                full_ids.append(own_id)
+                full_mask.append(own_mask)
+        assert next(own, None) is None
+        return full_ids, full_mask
 
 
 def read_source(files: list[Path]) -> list[dict]:
@@ -138,29 +223,62 @@ def read_source(files: list[Path]) -> list[dict]:
     return rows
 
 
-def reference_rows(files, tokenizer_json, chat_template, seed, row_tokens, rows):
-    """The contract's rows: list of (ids, mask) lists."""
+def stream_order(reading: str, seed: int, n: int) -> list[int]:
+    """The source indices in stream order, by each reading's own library call."""
+    if reading == "numpy-generator":
+        import datasets
+
+        return list(datasets.Dataset.from_dict({"i": list(range(n))}).shuffle(seed=seed)["i"])
+    if reading == "numpy-legacy":
+        return np.random.RandomState(seed).permutation(n).tolist()
+    if reading == "python-random":
+        order = list(range(n))
+        random.Random(seed).shuffle(order)
+        return order
+    if reading == "torch":
+        import torch
+
+        return torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    assert reading == "source"
+    return list(range(n))
+
+
+def reference_rows(files, tokenizer_json, chat_template, seed, row_tokens, rows, readings: dict | None = None):
+    """The contract's rows under ``readings``: list of (ids, mask) lists."""
+    r = {**DEFAULTS, **(readings or {})}
     source = read_source(files)
-    order = datasets.Dataset.from_dict({"i": list(range(len(source)))}).shuffle(seed=seed)["i"]
     ref = Reference(tokenizer_json, chat_template)
     stream_ids, stream_mask, out = [], [], []
-    for i in order:
-        ids, mask = ref.conversation(source[i]["messages"])
-        stream_ids += ids
-        stream_mask += mask
+    for i in stream_order(r["order"], seed, len(source)):
+        conversation = ref.conversation(source[i]["messages"], readings=r)
+        if conversation is None:
+            continue
+        stream_ids += conversation[0]
+        stream_mask += conversation[1]
         while len(stream_ids) >= row_tokens and len(out) < rows:
             window_ids, window_mask = stream_ids[:row_tokens], stream_mask[:row_tokens]
             del stream_ids[:row_tokens], stream_mask[:row_tokens]
-            if any(window_mask):
+            if any(window_mask) or r["skip"] == "keep-all":
                 out.append((window_ids, window_mask))
         if len(out) == rows:
             return out
     raise RuntimeError(f"source ran out at {len(out)} rows")
 
 
-def rows_sha256(rows) -> str:
+def rows_sha256(rows, layout: str = "u4-u1") -> str:
     h = hashlib.sha256()
+    if layout == "u4-all-u1-all":
+        for ids, _ in rows:
+            h.update(struct.pack(f"<{len(ids)}I", *ids))
+        for _, mask in rows:
+            h.update(struct.pack(f"<{len(mask)}B", *mask))
+        return h.hexdigest()
     for ids, mask in rows:
-        h.update(struct.pack(f"<{len(ids)}I", *ids))
-        h.update(struct.pack(f"<{len(mask)}B", *mask))
+        if layout == "i8-i8":
+            h.update(struct.pack(f"<{len(ids)}q", *ids))
+            h.update(struct.pack(f"<{len(mask)}q", *mask))
+        else:
+            h.update(struct.pack(f"<{len(ids)}I", *ids))
+            if layout == "u4-u1":
+                h.update(struct.pack(f"<{len(mask)}B", *mask))
     return h.hexdigest()

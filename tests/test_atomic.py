@@ -4,12 +4,11 @@ import os
 import subprocess
 import sys
 
-from helpers import MANIFESTS, SELF_CONTAINED
-
 from builders.atomic import remove_stale_temporaries, staged, write_atomic
 from builders.build import build
 from builders.card import PLOTS
 from builders.manifest import load_manifest
+from helpers import MANIFESTS, SELF_CONTAINED
 
 
 def dead_pid() -> int:

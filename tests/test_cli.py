@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import MANIFESTS, SELF_CONTAINED, run_cli
 
 from builders.card import PLOTS
 from builders.fixture.make import TOKENIZER_REPO
+from helpers import MANIFESTS, SELF_CONTAINED, run_cli
 
 
 def manifest_copy(tmp_path, name=SELF_CONTAINED, **changes):
@@ -224,3 +224,12 @@ def test_help_and_version_load_nothing_heavy(argv):
     imported = run_cli(*argv, env={"PYTHONPROFILEIMPORTTIME": "1"})
     heavy = {"transformers", "tokenizers", "huggingface_hub", "pyarrow", "numpy", "builders.fixture"}
     assert not [line for line in imported.stderr.splitlines() if line.split("|")[-1].strip() in heavy]
+
+
+@pytest.mark.parametrize("order, code", [("numpy-generator", 3), ("numpy-legacy", 0), ("source", 0)])
+def test_the_pinned_permutation_guards_the_default_order_only(fixture_cache, tmp_path, order, code):
+    """dataset.permutation_sha256 pins numpy-generator's stream; another order reading is not checked by it."""
+    manifest = manifest_copy(tmp_path, dataset__permutation_sha256="0" * 64, expect=None, contract={"order": order})
+    done = run_cli("--manifest", str(manifest), "--out", str(tmp_path / "out"), hf_home=fixture_cache)
+    assert done.returncode == code, done.stderr
+    assert ("permutation of 333 rows with seed 42" in done.stderr) == (code == 3)

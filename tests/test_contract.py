@@ -4,13 +4,13 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
-from helpers import MANIFESTS, SELF_CONTAINED, lay_out_build, manifest_names
-from reference import reference_rows, rows_sha256
 
 from builders.build import build
 from builders.fixture.make import synthetic_rows
 from builders.manifest import load_manifest
 from builders.pinned import Hub
+from helpers import MANIFESTS, SELF_CONTAINED, lay_out_build, manifest_names
+from reference import reference_rows, rows_sha256
 
 
 def snapshot_files(hub: Hub, repo: str, repo_type: str, revision: str):

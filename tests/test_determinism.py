@@ -7,11 +7,11 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import MANIFESTS, SELF_CONTAINED, run_cli
 
 from builders.fixture.make import make_fixture_cache, shared_dir
 from builders.manifest import load_manifest
 from builders.order import permutation, permutation_sha256
+from helpers import MANIFESTS, SELF_CONTAINED, run_cli
 
 
 @pytest.mark.parametrize("workers, env", [

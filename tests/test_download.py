@@ -6,12 +6,11 @@ huggingface_hub, and the whole command against a filled HF cache, offline.
 
 from pathlib import Path
 
-from helpers import MANIFESTS, SELF_CONTAINED, run_cli
-
 import builders.pinned
 from builders.download import download
 from builders.manifest import load_manifest
 from builders.pinned import Hub
+from helpers import MANIFESTS, SELF_CONTAINED, run_cli
 
 
 def test_download_asks_the_hub_for_exactly_what_a_build_reads(monkeypatch, tmp_path):

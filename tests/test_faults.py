@@ -10,11 +10,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import REPO, SELF_CONTAINED, encoder, lay_out_build, run_cli, start_cli
 
 from builders.errors import SourceDataError
 from builders.fixture.hf_cache import MESSAGE, parquet_shards
 from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows
+from helpers import REPO, SELF_CONTAINED, encoder, lay_out_build, run_cli, start_cli
 
 BIG = dict(name="big", row_tokens=512, build_rows=1200, shards=3, row_group_rows=200)
 

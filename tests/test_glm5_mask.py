@@ -2,8 +2,6 @@
 rendering and tokens against transformers' apply_chat_template, with both templates."""
 
 import pytest
-from helpers import TEMPLATES, encoder, with_its_eos
-from reference import refuse_undefined
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
@@ -11,6 +9,8 @@ from builders.chat import normalize_messages
 from builders.errors import SourceDataError
 from builders.fixture.conversations import hard_cases
 from builders.fixture.make import FIXTURE_TEMPLATE, shared_dir, synthetic_rows, tokenizer_json, tulu_fixture_rows
+from helpers import TEMPLATES, encoder, with_its_eos
+from reference import refuse_undefined
 
 E = "<|endoftext|>"
 EXPECTED_SUPERVISED = [

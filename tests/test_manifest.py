@@ -1,9 +1,9 @@
 import pytest
 import yaml
-from helpers import MANIFESTS
 
 from builders.errors import ManifestError
 from builders.manifest import load_manifest, parse_manifest
+from helpers import MANIFESTS
 
 
 def base() -> dict:
@@ -76,3 +76,29 @@ def test_ratio_is_compared_at_the_precision_written(written):
     ratio = parse_manifest(text).expect.supervised_token_ratio
     assert ratio.decimals == 3 and ratio.matches(0.6704) and not ratio.matches(0.6706)
     assert not ratio.matches(0.6749)  # at two decimals this would round to 0.67 and match
+
+
+@pytest.mark.parametrize("contract, named, listed", [
+    ({"ordr": "source"}, "contract.ordr: unknown field", "known: order, encode, mask_rule, eos, final, prefill, "
+                                                          "stop, skip, hash"),
+    ({"eos": "sometimes"}, "contract.eos: unknown reading 'sometimes'", "valid: after-answer, unsupervised, "
+                                                                       "supervised, none"),
+    ({"mask_rule": "slime-pr1845"}, "contract.mask_rule: unknown reading", "valid: structure, slime-pr1844, "
+                                                                          "slime-pr1824"),
+    ("source", "contract: expected a mapping", ""),
+])
+def test_a_bad_contract_reading_is_named_with_the_valid_ones(contract, named, listed):
+    doc = base()
+    doc["contract"] = contract
+    with pytest.raises(ManifestError) as err:
+        parse_manifest(yaml.safe_dump(doc), source="m.yaml")
+    assert f"m.yaml: {named}" in str(err.value) and listed in str(err.value)
+
+
+def test_absent_contract_keys_take_the_defaults():
+    doc = base()
+    doc["contract"] = {"order": "source", "hash": "ids-u4"}
+    contract = parse_manifest(yaml.safe_dump(doc)).contract
+    assert contract.deviations() == {"order": "source", "hash": "ids-u4"}
+    assert contract.mask_rule == "structure" and contract.eos == "after-answer"
+    assert load_manifest(MANIFESTS / "glm47flash-tulu3-fixed8192-v1.yaml").contract.deviations() == {}

@@ -3,14 +3,14 @@ tokens and mask; random manifests never crash the parser with anything but its o
 
 import pytest
 import yaml
-from helpers import TEMPLATES, encoder, with_its_eos
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reference import Reference
 
 from builders.errors import ManifestError
 from builders.fixture.make import tokenizer_json
 from builders.manifest import parse_manifest
+from helpers import TEMPLATES, encoder, with_its_eos
+from reference import Reference
 
 settings.register_profile("fixed-sft", derandomize=True, deadline=None, max_examples=200,
                           suppress_health_check=[HealthCheck.too_slow])

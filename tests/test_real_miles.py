@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+
 from helpers import REPO, manifest_names
 
 pytestmark = pytest.mark.skipif(not os.environ.get("MILES_SRC"), reason="needs MILES_SRC, a miles checkout "

@@ -9,14 +9,11 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import numpy as np
-import pretokenized_sft_rollout
 import pyarrow.parquet as pq
 import pytest
-from helpers import MANIFESTS, REPO, SELF_CONTAINED, encoder, manifest_names, with_its_eos
-from miles_emulation import MilesWouldCrash, Target, trained_targets
-from reference import Reference
 from transformers import PreTrainedTokenizerFast
 
+import pretokenized_sft_rollout
 from builders.errors import VerificationError
 from builders.figures import RowFigures
 from builders.fixture.conversations import hard_cases
@@ -24,6 +21,9 @@ from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows, tokenizer_js
 from builders.glm5 import EOS
 from builders.manifest import load_manifest
 from builders.rows import RowReader, worker_shard
+from helpers import MANIFESTS, REPO, SELF_CONTAINED, encoder, manifest_names, with_its_eos
+from miles_emulation import MilesWouldCrash, Target, trained_targets
+from reference import Reference
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from helpers import EDITED, MANIFESTS, REPO, SELF_CONTAINED, encoder, lay_out_build, run_cli
 from tokenizers import Tokenizer
 
 from builders.build import build
@@ -19,6 +18,7 @@ from builders.glm5 import EOS
 from builders.manifest import load_manifest
 from builders.order import permutation
 from builders.pinned import Hub
+from helpers import EDITED, MANIFESTS, REPO, SELF_CONTAINED, encoder, lay_out_build, run_cli
 
 
 @pytest.fixture(scope="module")
