@@ -12,33 +12,32 @@ import json
 import platform
 import sys
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from itertools import islice
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 
+from builders import engines, parallel
 from builders.atomic import remove_stale_temporaries, staged, write_atomic
 from builders.card import write_card
 from builders.encode import ConversationEncoder
 from builders.errors import OutputError, PinnedInputError, SourceDataError
-from builders.figures import RowFigures, Verification, file_digest, file_hash, verify
+from builders.figures import RowFigures, Verification, file_hash, verify
 from builders.manifest import Manifest
 from builders.order import permutation, permutation_sha256
 from builders.packing import Packer
-from builders.parallel import encode_batches
-from builders.pinned import Hub, dataset_files, load_pinned_tokenizer, resolve
+from builders.pinned import Hub, dataset_files, lfs_sha256, load_pinned_tokenizer, resolve
 from builders.progress import Reporter
 from builders.records import EncodedConversation, Row
 from builders.rowfile import RowWriter
 from builders.source import ParquetSource
 from builders.stats import BuildStats
+from builders.stream import Stream, StreamStats
 from builders.timings import Timings
 
-READ_CHUNK = 65536  # source rows fetched per read; the real build needs ~50k conversations
-ENCODE_BATCH = 256  # conversations rendered and tokenized together
 LIBRARIES = ("numpy", "pyarrow", "tokenizers", "transformers", "huggingface_hub", "jinja2", "datasets", "PyYAML",
              "matplotlib")
 
@@ -55,35 +54,43 @@ class BuildResult:
 
 
 def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporter = Reporter.silent(),
-          card: bool = True, workers: int = 1) -> BuildResult:
+          card: bool = True, workers: int = 1, engine: str = "auto") -> BuildResult:
     """Build ``manifest`` into ``out_dir``: the parquet, its JSON report and (with ``card``) its data card.
 
-    ``workers`` processes render and tokenize (1: this process); the rows do not depend on it.
+    ``workers`` processes render and tokenize (1: this process); ``engine`` encodes (``auto``:
+    fastokens where it agrees with tokenizers, see ``builders.engines``). The rows depend on neither.
     """
     timings = Timings()
     with timings.stage("resolve_inputs_s"):
         snapshots = resolve(manifest, hub)
         pinned = load_pinned_tokenizer(manifest.tokenizer, snapshots.tokenizer)
-        source = ParquetSource(dataset_files(manifest.dataset, snapshots.dataset))
-        order = _checked_order(manifest, source)
-        encoder = ConversationEncoder(pinned.tokenizer, pinned.chat_template, manifest.contract)  # fails early
+        with ThreadPoolExecutor(1) as loader:  # the engine loads and passes its probes beside the planning
+            choice = loader.submit(engines.choose, engine, pinned.tokenizer, pinned.tokenizer_json,
+                                   pinned.chat_template)
+            source = ParquetSource(dataset_files(manifest.dataset, snapshots.dataset))
+            order = _checked_order(manifest, source)
+            reference = ConversationEncoder(pinned.tokenizer, pinned.chat_template, manifest.contract)
+            stream = Stream(source, order, manifest.rows * manifest.row_tokens)
+            stream.plan(reference)
+            chosen = choice.result()
+        encoder = reference.with_engine(chosen.engine)
     reporter.info(f"inputs resolved and checked: {source.num_rows:,} source rows in {len(source.files)} files")
+    reporter.info(f"encoding with {chosen.engine.name} {chosen.engine.version}"
+                  + (f" ({chosen.note})" if chosen.note else ""))
     reporter.detail(f"tokenizer snapshot {pinned.snapshot}; source files: {', '.join(map(str, source.files))}")
 
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(out_dir, manifest.name)
         with staged(out_dir / f"{manifest.name}.parquet") as parquet:
-            with timings.stage("build_s"):
-                stream = encode_batches(encoder, _batches(source, order), workers)
-                try:
-                    figures, stats = _write_rows(manifest, encoder.eos_id, stream, parquet.temporary, reporter)
-                finally:
-                    stream.close()  # stops the workers as soon as the rows are there
+            with timings.stage("build_s"), parallel.encoding(encoder, workers) as encoding:
+                figures, stats = _write_rows(manifest, encoder.eos_id, stream.encoded_with(encoding),
+                                             parquet.temporary, reporter)
+                engines.finish(encoder.engine)  # the last cross-checks, before anything is kept
             with timings.stage("hash_s"):
                 computed = {**figures.as_dict(), **file_hash(parquet.temporary)}
-                source_files = [dict(zip(("name", "sha256", "bytes"), (f"data/{path.name}", *file_digest(path))))
-                                for path in source.files]
+                source_files = [{"name": f"data/{path.name}", "lfs_sha256": lfs_sha256(path),
+                                 "bytes": path.stat().st_size} for path in source.files]
             verification = verify(computed, manifest)
             final = out_dir / f"{manifest.name}{'' if verification.verified else '.unverified'}.parquet"
             versions = toolchain()
@@ -91,7 +98,8 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
                 with timings.stage("card_s"):
                     write_card(out_dir, manifest, computed, verification, stats, versions, source_files)
             report = write_atomic(out_dir / f"{manifest.name}.report.json", _report_json(
-                manifest, final, computed, verification, stats, timings, versions, workers, source_files))
+                manifest, final, computed, verification, stats, timings, versions, workers, source_files, chosen,
+                stream.stats))
             parquet.commit(final)
     except OSError as err:
         raise OutputError(f"{out_dir}: cannot write the build output ({err.strerror or err}); nothing was "
@@ -114,15 +122,10 @@ def _checked_order(manifest: Manifest, source: ParquetSource) -> np.ndarray:
     return order
 
 
-def _batches(source: ParquetSource, order: np.ndarray) -> Iterator[pa.Table]:
-    """Source rows in permutation order, in batches (still Arrow data), read only as far as consumed."""
-    for start in range(0, len(order), READ_CHUNK):
-        yield from source.take_batches(order[start:start + READ_CHUNK], ENCODE_BATCH)
-
-
 def _rows(conversations: Iterable[EncodedConversation], packer: Packer, stats: BuildStats) -> Iterator[Row]:
     """The stream's rows, conversation by conversation, counting what each consumed."""
     for conversation in conversations:
+        stats.cross_checked += conversation.cross_checked
         if conversation.left_out:
             stats.left_out += 1
             continue
@@ -157,7 +160,8 @@ def _write_rows(manifest: Manifest, eos_id: int, conversations: Iterable[Encoded
 
 
 def _report_json(manifest: Manifest, final: Path, computed: dict, verification: Verification, stats: BuildStats,
-                 timings: Timings, versions: dict, workers: int, source_files: list[dict]) -> bytes:
+                 timings: Timings, versions: dict, workers: int, source_files: list[dict],
+                 chosen: engines.Choice, stream: StreamStats) -> bytes:
     document = {
         "name": manifest.name,
         "manifest": str(manifest.path) if manifest.path else None,
@@ -169,9 +173,12 @@ def _report_json(manifest: Manifest, final: Path, computed: dict, verification: 
         "notes": verification.notes,
         "source_files": source_files,
         "stats": stats.summary(),
+        "source_reading": stream.as_dict(),
         "timings": timings.as_dict(),
         "versions": versions,
         "workers": workers,
+        "engine": {"name": chosen.engine.name, "version": chosen.engine.version, "requested": chosen.requested,
+                   "note": chosen.note, "conversations_cross_checked": stats.cross_checked},
         "argv": sys.argv,
     }
     return (json.dumps(document, indent=2, sort_keys=True) + "\n").encode("utf-8")

@@ -88,8 +88,8 @@ def card_text(manifest: Manifest, figures: dict, verification: Verification, sta
         "",
         "| input | repo | revision | sha256 |",
         "|---|---|---|---|",
-        *[f"| dataset: `{f['name']}` ({f['bytes']:,} bytes) | `{ds.repo}` | `{ds.revision}` | `{f['sha256']}` |"
-          for f in source_files],
+        *[f"| dataset: `{f['name']}` ({f['bytes']:,} bytes) | `{ds.repo}` | `{ds.revision}` | "
+          f"`{f['lfs_sha256']}` (LFS object id) |" for f in source_files],
         *[f"| `{file}` | `{tok.repo}` | `{tok.revision}` | `{digest}` |" for file, digest in tok.sha256.items()],
         "",
         "## Contract",

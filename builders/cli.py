@@ -48,6 +48,7 @@ exit codes:
   6   the output cannot be written (disk full, no permission)
   7   a worker process died (killed, or out of memory)
   8   diff: the two files' rows differ
+  9   the fastokens engine encoded a text otherwise than tokenizers (rebuild with --engine tokenizers)
   130 interrupted (SIGINT or SIGTERM); temporary files are removed
 """
 
@@ -74,6 +75,10 @@ def parser() -> argparse.ArgumentParser:
                    help="processes that render and tokenize (default 1, whose tokenizer already uses all "
                         f"{os.cpu_count()} cores; more processes also spread the Python-side work, which measured "
                         "slower on 2 cores: see bench/); the rows are the same for any number")
+    b.add_argument("--engine", choices=("auto", "fastokens", "tokenizers"), default="auto",
+                   help="what encodes the text: tokenizers (the contract's reference), or fastokens, many times "
+                        "faster, guarded by probes before the build and a sample of conversations encoded by both "
+                        "during it (auto, the default: fastokens where it loads and agrees, else tokenizers)")
     _hub_options(b)
 
     v = command("verify", "re-read a built file and check it against its manifest")
@@ -233,7 +238,7 @@ def _build(args) -> int:
         raise UsageError(f"--workers must be at least 1, not {args.workers}")
     manifest = _manifest(args)
     result = build(manifest, args.out, _hub(args, manifest), _reporter(args), card=not args.no_card,
-                   workers=args.workers)
+                   workers=args.workers, engine=args.engine)
     if args.json:
         print(result.report.read_text(encoding="utf-8"), end="")
     else:

@@ -8,6 +8,7 @@ both for its own contract; ``explain`` keeps the records and materializes many r
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from tokenizers import Tokenizer
 from builders import glm5, slime
 from builders.chat import ChatRenderer, normalize_messages
 from builders.contract import DEFAULT, SLIME_RULES, Contract
+from builders.engines import TokenizersEngine
 from builders.errors import ConversationError, SourceDataError
 from builders.records import EncodedConversation
 from builders.vocab import Vocab, char_spans
@@ -31,6 +33,7 @@ class Annotated:
     ids: np.ndarray  # int32: the rendered text's tokens (add_special_tokens=False)
     placement: glm5.Placement  # each token's glm5 class (the structure rule), and whether it is message text
     ends_with_answer: bool
+    cross_checked: bool = False  # the reference engine encoded it too, and agreed
     # per slime rule asked for: (the stop token id it appends or None, mask over ids and that token),
     # or None where the rule finds no answer header (the conversation is left out)
     slime: dict = field(default_factory=dict)
@@ -43,16 +46,23 @@ class ConversationEncoder:
     ``tokenizer.json`` configures, as transformers does when it encodes a rendered chat.
     """
 
-    def __init__(self, tokenizer: Tokenizer, chat_template: str, contract: Contract = DEFAULT):
+    def __init__(self, tokenizer: Tokenizer, chat_template: str, contract: Contract = DEFAULT, engine=None):
         self.tokenizer = tokenizer
         self.tokenizer.no_truncation()
         self.tokenizer.no_padding()
         self.renderer = ChatRenderer(chat_template)
         self.vocab = Vocab(tokenizer)
         self.contract = contract
+        self.engine = engine or TokenizersEngine(tokenizer)
         if contract.encode == "add-special":
             self.vocab.post_processor_wrap()  # refuses a post-processor that adds different tokens, before any work
         self._offsets_from_bytes = self.vocab.offsets_are_spans()
+
+    def with_engine(self, engine) -> ConversationEncoder:
+        """This encoder, its tokenizer and template shared, encoding with ``engine``."""
+        other = copy.copy(self)
+        other.engine = engine
+        return other
 
     @property
     def eos_id(self) -> int:
@@ -69,7 +79,7 @@ class ConversationEncoder:
             materialized = self.materialize(annotated, self.contract)
             ids, mask, ends = materialized if materialized else (_EMPTY_IDS, _EMPTY_MASK, False)
             out.append(EncodedConversation(row["index"], row["id"], row.get("source"), ids, mask, ends,
-                                           left_out=materialized is None))
+                                           left_out=materialized is None, cross_checked=annotated.cross_checked))
         return out
 
     def encode_messages(self, messages, untrained: frozenset[int] = frozenset()) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -79,8 +89,9 @@ class ConversationEncoder:
         Raises ConversationError for a conversation the contract does not define.
         """
         lay = self.layout(messages, untrained)
-        (ids,) = self._tokenize([lay.text])
-        return self.materialize(Annotated(ids, self.placement(lay, ids), lay.ends_with_answer), DEFAULT)
+        (ids,) = self.engine.encode([lay.text])
+        (placement,) = self.placements([lay], [ids])
+        return self.materialize(Annotated(ids, placement, lay.ends_with_answer), DEFAULT)
 
     def annotate(self, rows: list[dict], rules: Iterable[str] = ()) -> list[Annotated]:
         """Render, check and tokenize source rows once; compute the classes and the ``rules``' slime masks."""
@@ -89,10 +100,16 @@ class ConversationEncoder:
             with _located(row):
                 layouts.append(self.layout(row["messages"]))
         texts = [lay.text for lay in layouts]
-        annotated = []
-        for row, lay, ids in zip(rows, layouts, self._tokenize(texts)):
-            with _located(row):
-                annotated.append(Annotated(ids, self.placement(lay, ids), lay.ends_with_answer))
+        tokens = self.engine.encode(texts)
+        checked = self.engine.cross_check(texts, tokens, [row["index"] for row in rows]) \
+            if hasattr(self.engine, "cross_check") else [False] * len(rows)
+        try:
+            placements = self.placements(layouts, tokens)
+        except ConversationError as err:
+            with _located(rows[err.conversation]):
+                raise
+        annotated = [Annotated(ids, placement, lay.ends_with_answer, check)
+                     for lay, ids, placement, check in zip(layouts, tokens, placements, checked)]
         rules = [rule for rule in rules if rule in SLIME_RULES]
         if rules:
             offsets = self._offsets(texts, [a.ids for a in annotated])
@@ -139,16 +156,10 @@ class ConversationEncoder:
                 f"the glm5 mask is only defined for the GLM-4.7-Flash chat format")
         return lay
 
-    def _tokenize(self, texts: list[str]) -> list[np.ndarray]:
-        # the fast variant skips character offsets, which the mask does not use (it counts token bytes)
-        encodings = self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)
-        return [np.array(encoding.ids, dtype=np.int32) for encoding in encodings]
-
-    def placement(self, lay: glm5.Layout, ids: np.ndarray) -> glm5.Placement:
-        """Where each of a conversation's tokens falls in its layout (its class, whether it is message text)."""
-        measure = (lambda part: self.vocab.measure(part.text)) if self.vocab.normalizes else \
-            (lambda part: len(part.text.encode("utf-8")))
-        return glm5.place(lay, ids, self.vocab.token_bytes[ids], self.vocab.stop_ids, measure)
+    def placements(self, layouts: list[glm5.Layout], ids: list[np.ndarray]) -> list[glm5.Placement]:
+        """Where each of the conversations' tokens falls in its layout (its class, whether it is message text)."""
+        measure = self.vocab.measure if self.vocab.normalizes else _utf8_length
+        return glm5.place(layouts, ids, self.vocab.token_bytes, self.vocab.stop_ids, measure)
 
     def _offsets(self, texts: list[str], ids: list[np.ndarray]) -> list[np.ndarray]:
         """Each token's character offsets: its own span where the encoding's offsets are those, else the encoding's."""
@@ -166,6 +177,10 @@ class ConversationEncoder:
         if stop:
             offsets = np.vstack([offsets, [[len(text), len(text) + len(stop)]]])
         return (self.vocab.token_id(stop) if stop else None), slime.token_mask(characters, offsets)
+
+
+def _utf8_length(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
 
 
 _EMPTY_IDS = np.zeros(0, dtype=np.int32)

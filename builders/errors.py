@@ -58,3 +58,9 @@ class ConversationError(ValueError):
     Raised where a conversation is checked, without knowing where it came from; the builder
     turns it into a SourceDataError naming the source row, the on-the-fly mask into a ValueError.
     """
+
+
+class EngineDisagreement(BuildError):
+    """The fast tokenizer engine encoded a text otherwise than the reference engine, tokenizers."""
+
+    exit_code = 9

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -40,25 +41,26 @@ APPENDED_STOP = 5  # a stop token appended after a final answer (contract readin
 CLASSES = 6
 
 
-@dataclass(frozen=True)
-class Part:
+class Part(NamedTuple):
     text: str
     token_class: int
     message_text: bool  # a message's own text (False: the template's markup)
+    piece: int  # the piece it belongs to: 0 is the prefix, then one per message
 
 
 @dataclass(frozen=True)
 class Layout:
     """The rendered conversation as pieces of parts."""
 
-    pieces: tuple[tuple[Part, ...], ...]  # piece 0 is the prefix, then one per message
+    parts: tuple[Part, ...]
+    text: str  # the parts joined: what the chat template must render
     roles: tuple[str, ...]  # each message's role
     answers: tuple[int, ...]  # the pieces that are trained answers
     ends_with_answer: bool  # the last piece is a trained answer: the EOS after it is its stop token
 
     @property
-    def text(self) -> str:
-        return "".join(part.text for piece in self.pieces for part in piece)
+    def pieces(self) -> int:
+        return self.parts[-1].piece + 1
 
 
 def layout(messages: list[dict], untrained: frozenset[int] = frozenset()) -> Layout:
@@ -68,26 +70,26 @@ def layout(messages: list[dict], untrained: frozenset[int] = frozenset()) -> Lay
     like the others but supervise nothing, not even the stop token after them.
     """
     last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
-    pieces = [(Part(PREFIX, OTHER, False),)]
+    parts = [Part(PREFIX, OTHER, False, 0)]
     answers = []
     for i, message in enumerate(messages):
-        role = message["role"]
+        role, piece = message["role"], i + 1
         if role == "assistant":
-            pieces.append(_answer(message, show_reasoning=i > last_user, trained=i not in untrained))
+            parts += _answer(message, i > last_user, i not in untrained, piece)
             if i not in untrained:
-                answers.append(len(pieces) - 1)
+                answers.append(piece)
         elif role == "tool":
-            first_of_run = i == 0 or messages[i - 1]["role"] != "tool"
-            pieces.append(((Part(ROLE_TOKENS["tool"], OTHER, False),) if first_of_run else ())
-                          + (Part("<tool_response>", OTHER, False), Part(message["content"], OTHER, True),
-                             Part("</tool_response>", OTHER, False)))
+            if i == 0 or messages[i - 1]["role"] != "tool":
+                parts.append(Part(ROLE_TOKENS["tool"], OTHER, False, piece))
+            parts += (Part("<tool_response>", OTHER, False, piece), Part(message["content"], OTHER, True, piece),
+                      Part("</tool_response>", OTHER, False, piece))
         else:
-            pieces.append((Part(ROLE_TOKENS[role], OTHER, False), Part(message["content"], OTHER, True)))
-    return Layout(tuple(pieces), tuple(m["role"] for m in messages), tuple(answers),
-                  bool(answers) and answers[-1] == len(pieces) - 1)
+            parts += (Part(ROLE_TOKENS[role], OTHER, False, piece), Part(message["content"], OTHER, True, piece))
+    return Layout(tuple(parts), "".join(p.text for p in parts), tuple(m["role"] for m in messages), tuple(answers),
+                  bool(answers) and answers[-1] == len(messages))
 
 
-def _answer(message: dict, show_reasoning: bool, trained: bool) -> tuple[Part, ...]:
+def _answer(message: dict, show_reasoning: bool, trained: bool, piece: int) -> tuple[Part, ...]:
     """An assistant piece as the GLM-4.7-Flash template renders it."""
     content = message["content"]
     reasoning = message.get("reasoning_content")
@@ -96,16 +98,13 @@ def _answer(message: dict, show_reasoning: bool, trained: bool) -> tuple[Part, .
         if THINK_CLOSE in content:
             reasoning = content.split(THINK_CLOSE)[0].rstrip("\n").split(THINK_OPEN)[-1].lstrip("\n")
             content = content.split(THINK_CLOSE)[-1].lstrip("\n")
-
-    def cls(token_class: int) -> int:
-        return token_class if trained else OTHER
-
+    role, prefill, answer = (ROLE, PREFILL_THINK, ANSWER) if trained else (OTHER, OTHER, OTHER)
     if show_reasoning and reasoning:
-        think = (Part(THINK_OPEN, cls(PREFILL_THINK), False), Part(reasoning.strip(), cls(ANSWER), True),
-                 Part(THINK_CLOSE, cls(ANSWER), False))
-    else:
-        think = (Part(THINK_CLOSE, cls(PREFILL_THINK), False),)
-    return (Part(ROLE_TOKENS["assistant"], cls(ROLE), False), *think, Part(content.strip(), cls(ANSWER), True))
+        return (Part(ROLE_TOKENS["assistant"], role, False, piece), Part(THINK_OPEN, prefill, False, piece),
+                Part(reasoning.strip(), answer, True, piece), Part(THINK_CLOSE, answer, False, piece),
+                Part(content.strip(), answer, True, piece))
+    return (Part(ROLE_TOKENS["assistant"], role, False, piece), Part(THINK_CLOSE, prefill, False, piece),
+            Part(content.strip(), answer, True, piece))
 
 
 @dataclass(frozen=True)
@@ -116,42 +115,75 @@ class Placement:
     message_text: np.ndarray  # bool: the token is part of a message's own text
 
 
-def place(lay: Layout, ids: np.ndarray, token_bytes: np.ndarray, stop_ids: np.ndarray,
-          measure: Callable[[Part], int]) -> Placement:
-    """Give each token of ``ids`` its class, from the byte spans of the layout's parts.
+def place(layouts: list[Layout], ids: list[np.ndarray], token_bytes: np.ndarray, stop_ids: np.ndarray,
+          measure: Callable[[str], int]) -> list[Placement]:
+    """Give each token of each conversation its class, from the byte spans of its layout's parts.
 
-    ``token_bytes`` holds each token's length in bytes of the text as the tokenizer sees it, and
-    ``measure(part)`` each part's length in the same bytes. A token must lie inside one part, or
-    inside parts of one class of one piece; anything else leaves the mask undefined: an error.
+    ``token_bytes`` holds each token id's length in bytes of the text as the tokenizer sees it,
+    and ``measure(text)`` a part's length in the same bytes. A token must lie inside one part,
+    or inside parts of one class of one piece; anything else leaves the mask undefined: a
+    ConversationError whose ``conversation`` is the position of the conversation in the batch.
+    The batch is placed with a few array operations, its conversations laid end to end.
     """
-    parts = [(k, part) for k, piece in enumerate(lay.pieces) for part in piece]
-    lengths = np.array([measure(part) for _, part in parts], dtype=np.int64)
+    parts = [part for lay in layouts for part in lay.parts]
+    count = len(parts)
+    lengths = np.fromiter(map(measure, (part.text for part in parts)), np.int64, count)
+    piece_base = np.cumsum([0] + [lay.pieces for lay in layouts])  # pieces numbered across the batch
+    part_piece = np.fromiter((piece_base[c] + part.piece for c, lay in enumerate(layouts) for part in lay.parts),
+                             np.int64, count)
+    part_class = np.fromiter((part.token_class for part in parts), np.uint8, count)
+    part_text = np.fromiter((part.message_text for part in parts), bool, count)
+    part_end = np.cumsum(lengths)
+    piece_end = np.zeros(piece_base[-1], dtype=np.int64)
+    np.maximum.at(piece_end, part_piece, part_end)
+    rendering_end = piece_end[piece_base[1:] - 1]  # each conversation's bytes end with its last piece
     keep = lengths > 0
-    part_end = np.cumsum(lengths)[keep]
-    part_start = part_end - lengths[keep]
-    part_piece = np.array([k for k, _ in parts], dtype=np.int64)[keep]
-    part_class = np.array([part.token_class for _, part in parts], dtype=np.uint8)[keep]
-    part_text = np.array([part.message_text for _, part in parts], dtype=bool)[keep]
-    total = int(part_end[-1]) if part_end.size else 0
+    part_end, part_piece, part_class, part_text = part_end[keep], part_piece[keep], part_class[keep], part_text[keep]
 
-    ends = np.cumsum(token_bytes)
-    covered = int(ends[-1]) if ends.size else 0
-    if covered != total:
-        raise ConversationError(f"the tokens cover {covered} bytes of a {total}-byte rendering; the tokenizer does "
-                                f"not encode the text losslessly, byte for byte, so the glm5 mask cannot be placed")
-    starts = ends - token_bytes
-    first = np.searchsorted(part_start, starts, side="right") - 1
-    last = np.searchsorted(part_start, ends - 1, side="right") - 1
-    straddling = np.flatnonzero((part_piece[first] != part_piece[last]) | (part_class[first] != part_class[last]))
+    counts = np.fromiter((len(i) for i in ids), np.int64, len(ids))
+    flat = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int32)
+    sizes = token_bytes[flat]
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    last_token = np.cumsum(counts) - 1  # of each conversation
+    covered = np.diff(np.where(last_token >= 0, ends[np.maximum(last_token, 0)], 0), prepend=0)
+    rendered = np.diff(rendering_end, prepend=0)
+    wrong = np.flatnonzero(covered != rendered)
+    if wrong.size:
+        c = int(wrong[0])
+        raise _at(c, f"the tokens cover {int(covered[c])} bytes of a {int(rendered[c])}-byte rendering; the tokenizer "
+                     f"does not encode the text losslessly, byte for byte, so the glm5 mask cannot be placed")
+    # the tokens that start in each part: a token belongs to the part its first byte is in
+    started = np.searchsorted(starts, part_end, side="left")
+    per_part = np.diff(started, prepend=0)
+    # a token that runs past the end of its part may only run into parts of the same piece and class
+    straddling = np.flatnonzero((started > 0) & (ends[np.maximum(started - 1, 0)] > part_end))
     if straddling.size:
-        t = int(straddling[0])
-        raise ConversationError(f"token {t} (bytes {int(starts[t])}..{int(ends[t])}) straddles the end of message "
-                                f"piece {int(part_piece[first[t]])} or of its prefill; the glm5 mask is undefined for "
-                                f"this tokenizer")
-    classes = part_class[first].copy()
-    # the token right after each answer: the stop token that ends it, when it is one
-    answer_end = np.array([part_end[part_piece == k][-1] for k in lay.answers], dtype=np.int64)
-    after = np.searchsorted(starts, answer_end, side="left")
-    after = after[after < len(ids)]
-    classes[after[np.isin(ids[after], stop_ids)]] = STOP_AFTER
-    return Placement(classes, part_text[first])
+        into = np.searchsorted(part_end, ends[started[straddling] - 1] - 1, side="right")
+        bad = (part_piece[into] != part_piece[straddling]) | (part_class[into] != part_class[straddling])
+        if bad.any():
+            p = int(straddling[np.argmax(bad)])
+            t = int(started[p] - 1)
+            c = int(np.searchsorted(piece_base, part_piece[p], side="right") - 1)
+            token, base = t - int(counts[:c].sum()), int(rendering_end[c] - rendered[c])
+            raise _at(c, f"token {token} (bytes {int(starts[t]) - base}..{int(ends[t]) - base}) straddles the end of "
+                         f"message piece {int(part_piece[p] - piece_base[c])} or of its prefill; the glm5 mask is "
+                         f"undefined for this tokenizer")
+    classes = np.repeat(part_class, per_part)
+    message_text = np.repeat(part_text, per_part)
+    # the token right after each answer, within its conversation: the stop token that ends it, when it is one
+    answers = np.fromiter((piece_base[c] + k for c, lay in enumerate(layouts) for k in lay.answers), np.int64)
+    answer_conversation = np.searchsorted(piece_base, answers, side="right") - 1
+    after = np.searchsorted(starts, piece_end[answers], side="left")
+    inside = after < len(flat)
+    inside[inside] = starts[after[inside]] < rendering_end[answer_conversation[inside]]
+    after = after[inside]
+    classes[after[np.isin(flat[after], stop_ids)]] = STOP_AFTER
+    bounds = np.cumsum(counts)[:-1]
+    return [Placement(c, t) for c, t in zip(np.split(classes, bounds), np.split(message_text, bounds))]
+
+
+def _at(conversation: int, message: str) -> ConversationError:
+    err = ConversationError(message)
+    err.conversation = conversation
+    return err

@@ -1,9 +1,10 @@
-"""Encode batches of conversations in parallel, in order, never far ahead of the consumer.
+"""Where conversations are encoded: in this process, or in worker processes.
 
-Each worker holds its own copy of the pinned tokenizer and template and runs the same
-``ConversationEncoder`` as a single-process build, and results come back in submission order,
-so the rows do not depend on the number of workers. At most ``2 × workers`` batches are in
-flight: a build that stops early leaves little work behind, and memory stays bounded.
+Both take batches of source rows with their stream positions and leave each encoded
+conversation (or the error that names it) at its position; the stream takes them back in
+order. Each worker holds its own copy of the tokenizer, template, contract and engine and runs
+the same ``ConversationEncoder``, so the rows do not depend on the number of workers. At most
+``2 × workers`` batches are in flight in the pool: memory stays bounded.
 """
 
 from __future__ import annotations
@@ -11,63 +12,126 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-from collections import deque
-from collections.abc import Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
+import numpy as np
 import pyarrow as pa
 from tokenizers import Tokenizer
 
+from builders import engines
+from builders.contract import Contract
 from builders.encode import ConversationEncoder
-from builders.errors import WorkerError
+from builders.errors import SourceDataError, WorkerError
 from builders.records import EncodedConversation
+
+Encoded = dict  # stream position → EncodedConversation, or the SourceDataError of that conversation
+
+
+def encode_rows(encoder: ConversationEncoder, rows: list[dict], positions) -> list[tuple[int, object]]:
+    """Each row's encoded conversation (or its SourceDataError), with its position."""
+    positions = [int(p) for p in positions]
+    try:
+        return list(zip(positions, encoder.encode(rows)))
+    except SourceDataError:  # which of them: one at a time
+        out = []
+        for row, position in zip(rows, positions):
+            try:
+                out.append((position, encoder.encode([row])[0]))
+            except SourceDataError as err:
+                out.append((position, err))
+        return out
+
+
+class InProcess:
+    """Encodes in this process, at once (the engine's own threads use the cores)."""
+
+    def __init__(self, encoder: ConversationEncoder):
+        self.encoder = encoder
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def submit(self, table: pa.Table, positions: np.ndarray, encoded: Encoded) -> None:
+        encoded.update(encode_rows(self.encoder, table.to_pylist(), positions))
+
+    def ready(self, encoded: Encoded, position: int) -> bool:
+        return position in encoded
+
+    def take(self, encoded: Encoded, position: int) -> EncodedConversation:
+        return _unwrap(encoded.pop(position))
+
+
+class Pool(InProcess):
+    """Encodes in ``workers`` processes (spawned), each with its own encoder."""
+
+    def __init__(self, encoder: ConversationEncoder, workers: int):
+        super().__init__(encoder)
+        self.depth = 2 * workers
+        self.executor = ProcessPoolExecutor(
+            max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
+            initargs=(encoder.tokenizer.to_str(), encoder.renderer.chat_template, encoder.contract,
+                      encoder.engine.name))
+        self.pending: set = set()
+
+    def __exit__(self, *exc):
+        self.executor.shutdown(wait=True, cancel_futures=True)
+        return False
+
+    def submit(self, table: pa.Table, positions: np.ndarray, encoded: Encoded) -> None:
+        while len(self.pending) >= self.depth:
+            self._collect(encoded)
+        self.pending.add(self.executor.submit(_encode, table, positions))
+
+    def ready(self, encoded: Encoded, position: int) -> bool:
+        if position not in encoded and any(future.done() for future in self.pending):
+            self._collect(encoded)
+        return position in encoded
+
+    def take(self, encoded: Encoded, position: int) -> EncodedConversation:
+        while position not in encoded:
+            if not self.pending:
+                raise RuntimeError(f"stream position {position} was never submitted for encoding")
+            self._collect(encoded)
+        return _unwrap(encoded.pop(position))
+
+    def _collect(self, encoded: Encoded) -> None:
+        done, self.pending = wait(self.pending, return_when=FIRST_COMPLETED)
+        for future in done:
+            try:
+                encoded.update(future.result())
+            except BrokenProcessPool as err:
+                raise WorkerError("a tokenizing worker process died before returning its batch (killed, or out of "
+                                  "memory); nothing was left at the final path") from err
+
+
+def encoding(encoder: ConversationEncoder, workers: int) -> InProcess:
+    """This process when ``workers`` is 1 (the engine then uses all cores itself), else a pool."""
+    return InProcess(encoder) if workers <= 1 else Pool(encoder, workers)
+
+
+def _unwrap(item) -> EncodedConversation:
+    if isinstance(item, SourceDataError):
+        raise item
+    return item
+
 
 _ENCODER: ConversationEncoder | None = None
 
 
-def encode_batches(encoder: ConversationEncoder, batches: Iterable[pa.Table],
-                   workers: int) -> Iterator[EncodedConversation]:
-    """Encoded conversations of ``batches``, in order: with ``encoder`` in this process when
-    ``workers`` is 1 (its tokenizer then uses all cores itself), else in ``workers`` processes that
-    each build the same encoder from its tokenizer and template."""
-    if workers <= 1:
-        for batch in batches:
-            yield from encoder.encode(batch.to_pylist())
-        return
-    executor = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_start_worker,
-                                   initargs=(encoder.tokenizer.to_str(), encoder.renderer.chat_template))
-    try:
-        yield from _in_order(executor, _encode, batches, depth=2 * workers)
-    except BrokenProcessPool as err:
-        raise WorkerError("a tokenizing worker process died before returning its batch (killed, or out of "
-                          "memory); nothing was left at the final path") from err
-    finally:
-        executor.shutdown(wait=True, cancel_futures=True)
-
-
-def _in_order(executor, encode, batches: Iterable[pa.Table], depth: int) -> Iterator[EncodedConversation]:
-    """``encode`` each batch on ``executor``, at most ``depth`` at a time, yielding results in order."""
-    in_flight: deque = deque()
-    try:
-        for batch in batches:
-            in_flight.append(executor.submit(encode, batch))
-            if len(in_flight) >= depth:
-                yield from in_flight.popleft().result()
-        while in_flight:
-            yield from in_flight.popleft().result()
-    finally:
-        for future in in_flight:
-            future.cancel()
-
-
-def _start_worker(tokenizer_json: str, chat_template: str) -> None:
+def _start_worker(tokenizer_json: str, chat_template: str, contract: Contract, engine: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and shuts workers down
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
+    os.environ["RAYON_NUM_THREADS"] = "1"
     global _ENCODER
-    _ENCODER = ConversationEncoder(Tokenizer.from_str(tokenizer_json), chat_template)
+    tokenizer = Tokenizer.from_str(tokenizer_json)
+    _ENCODER = ConversationEncoder(tokenizer, chat_template, contract, engines.named(engine, tokenizer, tokenizer_json))
 
 
-def _encode(batch: pa.Table) -> list[EncodedConversation]:
-    return _ENCODER.encode(batch.to_pylist())  # converted here: Arrow tables travel cheaper than dicts
+def _encode(table: pa.Table, positions: np.ndarray) -> list[tuple[int, object]]:
+    encoded = encode_rows(_ENCODER, table.to_pylist(), positions)  # converted here: Arrow travels cheaper
+    engines.finish(_ENCODER.engine)  # this batch's cross-checks are done before it returns
+    return encoded

@@ -11,6 +11,8 @@ checked.
 from __future__ import annotations
 
 import hashlib
+import os
+import re
 import shlex
 import sys
 from dataclasses import dataclass
@@ -63,6 +65,7 @@ class Snapshots:
 @dataclass(frozen=True)
 class PinnedTokenizer:
     tokenizer: Tokenizer
+    tokenizer_json: str  # the checked text it was parsed from (another engine loads the same)
     chat_template: str
     snapshot: Path
 
@@ -140,11 +143,12 @@ def load_pinned_tokenizer(pin: TokenizerPin, snapshot: Path) -> PinnedTokenizer:
     """Check both tokenizer files of the resolved snapshot against their sha256, then parse them."""
     contents = {name: read_checked(snapshot / name, pin.sha256[name]) for name in TOKENIZER_FILES}
     try:
-        tokenizer = Tokenizer.from_str(contents["tokenizer.json"].decode("utf-8"))
+        tokenizer_json = contents["tokenizer.json"].decode("utf-8")
+        tokenizer = Tokenizer.from_str(tokenizer_json)
         chat_template = contents["chat_template.jinja"].decode("utf-8")
     except Exception as err:  # the bytes matched their pin, so this is a bad pin, not a tampered file
         raise PinnedInputError(f"{snapshot}: the pinned tokenizer files cannot be parsed: {err}") from err
-    return PinnedTokenizer(tokenizer=tokenizer, chat_template=chat_template, snapshot=snapshot)
+    return PinnedTokenizer(tokenizer, tokenizer_json, chat_template, snapshot)
 
 
 def dataset_files(pin: DatasetPin, snapshot: Path) -> list[Path]:
@@ -154,6 +158,16 @@ def dataset_files(pin: DatasetPin, snapshot: Path) -> list[Path]:
         raise PinnedInputError(f"dataset repo {pin.repo} at revision {pin.revision}: no parquet files match "
                                f"{dataset_repo(pin).patterns[0]} in {snapshot}")
     return files
+
+
+def lfs_sha256(path: Path) -> str:
+    """A snapshot file's sha256 as the HF cache records it: the name of the blob it links to, which
+    for a Git LFS file (a parquet shard) is its object id, the sha256 of its bytes. A file whose
+    blob is named otherwise is hashed."""
+    blob = Path(os.path.realpath(path)).name
+    if re.fullmatch(r"[0-9a-f]{64}", blob):
+        return blob
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def read_checked(path: Path, expected_sha256: str) -> bytes:

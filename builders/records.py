@@ -16,6 +16,7 @@ class EncodedConversation:
     mask: np.ndarray  # uint8, same length
     ends_with_answer: bool  # whether the last piece is an answer, so the EOS after it is its stop token
     left_out: bool = False  # a mask rule that finds no answer header in it leaves it out of the stream (slime readings)
+    cross_checked: bool = False  # encoded by the reference engine too (a fast engine's sample), and agreed
 
 
 @dataclass(frozen=True)

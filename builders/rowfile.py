@@ -7,7 +7,9 @@ is explicit, tables are built from numpy (no pandas), and row groups hold exactl
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -53,10 +55,18 @@ def writer_version() -> str:
 
 
 class RowWriter:
-    """Writes rows to ``path`` in fixed-size row groups."""
+    """Writes rows to ``path`` in fixed-size row groups, compressing in a thread of its own.
+
+    Row groups are written in order by one thread (pyarrow compresses without the GIL), at most
+    ``IN_FLIGHT`` of them waiting; ``close`` waits for the last and raises any write error.
+    """
+
+    IN_FLIGHT = 2
 
     def __init__(self, path: Path):
         self._writer = pq.ParquetWriter(path, SCHEMA, **WRITER_OPTIONS)
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="row-writer")
+        self._flushing: deque = deque()
         self._pending: list[Row] = []
         self._written = 0
 
@@ -66,13 +76,20 @@ class RowWriter:
             self._flush()
 
     def close(self) -> None:
-        self._flush()
-        self._writer.close()
+        try:
+            self._flush()
+            while self._flushing:
+                self._flushing.popleft().result()
+        finally:
+            self._thread.shutdown(wait=True)
+            self._writer.close()
 
     def _flush(self) -> None:
         if self._pending:
             table = _table(self._pending, first_index=self._written)
-            self._writer.write_table(table, row_group_size=table.num_rows)
+            while len(self._flushing) >= self.IN_FLIGHT:
+                self._flushing.popleft().result()
+            self._flushing.append(self._thread.submit(self._writer.write_table, table, row_group_size=table.num_rows))
             self._written += table.num_rows
             self._pending = []
 

@@ -21,6 +21,7 @@ class BuildStats:
     row_supervised: list = field(default_factory=list)
     windows_skipped: int = 0
     left_out: int = 0  # conversations a slime mask rule leaves out (no answer header found)
+    cross_checked: int = 0  # conversations the reference engine encoded too
 
     def add_conversation(self, source: str | None, ids: np.ndarray, mask: np.ndarray) -> None:
         """One conversation's part of the stream (its tokens and the EOS after them)."""

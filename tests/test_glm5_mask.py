@@ -1,11 +1,14 @@
 """The glm5 mask on its hard cases, against supervised text written out by hand, and the
 rendering and tokens against transformers' apply_chat_template, with both templates."""
 
+import json
+
 import pytest
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from builders.chat import normalize_messages
+from builders.encode import ConversationEncoder
 from builders.errors import SourceDataError
 from builders.fixture.conversations import hard_cases
 from builders.fixture.make import FIXTURE_TEMPLATE, shared_dir, synthetic_rows, tokenizer_json, tulu_fixture_rows
@@ -99,3 +102,35 @@ def test_a_template_that_renders_otherwise_is_refused():
     enc = encoder("[gMASK]<sop>{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}{% endfor %}")
     with pytest.raises(SourceDataError, match="renders this conversation differently"):
         enc.encode([{"index": 0, "id": "a", "messages": [{"role": "user", "content": "hi"}]}])
+
+
+def test_a_token_across_the_prefill_boundary_is_refused():
+    """An added token "</think>x" would take the prefill's </think> and the answer's first letter
+    together: the mask is undefined for that tokenizer, and the build says so."""
+    spec = json.loads(tokenizer_json())
+    for added in spec["added_tokens"]:
+        if added["content"] == "</think>":
+            added["content"] = "</think>x"  # in place of </think>
+    tokenizer = Tokenizer.from_str(json.dumps(spec))
+    enc = ConversationEncoder(tokenizer, FIXTURE_TEMPLATE.read_text(encoding="utf-8"))
+    rows = [{"index": 5, "id": "ok", "messages": [{"role": "user", "content": "q"},
+                                                   {"role": "assistant", "content": "fine"}]},
+            {"index": 9, "id": "across", "messages": [{"role": "user", "content": "q"},
+                                                      {"role": "assistant", "content": "xylophone"}]}]
+    with pytest.raises(SourceDataError, match=r"source row 9 \(id 'across'\): token \d+ \(bytes \d+\.\.\d+\) "
+                                              r"straddles the end of message piece 2 or of its prefill"):
+        enc.encode(rows)
+    assert len(enc.encode(rows[:1])) == 1
+
+
+def test_a_tokenizer_that_is_not_byte_level_is_refused():
+    from tokenizers import models, pre_tokenizers
+
+    words = Tokenizer(models.WordLevel({"[UNK]": 0, "hi": 1}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    words.add_special_tokens(["<|endoftext|>", "<|user|>", "<|observation|>", "<|assistant|>", "[gMASK]", "<sop>"])
+    words.add_tokens(["<think>", "</think>"])
+    enc = ConversationEncoder(words, FIXTURE_TEMPLATE.read_text(encoding="utf-8"))
+    with pytest.raises(SourceDataError, match=r"source row 0 \(id 'a'\): the tokens cover \d+ bytes of a \d+-byte "
+                                              r"rendering; the tokenizer does not encode the text losslessly"):
+        enc.encode([{"index": 0, "id": "a", "messages": [{"role": "user", "content": "hi there"}]}])

@@ -1,0 +1,189 @@
+"""Tokenizer engines: ``tokenizers`` (the contract's reference) and ``fastokens`` (a guarded accelerator).
+
+Both load the pinned ``tokenizer.json`` and encode texts with ``add_special_tokens=False``. The
+fast engine is never trusted on its word:
+
+- before any row is built, both encode a fixed set of probe strings (every added token, text
+  around them, whitespace and newline runs, digits, CJK, emoji, combining marks, the chat
+  template's own fragments) and must agree, else ``auto`` falls back to ``tokenizers`` with a
+  note and ``fastokens`` is refused;
+- while building, every conversation whose source index is a multiple of ``CROSS_CHECK_EVERY``,
+  and every one over ``CROSS_CHECK_LONG`` tokens, is encoded by both; a difference stops the
+  build (``EngineDisagreement``) before the file reaches its final path.
+
+``rows_sha256`` verification stays the final word.
+"""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from importlib import metadata
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from builders.errors import EngineDisagreement, UsageError
+
+ENGINES = ("auto", "fastokens", "tokenizers")
+CROSS_CHECK_EVERY = 64
+CROSS_CHECK_LONG = 16_384
+
+
+class TokenizersEngine:
+    """The reference: ``tokenizers.Tokenizer.encode_batch_fast`` (no offsets)."""
+
+    name = "tokenizers"
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.version = _version("tokenizers")
+
+    def encode(self, texts: list[str]) -> list[np.ndarray]:
+        encodings = self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+        return [np.array(e.ids, dtype=np.int32) for e in encodings]
+
+
+class FastokensEngine:
+    """``fastokens.Tokenizer.encode_batch_flat``: every text's ids in one buffer, no per-token objects."""
+
+    name = "fastokens"
+
+    def __init__(self, tokenizer_json: str):
+        import fastokens
+
+        self.tokenizer = fastokens.Tokenizer.from_json_str(tokenizer_json)
+        self.tokenizer.no_truncation()
+        self.tokenizer.no_padding()
+        self.version = _version("fastokens")
+
+    def encode(self, texts: list[str]) -> list[np.ndarray]:
+        ids, offsets = self.tokenizer.encode_batch_flat(texts, add_special_tokens=False)
+        flat = np.frombuffer(ids, dtype="<u4").astype(np.int32)
+        bounds = np.frombuffer(offsets, dtype="<u8").astype(np.int64)
+        return np.split(flat, bounds[1:-1]) if len(texts) else []
+
+
+class Guarded:
+    """A fast engine whose sampled conversations the reference encodes too, in a thread of its own.
+
+    ``cross_check`` returns at once; the comparisons run beside the build (the reference releases
+    the GIL while it encodes). A disagreement is raised by the next ``cross_check`` and, at the
+    latest, by ``finish``, which the build calls before its file reaches the final path.
+    """
+
+    def __init__(self, fast, reference: TokenizersEngine):
+        self.fast, self.reference = fast, reference
+        self.name, self.version = fast.name, fast.version
+        self._checker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cross-check")
+        self._pending: list[Future] = []
+
+    def encode(self, texts: list[str]) -> list[np.ndarray]:
+        return self.fast.encode(texts)
+
+    def cross_check(self, texts: list[str], ids: list[np.ndarray], indices: list[int]) -> list[bool]:
+        """Have the reference encode the sampled ones of ``texts``; return which were sampled.
+
+        ``indices`` are the conversations' source indices.
+        """
+        self._raise_finished()
+        sampled = [i % CROSS_CHECK_EVERY == 0 or len(t) > CROSS_CHECK_LONG for i, t in zip(indices, ids)]
+        chosen = [k for k, s in enumerate(sampled) if s]
+        if chosen:
+            self._pending.append(self._checker.submit(self._compare, [texts[k] for k in chosen],
+                                                      [ids[k] for k in chosen], [indices[k] for k in chosen]))
+        return sampled
+
+    def finish(self) -> None:
+        """Wait for every comparison; raise the first disagreement."""
+        pending, self._pending = self._pending, []
+        for future in pending:
+            future.result()
+
+    def _raise_finished(self) -> None:
+        done = [f for f in self._pending if f.done()]
+        self._pending = [f for f in self._pending if not f.done()]
+        for future in done:
+            future.result()
+
+    def _compare(self, texts: list[str], ids: list[np.ndarray], indices: list[int]) -> None:
+        for text_ids, expected, index in zip(ids, self.reference.encode(texts), indices):
+            if not np.array_equal(text_ids, expected):
+                common = min(len(text_ids), len(expected))
+                differ = np.flatnonzero(text_ids[:common] != expected[:common])
+                at = int(differ[0]) if differ.size else common
+                raise EngineDisagreement(
+                    f"source row {index}: the {self.name} engine's tokens differ from tokenizers' at token {at} "
+                    f"({len(text_ids)} vs {len(expected)} tokens); nothing was written to the final path. Build "
+                    f"with --engine tokenizers, and please report the conversation")
+
+
+def finish(engine) -> None:
+    """Let a guarded engine's pending comparisons finish (a disagreement raises)."""
+    if isinstance(engine, Guarded):
+        engine.finish()
+
+
+@dataclass(frozen=True)
+class Choice:
+    engine: object  # TokenizersEngine or Guarded
+    requested: str
+    note: str | None  # why auto did not use fastokens
+
+
+def choose(requested: str, tokenizer: Tokenizer, tokenizer_json: str, chat_template: str) -> Choice:
+    """The engine for a build: ``auto`` uses fastokens when it loads the pinned ``tokenizer.json``
+    and agrees with tokenizers on every probe, else tokenizers (with a note)."""
+    if requested not in ENGINES:
+        raise UsageError(f"unknown engine {requested!r} (known: {', '.join(ENGINES)})")
+    reference = TokenizersEngine(tokenizer)
+    if requested == "tokenizers":
+        return Choice(reference, requested, None)
+    try:
+        fast = FastokensEngine(tokenizer_json)
+    except Exception as err:  # not installed, or cannot load this tokenizer.json
+        problem = f"fastokens cannot load the pinned tokenizer.json ({type(err).__name__}: {err})"
+        if requested == "fastokens":
+            raise UsageError(f"--engine fastokens: {problem}") from err
+        return Choice(reference, requested, f"{problem}; encoding with tokenizers")
+    differing = _disagreements(fast, reference, probes(tokenizer, chat_template))
+    if differing:
+        problem = f"fastokens and tokenizers encode {len(differing)} probe strings differently (first: " \
+                  f"{differing[0]!r})"
+        if requested == "fastokens":
+            raise EngineDisagreement(f"--engine fastokens: {problem}; build with --engine tokenizers")
+        return Choice(reference, requested, f"{problem}; encoding with tokenizers")
+    return Choice(Guarded(fast, reference), requested, None)
+
+
+def named(name: str, tokenizer: Tokenizer, tokenizer_json: str):
+    """The engine a choice settled on, made again (in a worker process)."""
+    reference = TokenizersEngine(tokenizer)
+    return Guarded(FastokensEngine(tokenizer_json), reference) if name == "fastokens" else reference
+
+
+def _disagreements(fast, reference, texts: list[str]) -> list[str]:
+    return [text for text, a, b in zip(texts, fast.encode(texts), reference.encode(texts)) if not np.array_equal(a, b)]
+
+
+def probes(tokenizer: Tokenizer, chat_template: str) -> list[str]:
+    """Strings on which a second engine must agree with tokenizers before it encodes anything."""
+    added = [t.content for t in tokenizer.get_added_tokens_decoder().values()]
+    around = [form.format(t=t) for t in added for form in ("{t}", "x{t}y", " {t} ", "{t}{t}", "\n{t}\n", "{t}  a")]
+    whitespace = [" ", "  ", "   x", "x   ", "\n", "\n\n", "\n\n\n", " \n \n ", "\t", "\t\t x", "\r\n", "a\r\n\r\nb",
+                  "  \n\n  \n"]
+    digits = ["0", "12", "123", "1234", "12345678", "3.14159", "2026-12-03", "1,000,000", "x1y22z333"]
+    scripts = ["東京の天気は？", "模型数据训练", "안녕하세요 세계", "Привет, мир", "مرحبا بالعالم", "नमस्ते दुनिया",
+               "😀🚀", "👨‍👩‍👧‍👦", "🇯🇵🇫🇷", "Cafe\u0301 e\u0301\u0301 n\u0303", "ﬁ ½ Ⅻ ｶﾀｶﾅ", "\u200b\u200d\ufeff"]
+    mixed = ["Hello, world! It's 42°C.", "def f(x):\n    return x ** 2\n", "{\"key\": [1, 2, {\"a\": null}]}",
+             "<|user|>What does <|assistant|> mean?<|assistant|></think>It is a role token.<|endoftext|>"]
+    fragments = [f for f in re.split(r"\{%.*?%\}|\{\{.*?\}\}|\{#.*?#\}", chat_template, flags=re.S) if f.strip()]
+    return around + whitespace + digits + scripts + mixed + fragments + ["".join(fragments)]
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None

@@ -1,0 +1,193 @@
+"""The source's conversations in stream order, encoded, each row group decoded at most once.
+
+A build consumes a prefix of the permutation whose length depends on the tokens, so it is
+known only at the end. The stream plans for it:
+
+- a sample of rows from a few row groups, encoded, gives the mean tokens per conversation, and from it the
+  *horizon*: ``HORIZON_MARGIN`` times the conversations the rows need (the whole source for a
+  build that consumes all of it);
+- one pass decodes every row group once (``READ_THREADS`` at a time) and keeps its rows whose
+  stream position lies before the horizon: in memory up to ``MEMORY_ROWS_BYTES``, the rest
+  spilled to disk in position buckets (Arrow IPC files in a temporary folder) and read back in
+  order;
+- the conversations surely consumed (before ``EAGER_SHARE`` of the estimate) are encoded as soon
+  as their row group is decoded, in whatever order, while the other groups decode; the rest are
+  encoded in stream order, only as far as the rows need;
+- a build that outruns the horizon (the estimate was short) makes another pass for the next
+  stretch of the permutation, decoding the groups again; the report counts the passes.
+
+The order of decoding and encoding never reaches the rows: every conversation takes its stream
+position, and a conversation the contract cannot encode is reported when the stream reaches it,
+so the error is always the first bad conversation in stream order.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from builders.errors import SourceDataError
+from builders.parallel import encode_rows
+from builders.records import EncodedConversation
+from builders.source import ParquetSource
+
+READ_THREADS = 2  # row groups decoded at once
+READ_AHEAD = 2 * READ_THREADS  # row groups decoded or decoding, not yet taken apart
+HORIZON_MARGIN = 1.3  # rows kept past the estimate of what the build consumes
+EAGER_SHARE = 0.85  # of the estimate, encoded as soon as its row group is decoded
+SAMPLE_GROUPS, SAMPLE_ROWS = 8, 64  # row groups spread over the source, and rows of each, for the estimate
+MEMORY_ROWS_BYTES = 512 << 20  # decoded rows held in memory; the rest of a pass waits on disk
+ENCODE_BATCH = 256  # conversations encoded together
+
+
+@dataclass
+class StreamStats:
+    passes: int = 0  # passes over the source's row groups
+    row_groups_decoded: int = 0
+    rows_spilled: int = 0  # rows that waited on disk for their turn
+    estimated_conversations: int = 0
+    horizon: int = 0  # stream positions the first pass kept
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class Stream:
+    """Encoded conversations in permutation order; stop iterating when the rows are complete."""
+
+    def __init__(self, source: ParquetSource, order: np.ndarray, needed_tokens: int):
+        self.source, self.order, self.needed_tokens = source, order, needed_tokens
+        self.encoding = None  # set by encoded_with
+        self.position = np.empty(len(order), dtype=np.int64)
+        self.position[order] = np.arange(len(order), dtype=np.int64)
+        self.stats = StreamStats()
+        self._decoded: dict[int, pa.Table] = {}  # the sample's row groups, kept for the first pass
+
+    def plan(self, encoder) -> None:
+        """Estimate how many conversations the rows need, from the mean tokens of a sample: the
+        first ``SAMPLE_ROWS`` rows of ``SAMPLE_GROUPS`` row groups spread over the source, encoded by
+        ``encoder`` (any engine: only their lengths count). The groups are kept for the pass."""
+        groups = np.unique(np.linspace(0, self.source.num_groups - 1, SAMPLE_GROUPS).astype(np.int64)).tolist()
+        for group in groups:
+            self._decoded[group] = self.source.read_group(group)
+            self.stats.row_groups_decoded += 1
+        sample = pa.concat_tables([t.slice(0, SAMPLE_ROWS) for t in self._decoded.values()]).to_pylist()
+        tokens = [len(c.ids) + 1 for _, c in encode_rows(encoder, sample, range(len(sample)))
+                  if isinstance(c, EncodedConversation)]
+        mean = max(1.0, sum(tokens) / max(1, len(tokens)))
+        self.stats.estimated_conversations = max(ENCODE_BATCH, math.ceil(self.needed_tokens / mean))
+
+    def encoded_with(self, encoding) -> Stream:
+        """Encode with ``encoding`` (``builders.parallel``: this process, or a pool)."""
+        self.encoding = encoding
+        return self
+
+    def __iter__(self) -> Iterator[EncodedConversation]:
+        n = len(self.order)
+        estimate = self.stats.estimated_conversations
+        end = n if HORIZON_MARGIN * estimate >= n else math.ceil(HORIZON_MARGIN * estimate) + ENCODE_BATCH
+        self.stats.horizon = min(n, end)
+        start, end, eager = 0, min(n, end), min(n, int(EAGER_SHARE * estimate))
+        with tempfile.TemporaryDirectory(prefix="fixed-sft-spill-") as spill:
+            while start < n:
+                yield from self._pass(start, end, eager, Path(spill))
+                start, end, eager = end, min(n, 2 * end - start), end  # outrun: another stretch as long
+
+    def _read(self, group: int) -> pa.Table:
+        table = self._decoded.pop(group, None)
+        if table is None:
+            table = self.source.read_group(group)
+            self.stats.row_groups_decoded += 1
+        return table
+
+    def _pass(self, start: int, end: int, eager: int, spill: Path) -> Iterator[EncodedConversation]:
+        """Decode every row group once for positions [start, end); yield them encoded, in order."""
+        self.stats.passes += 1
+        wanted = self.order[start:end]
+        groups = np.unique(self.source.group_of(wanted)).tolist()
+        in_memory = max(ENCODE_BATCH, int(MEMORY_ROWS_BYTES / max(1.0, self.source.bytes_per_row())))
+        held = _Held(start + in_memory, in_memory, spill)
+        encoded: dict[int, EncodedConversation | SourceDataError] = {}
+        position, last_eager = start, min(eager, end)
+        with ThreadPoolExecutor(max_workers=READ_THREADS) as readers:
+            queue = iter(groups)  # decoded groups wait for the encoder: at most READ_AHEAD of them at once
+            pending = {readers.submit(self._read, group) for group in islice(queue, READ_AHEAD)}
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                pending |= {readers.submit(self._read, group) for group in islice(queue, len(done))}
+                for future in done:
+                    table = future.result()
+                    positions = self.position[table.column("index").to_numpy()]
+                    inside = (positions >= start) & (positions < end)
+                    now, later = inside & (positions < eager), inside & (positions >= eager)
+                    if now.any():
+                        self.encoding.submit(*_in_order(table.filter(now), positions[now]), encoded)
+                    if later.any():
+                        held.add(table.filter(later), positions[later])
+                while position < last_eager and self.encoding.ready(encoded, position):  # the prefix decoded so far
+                    yield self.encoding.take(encoded, position)
+                    position += 1
+        self._decoded.clear()
+        self.stats.rows_spilled += held.spilled
+        while position < last_eager:
+            yield self.encoding.take(encoded, position)
+            position += 1
+        for table, positions in held.in_order():
+            for first in range(0, table.num_rows, ENCODE_BATCH):
+                self.encoding.submit(table.slice(first, ENCODE_BATCH), positions[first:first + ENCODE_BATCH], encoded)
+                for p in positions[first:first + ENCODE_BATCH].tolist():
+                    assert p == position
+                    yield self.encoding.take(encoded, position)
+                    position += 1
+
+
+def _in_order(table: pa.Table, positions: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+    order = np.argsort(positions, kind="stable")
+    return table.take(pa.array(order)), positions[order]
+
+
+class _Held:
+    """Decoded rows waiting for their turn: in memory before ``memory_end``, on disk in buckets after it."""
+
+    def __init__(self, memory_end: int, bucket: int, spill: Path):
+        self.memory_end, self.bucket, self.spill = memory_end, bucket, spill
+        self.tables: list[pa.Table] = []
+        self.positions: list[np.ndarray] = []
+        self.writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
+        self.spilled = 0
+
+    def add(self, table: pa.Table, positions: np.ndarray) -> None:
+        near = positions < self.memory_end
+        if near.any():
+            self.tables.append(table.filter(near))
+            self.positions.append(positions[near])
+        if not near.all():
+            far, far_positions = table.filter(~near), positions[~near]
+            keys = (far_positions - self.memory_end) // self.bucket
+            for key in np.unique(keys).tolist():
+                part = far.filter(keys == key).append_column("position", pa.array(far_positions[keys == key]))
+                if key not in self.writers:
+                    self.writers[key] = pa.ipc.new_file(self.spill / f"bucket-{key}.arrow", part.schema)
+                self.writers[key].write_table(part)
+                self.spilled += part.num_rows
+
+    def in_order(self) -> Iterator[tuple[pa.Table, np.ndarray]]:
+        """The held rows as tables in stream order, with their positions: memory first, then each bucket."""
+        if self.tables:
+            table = pa.concat_tables(self.tables).combine_chunks()
+            positions = np.concatenate(self.positions)
+            self.tables, self.positions = [], []
+            yield _in_order(table, positions)
+        for key in sorted(self.writers):
+            self.writers.pop(key).close()
+            with pa.memory_map(str(self.spill / f"bucket-{key}.arrow")) as source:
+                part = pa.ipc.open_file(source).read_all()
+            yield _in_order(part.drop_columns(["position"]), part.column("position").to_numpy())

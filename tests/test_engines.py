@@ -1,0 +1,127 @@
+"""Tokenizer engines: fastokens builds the rows tokenizers builds, and its guard stops a build that differs.
+
+Also tokenizers with an NFC normalizer (as Qwen2-family tokenizer.json files have), on
+decomposed text, against the offset-based reference.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from builders import engines
+from builders.build import build
+from builders.errors import EngineDisagreement
+from builders.fixture.conversations import hard_cases, synthetic
+from builders.fixture.make import FIXTURE_TEMPLATE, tokenizer_json
+from builders.fixture.tokenizer import with_nfc_normalizer
+from builders.manifest import load_manifest
+from builders.pinned import Hub
+from helpers import MANIFESTS, SELF_CONTAINED, lay_out_build, manifest_names, run_cli
+from reference import reference_rows
+
+DECOMPOSED = [
+    [{"role": "user", "content": "Cafe\u0301 or cafe\u0301?"}, {"role": "assistant", "content": "e\u0301 is é."}],
+    [{"role": "user", "content": "\u0301 starts with a combining mark"},
+     {"role": "assistant", "content": "\u0301\u0301 and so does this answer, n\u0303"}],
+    [{"role": "system", "content": "A\u030a\u0301 O\u0308"}, {"role": "user", "content": "ﬁ ½ Ⅻ"},
+     {"role": "assistant", "content": "<think>e\u0301\u0301</think>\nvoila\u0300"}],
+]
+
+
+@pytest.mark.parametrize("name", manifest_names())
+def test_fastokens_and_tokenizers_build_the_same_rows(built, hub, name, tmp_path):
+    manifest = load_manifest(MANIFESTS / f"{name}.yaml")
+    results = {engine: build(manifest, tmp_path / engine, hub, card=False, engine=engine)
+               for engine in ("fastokens", "tokenizers")}
+    for engine, result in results.items():
+        assert result.verified, (engine, result.verification.summary())
+        report = json.loads(result.report.read_text())["engine"]
+        assert report["name"] == engine and report["version"]
+    assert results["fastokens"].parquet.read_bytes() == results["tokenizers"].parquet.read_bytes()
+    checked = json.loads(results["fastokens"].report.read_text())["engine"]["conversations_cross_checked"]
+    consumed = json.loads(results["fastokens"].report.read_text())["stats"]["conversations_consumed"]
+    assert 0 < checked < consumed
+
+
+def test_a_normalizing_tokenizer_on_decomposed_text(tmp_path):
+    """NFC composes "e\u0301" into "é": the pieces are measured as the tokenizer sees them."""
+    rows = [{"id": f"nfc_{k}", "source": "nfc", "messages": m} for k, m in enumerate(DECOMPOSED * 4)]
+    rows += [{"id": f"synthetic_{k}", "source": "synthetic", "messages": m} for k, m in enumerate(synthetic(4, 30))]
+    files = {"tokenizer.json": with_nfc_normalizer(tokenizer_json().decode()).encode(),
+             "chat_template.jinja": FIXTURE_TEMPLATE.read_bytes()}
+    manifest_path = lay_out_build(tmp_path / "hf", rows, name="nfc", row_tokens=128, build_rows=30,
+                                  tokenizer_files=files)
+    manifest = load_manifest(manifest_path)
+    hub = Hub(tmp_path / "hf" / "hub", offline=True)
+    snapshot = next((tmp_path / "hf" / "hub").glob("datasets--*/snapshots/*/data"))
+    tokenizer = next((tmp_path / "hf" / "hub").glob("models--*/snapshots/*"))
+    expected = reference_rows(sorted(snapshot.glob("*.parquet")), tokenizer / "tokenizer.json",
+                              FIXTURE_TEMPLATE.read_text(), manifest.seed, manifest.row_tokens, manifest.rows)
+    for engine in ("tokenizers", "fastokens"):
+        result = build(manifest, tmp_path / engine, hub, card=False, engine=engine)
+        table = pq.read_table(result.parquet)
+        assert list(zip(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist())) == expected
+
+
+class _Wrong:
+    """A fast engine that gets one conversation's tokens wrong."""
+
+    name, version = "wrong", "0"
+
+    def __init__(self, reference, victim_text: str):
+        self.reference, self.victim = reference, victim_text
+
+    def encode(self, texts):
+        ids = self.reference.encode(texts)
+        return [np.append(i[:-1], i[-1] + 1) if t == self.victim else i for t, i in zip(texts, ids)]
+
+
+def test_the_guard_stops_a_build_whose_fast_engine_differs(monkeypatch, hub, tmp_path):
+    manifest = load_manifest(MANIFESTS / f"{SELF_CONTAINED}.yaml")
+    real_choose = engines.choose
+
+    def choose(requested, tokenizer, tokenizer_json_text, chat_template):
+        reference = engines.TokenizersEngine(tokenizer)
+        from builders.chat import ChatRenderer, normalize_messages
+
+        victim = ChatRenderer(chat_template).render(normalize_messages(hard_cases()[0]))  # source row 0
+        return engines.Choice(engines.Guarded(_Wrong(reference, victim), reference), requested, None)
+
+    monkeypatch.setattr(engines, "choose", choose)
+    with pytest.raises(EngineDisagreement, match=r"source row 0: the wrong engine's tokens differ from tokenizers' "
+                                                 r".*--engine tokenizers"):
+        build(manifest, tmp_path / "out", hub, card=False)
+    assert not (tmp_path / "out" / f"{SELF_CONTAINED}.parquet").exists()
+    monkeypatch.setattr(engines, "choose", real_choose)
+
+
+def test_probes_refuse_an_engine_that_differs():
+    from tokenizers import Tokenizer
+
+    reference = engines.TokenizersEngine(Tokenizer.from_str(tokenizer_json().decode()))
+    probes = engines.probes(reference.tokenizer, FIXTURE_TEMPLATE.read_text())
+    assert len(probes) > 100 and "<|user|>" in probes and any("東京" in p for p in probes)
+    assert engines._disagreements(reference, reference, probes) == []
+    wrong = _Wrong(reference, "  \n\n  \n")
+    assert engines._disagreements(wrong, reference, probes) == ["  \n\n  \n"]
+
+
+def test_auto_falls_back_to_tokenizers_with_a_note(fixture_cache, tmp_path):
+    """Where fastokens cannot load (here: not importable), auto encodes with tokenizers and says why."""
+    out = tmp_path / "out"
+    sitecustomize = tmp_path / "site"
+    sitecustomize.mkdir()
+    (sitecustomize / "fastokens.py").write_text("raise ImportError('fastokens is unavailable here')\n")
+    done = run_cli("--build", SELF_CONTAINED, "--out", str(out), hf_home=fixture_cache,
+                   env={"PYTHONPATH": str(sitecustomize)})
+    assert done.returncode == 0, done.stderr
+    assert "encoding with tokenizers" in done.stderr and "fastokens cannot load" in done.stderr
+    report = json.loads((out / f"{SELF_CONTAINED}.report.json").read_text())["engine"]
+    assert report["name"] == "tokenizers" and "fastokens is unavailable here" in report["note"]
+    refused = run_cli("--build", SELF_CONTAINED, "--out", str(out), "--engine", "fastokens", hf_home=fixture_cache,
+                      env={"PYTHONPATH": str(sitecustomize)})
+    assert refused.returncode == 2 and "--engine fastokens: fastokens cannot load" in refused.stderr
