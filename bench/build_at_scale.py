@@ -1,23 +1,29 @@
 #!/usr/bin/env python3
-"""The builder at recipe scale against the tokenizer floor, in one run.
+"""The builder at recipe scale against its floors, in one run.
 
     pip install -r bench/requirements.txt
-    python bench/build_at_scale.py                      # full scale: 939,343 conversations, 6,400 rows
-    python bench/build_at_scale.py --scale 0.05 --rows 400 800   # a quick run
+    python bench/build_at_scale.py                 # full scale: 939,343 conversations, 6,400 rows of 8,192
+    python bench/build_at_scale.py --scale 0.01 --rows 40    # a smoke run (its results go to bench/.cache)
 
 It lays out (once, in --cache) a GLM-scale tokenizer with the pinned chat template and a
 Tulu-shaped source (bench/scale_inputs.py), then measures, each build in a fresh process as
-users run it (``generate_fixed_sft.py --manifest M --workers N``):
+users run it (``generate_fixed_sft.py --manifest M``), on an otherwise idle machine (the share of
+CPU time other processes used in the 2 seconds before each measurement is recorded, and the run
+says whether the machine was idle):
 
-- build time, tokens/s and peak RSS (the main process; and the largest worker) at 6,400 rows
-  with 1 and 2 workers, at 800, 1,600 and 3,200 rows, and from a source a quarter the size;
-- the floor: ``tokenizers.Tokenizer.encode_batch`` of exactly the rendered texts of the
-  conversations the 6,400-row build consumed, on the same cores;
+- the build with each engine (fastokens, tokenizers) and with 1 and 2 workers: seconds, peak RSS
+  (the main process; and the largest worker), rows_sha256, which must be the same for all;
+- the tokenizer floor: ``tokenizers.Tokenizer.encode_batch_fast`` of exactly the rendered texts of
+  the conversations the build consumed, on the same cores (the fastest way tokenizers encodes);
+- the source-decode floor: one pyarrow pass over the ``messages`` column of every shard;
+- a whole-source build at a quarter of the scale (every conversation consumed) and its cost per
+  consumed conversation, against the 6,400-row build's;
 - a naive baseline on a sample: per-message ``apply_chat_template`` masking, as miles'
-  ``MultiTurnLossMaskGenerator`` does, extrapolated to the same conversations;
-- rows_sha256 of every build, and whether it is the prefix of the 6,400-row build's rows.
+  ``MultiTurnLossMaskGenerator`` does, extrapolated to the same conversations.
 
-It prints a table and writes it as JSON (--json).
+It prints a table and writes JSON: bench/build_at_scale.json for a full-scale run with the
+default rows, bench/.cache/build_at_scale.smoke.json for any other run (a smoke run never
+overwrites the committed results).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -36,16 +43,11 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from scale_inputs import lay_out, manifest_text  # noqa: E402
 
-from builders.build import permutation  # noqa: E402
-from builders.chat import ChatRenderer, normalize_messages  # noqa: E402
-from builders.figures import RowFigures  # noqa: E402
 from builders.fixture.make import PINNED_TEMPLATE, shared_dir  # noqa: E402
-from builders.manifest import load_manifest  # noqa: E402
-from builders.pinned import Hub, dataset_files, load_pinned_tokenizer, resolve  # noqa: E402
-from builders.rows import RowReader  # noqa: E402
-from builders.source import ParquetSource  # noqa: E402
 
-CHILD = """
+IDLE_BUSY = 0.05  # share of the CPUs used by other processes below which the machine counts as idle
+
+BUILD = """
 import json, resource, sys, time
 sys.argv = ["generate_fixed_sft.py", *sys.argv[1:]]
 from builders.cli import main
@@ -57,142 +59,195 @@ print(json.dumps({"exit": code, "seconds": elapsed,
                   "worker_peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
 """
 
+TOKENIZER_FLOOR = """
+import json, sys, time
+from builders.chat import ChatRenderer, normalize_messages
+from builders.manifest import load_manifest
+from builders.order import permutation
+from builders.pinned import Hub, dataset_files, load_pinned_tokenizer, resolve
+from builders.source import ParquetSource
+manifest = load_manifest(sys.argv[1])
+snapshots = resolve(manifest, Hub())
+pinned = load_pinned_tokenizer(manifest.tokenizer, snapshots.tokenizer)
+source = ParquetSource(dataset_files(manifest.dataset, snapshots.dataset))
+rows = source.take(permutation(manifest.seed, source.num_rows)[:int(sys.argv[2])]).to_pylist()
+renderer = ChatRenderer(pinned.chat_template)
+texts = [renderer.render(normalize_messages(row["messages"])) for row in rows]
+started = time.perf_counter()
+encodings = pinned.tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+seconds = time.perf_counter() - started
+print(json.dumps({"seconds": seconds, "tokens": sum(len(e.ids) for e in encodings), "conversations": len(texts)}))
+"""
 
-def run_build(manifest: Path, out: Path, hf_home: Path, workers: int) -> dict:
+DECODE_FLOOR = """
+import json, sys, time
+import pyarrow.parquet as pq
+from builders.manifest import load_manifest
+from builders.pinned import Hub, dataset_files, resolve
+manifest = load_manifest(sys.argv[1])
+files = dataset_files(manifest.dataset, resolve(manifest, Hub()).dataset)
+started = time.perf_counter()
+rows = sum(pq.read_table(path, columns=["messages"]).num_rows for path in files)
+print(json.dumps({"seconds": time.perf_counter() - started, "rows": rows}))
+"""
+
+NAIVE = """
+import json, sys, time
+from transformers import PreTrainedTokenizerFast
+from builders.chat import normalize_messages
+from builders.manifest import load_manifest
+from builders.order import permutation
+from builders.pinned import Hub, dataset_files, resolve
+from builders.source import ParquetSource
+manifest = load_manifest(sys.argv[1])
+snapshots = resolve(manifest, Hub())
+tok = PreTrainedTokenizerFast(tokenizer_file=str(snapshots.tokenizer / "tokenizer.json"),
+                              chat_template=(snapshots.tokenizer / "chat_template.jinja").read_text())
+source = ParquetSource(dataset_files(manifest.dataset, snapshots.dataset))
+rows = source.take(permutation(manifest.seed, source.num_rows)[:int(sys.argv[2])]).to_pylist()
+prefix = len(tok.apply_chat_template([{"role": "user", "content": ""}], tokenize=True)) - 1
+started = time.perf_counter()
+for row in rows:
+    ids, mask = [], []
+    for i, message in enumerate(normalize_messages(row["messages"])):
+        piece = tok.apply_chat_template([message], tokenize=True)
+        piece = piece["input_ids"] if hasattr(piece, "keys") else piece
+        piece = piece if i == 0 else piece[prefix:]
+        ids += piece
+        mask += [int(message["role"] == "assistant")] * len(piece)
+print(json.dumps({"seconds_per_conversation": (time.perf_counter() - started) / len(rows)}))
+"""
+
+
+def child(code: str, *args: str, hf_home: Path) -> dict:
+    """Run ``code`` in a fresh process, offline from ``hf_home``; its last stdout line is JSON."""
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-c", CHILD, "--manifest", str(manifest), "--out", str(out),
-                           "--workers", str(workers), "-q", "--no-card"],
-                          capture_output=True, text=True, env=env, cwd=REPO)
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=REPO)
     lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        raise SystemExit(f"build failed: {done.stderr}")
-    measured = json.loads(lines[-1])
-    report = json.loads((out / f"{load_manifest(manifest).name}.report.json").read_text())
-    return {**measured, "rows_sha256": report["figures"]["rows_sha256"],
+    if not lines:
+        raise SystemExit(f"benchmark step failed: {done.stderr}")
+    return {**json.loads(lines[-1]), "stderr": done.stderr}
+
+
+def busy(seconds: float = 2.0) -> float:
+    """The share of all CPUs busy during ``seconds`` (this process sleeps: the rest is others' work)."""
+    def ticks():
+        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # all, idle + iowait
+    total, idle = ticks()
+    time.sleep(seconds)
+    total2, idle2 = ticks()
+    return 1 - (idle2 - idle) / max(1, total2 - total)
+
+
+def build(manifest: Path, out: Path, hf_home: Path, engine: str, workers: int) -> dict:
+    load = busy()
+    result = child(BUILD, "--manifest", str(manifest), "--out", str(out), "--engine", engine, "--workers",
+                   str(workers), "-q", "--no-card", hf_home=hf_home)
+    if result["exit"] != 0:
+        raise SystemExit(f"build failed: {result['stderr']}")
+    report = json.loads(next(out.glob("*.report.json")).read_text())
+    return {"engine": engine, "workers": workers, "busy_before": round(load, 3),
+            "seconds": round(result["seconds"], 2), "main_peak_rss_mib": round(result["main_peak_rss_mib"]),
+            "worker_peak_rss_mib": round(result["worker_peak_rss_mib"]),
             "conversations": report["stats"]["conversations_consumed"],
             "tokens": report["figures"]["rows"] * report["figures"]["row_tokens"],
-            "parquet": str(out / report["parquet"])}
+            "rows_sha256": report["figures"]["rows_sha256"], "cross_checked": report["engine"][
+                "conversations_cross_checked"], "source_reading": report["source_reading"],
+            "timings": report["timings"]}
 
 
-def floor(manifest_path: Path, hub: Hub, conversations: int) -> dict:
-    """encode_batch of the rendered texts of the first ``conversations`` in permutation order."""
-    manifest = load_manifest(manifest_path)
-    snapshots = resolve(manifest, hub)
-    pinned = load_pinned_tokenizer(manifest.tokenizer, snapshots.tokenizer)
-    source = ParquetSource(dataset_files(manifest.dataset, snapshots.dataset))
-    order = permutation(manifest.seed, source.num_rows)[:conversations]
-    renderer = ChatRenderer(pinned.chat_template)
-    texts = [renderer.render(normalize_messages(row["messages"])) for row in source.take(order).to_pylist()]
-    started = time.perf_counter()
-    encodings = pinned.tokenizer.encode_batch(texts, add_special_tokens=False)
-    seconds = time.perf_counter() - started
-    return {"seconds": seconds, "tokens": sum(len(e.ids) for e in encodings), "conversations": len(texts),
-            "texts": texts, "pinned": pinned, "rows": source.take(order[:300]).to_pylist()}
-
-
-def naive(pinned, rows: list[dict], tmp: Path) -> float:
-    """Seconds per conversation of per-message apply_chat_template masking (miles' way)."""
-    from transformers import PreTrainedTokenizerFast
-
-    (tmp / "tokenizer.json").write_text(pinned.tokenizer.to_str())
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(tmp / "tokenizer.json"), chat_template=pinned.chat_template)
-    prefix = len(tok.apply_chat_template([{"role": "user", "content": ""}], tokenize=True)) - 1
-    started = time.perf_counter()
-    for row in rows:
-        ids, mask = [], []
-        for i, message in enumerate(normalize_messages(row["messages"])):
-            piece = tok.apply_chat_template([message], tokenize=True)
-            piece = piece["input_ids"] if hasattr(piece, "keys") else piece
-            piece = piece if i == 0 else piece[prefix:]
-            ids += piece
-            mask += [int(message["role"] == "assistant")] * len(piece)
-    return (time.perf_counter() - started) / len(rows)
-
-
-def prefix_sha(parquet: str, rows: int, row_tokens: int = 8192) -> str:
-    figures = RowFigures(row_tokens)
-    for row in RowReader(parquet).rows():
-        if row["index"] >= rows:
-            break
-        figures.add(row["input_ids"], row["loss_mask"])
-    return figures.as_dict()["rows_sha256"]
+def whole_source_rows(manifest: Path, out: Path, hf_home: Path) -> int:
+    """How many rows the whole source makes: a build asked for too many says how far it got."""
+    probe = child(BUILD, "--manifest", str(manifest), "--out", str(out), "-q", "--no-card", hf_home=hf_home)
+    found = re.search(r"(\d+) of \d+ rows", probe["stderr"])
+    if probe["exit"] != 4 or not found:
+        raise SystemExit(f"the whole-source probe did not run out as expected: {probe['stderr']}")
+    return int(found.group(1))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", type=float, default=1.0, help="source size as a share of 939,343 conversations")
-    parser.add_argument("--rows", type=int, nargs="+", default=[800, 1600, 3200, 6400],
-                        help="row counts to build; the largest is also built with 1 worker and from the smaller "
-                             "source")
+    parser.add_argument("--rows", type=int, default=6400, help="rows of 8,192 tokens to build")
     parser.add_argument("--cache", type=Path, default=REPO / "bench" / ".cache", help="where inputs are laid out")
-    parser.add_argument("--json", type=Path, default=REPO / "bench" / "build_at_scale.json")
     args = parser.parse_args()
-    shared = shared_dir()
+    full = args.scale == 1.0 and args.rows == 6400
+    results = REPO / "bench" / "build_at_scale.json" if full else args.cache / "build_at_scale.smoke.json"
+    shared = shared_dir() or (REPO.parent / "shared" if (REPO.parent / "shared").is_dir() else None)
     if shared is None:
         raise SystemExit("the benchmark renders with the pinned GLM-4.7-Flash template: it needs ../shared "
                          "(or FIXED_SFT_SHARED)")
-    template = (shared / PINNED_TEMPLATE).read_bytes()
     hf_home = args.cache / "hf"
     started = time.perf_counter()
-    big = lay_out(hf_home, template, args.scale)
-    small = lay_out(hf_home, template, args.scale / 4)
-    layout_s = time.perf_counter() - started
-    most = max(args.rows)
-    results = []
+    facts = lay_out(hf_home, (shared / PINNED_TEMPLATE).read_bytes(), args.scale)
+    quarter = lay_out(hf_home, (shared / PINNED_TEMPLATE).read_bytes(), args.scale / 4)
+    print(f"inputs laid out in {time.perf_counter() - started:.0f} s; measuring", file=sys.stderr, flush=True)
 
-    def measure(label, facts, rows, workers):
-        manifest = args.cache / f"{label}.yaml"
-        manifest.write_text(manifest_text(facts, "bench", rows))
-        result = run_build(manifest, args.cache / "out" / label, hf_home, workers)
-        results.append({"config": label, "source_rows": int(facts["dataset_rows"]), "rows": rows,
-                        "workers": workers, **result})
-        print(f"  {label}: {result['seconds']:.1f} s", file=sys.stderr, flush=True)
-        return manifest
+    manifest = args.cache / "bench.yaml"
+    manifest.write_text(manifest_text(facts, "bench", args.rows))
+    builds = []
+    for engine, workers in (("fastokens", 1), ("tokenizers", 1), ("fastokens", 2), ("tokenizers", 2)):
+        builds.append(build(manifest, args.cache / "out" / f"{engine}-{workers}", hf_home, engine, workers))
+        print(f"  {engine}, {workers} worker(s): {builds[-1]['seconds']} s", file=sys.stderr, flush=True)
+    consumed = builds[0]["conversations"]
+    tokenizer_floor = child(TOKENIZER_FLOOR, str(manifest), str(consumed), hf_home=hf_home)
+    decode_floor = child(DECODE_FLOOR, str(manifest), hf_home=hf_home)
+    naive = child(NAIVE, str(manifest), "300", hf_home=hf_home)
 
-    print(f"inputs laid out in {layout_s:.0f} s; building", file=sys.stderr, flush=True)
-    full = measure(f"rows{most}-workers2", big, most, 2)
-    measure(f"rows{most}-workers1", big, most, 1)
-    for rows in sorted(args.rows)[:-1]:
-        measure(f"rows{rows}-workers2", big, rows, 2)
-    measure(f"rows{most}-workers2-quarter-source", small, most, 2)
+    whole_manifest = args.cache / "bench-whole.yaml"
+    whole_manifest.write_text(manifest_text(quarter, "benchwhole", 10 ** 9))
+    rows = whole_source_rows(whole_manifest, args.cache / "out" / "whole-probe", hf_home)
+    whole_manifest.write_text(manifest_text(quarter, "benchwhole", rows))
+    whole = build(whole_manifest, args.cache / "out" / "whole", hf_home, "fastokens", 1)
+    print(f"  whole source ({quarter['dataset_rows']} conversations, {rows} rows): {whole['seconds']} s",
+          file=sys.stderr, flush=True)
 
-    hub = Hub(cache_dir=hf_home / "hub", offline=True)
-    ref = results[0]
-    base = floor(full, hub, ref["conversations"])
-    per_conversation = naive(base["pinned"], base["rows"], args.cache)
-    reference_parquet = ref["parquet"]
-    table = []
-    for r in results:
-        same_source = r["source_rows"] == ref["source_rows"]
-        expected_sha = prefix_sha(reference_parquet, r["rows"]) if same_source else None
-        table.append({k: r[k] for k in ("config", "source_rows", "rows", "workers", "conversations", "rows_sha256")}
-                     | {"seconds": round(r["seconds"], 1), "tokens_per_s": round(r["tokens"] / r["seconds"]),
-                        "main_peak_rss_mib": round(r["main_peak_rss_mib"]),
-                        "worker_peak_rss_mib": round(r["worker_peak_rss_mib"]),
-                        "same_rows_as_largest_build": (r["rows_sha256"] == expected_sha) if same_source else None})
+    best = builds[0]
+    per_conversation = {"rows_build_ms": round(1000 * best["seconds"] / best["conversations"], 3),
+                        "whole_source_ms": round(1000 * whole["seconds"] / whole["conversations"], 3)}
+    loads = [b["busy_before"] for b in [*builds, whole]]
     summary = {
-        "floor_seconds": round(base["seconds"], 1), "floor_tokens": base["tokens"],
-        "floor_conversations": base["conversations"],
-        "build_over_floor": round(ref["seconds"] / base["seconds"], 2),
-        "build_1_worker_over_floor": round(results[1]["seconds"] / base["seconds"], 2),
-        "naive_seconds_estimated": round(per_conversation * ref["conversations"], 1),
-        "naive_over_build": round(per_conversation * ref["conversations"] / ref["seconds"], 1),
-        "seconds_per_1000_rows": {r["config"]: round(1000 * r["seconds"] / r["rows"], 2) for r in results},
-        "layout_seconds": round(layout_s), "source_mib": {"full": big["dataset_mib"], "quarter": small["dataset_mib"]},
-        "cores": os.cpu_count(), "python": sys.version.split()[0],
+        "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0],
+                    "idle": max(loads) < IDLE_BUSY, "cpu_busy_before_each_build": loads},
+        "tokenizer_floor_seconds": round(tokenizer_floor["seconds"], 2),
+        "tokenizer_floor_tokens": tokenizer_floor["tokens"],
+        "decode_floor_seconds": round(decode_floor["seconds"], 2),
+        "build_over_tokenizer_floor": {f"{b['engine']}-{b['workers']}": round(b["seconds"] / tokenizer_floor["seconds"],
+                                                                             3) for b in builds},
+        "build_over_decode_floor": {f"{b['engine']}-{b['workers']}": round(b["seconds"] / decode_floor["seconds"], 2)
+                                    for b in builds},
+        "same_rows": len({b["rows_sha256"] for b in builds}) == 1,
+        "naive_seconds_estimated": round(naive["seconds_per_conversation"] * consumed, 1),
+        "naive_over_build": round(naive["seconds_per_conversation"] * consumed / best["seconds"], 1),
+        "whole_source": {"conversations": whole["conversations"], "rows": rows, "seconds": whole["seconds"],
+                         "main_peak_rss_mib": whole["main_peak_rss_mib"], "source_reading": whole["source_reading"]},
+        "cost_per_consumed_conversation": {**per_conversation, "whole_over_rows_build": round(
+            per_conversation["whole_source_ms"] / per_conversation["rows_build_ms"], 2)},
+        "scale": args.scale, "rows": args.rows, "source_conversations": int(facts["dataset_rows"]),
     }
-    print(f"\n{'config':<34} {'source':>8} {'rows':>5} {'w':>2} {'seconds':>8} {'tokens/s':>9} {'RSS MiB':>8} "
-          f"{'worker':>7}  same rows")
-    for t in table:
-        print(f"{t['config']:<34} {t['source_rows']:>8} {t['rows']:>5} {t['workers']:>2} {t['seconds']:>8} "
-              f"{t['tokens_per_s']:>9} {t['main_peak_rss_mib']:>8} {t['worker_peak_rss_mib']:>7}  "
-              f"{t['same_rows_as_largest_build']}")
-    print(f"\nfloor (encode_batch of the {base['conversations']:,} consumed conversations' texts, {os.cpu_count()} "
-          f"cores): {base['seconds']:.1f} s; build / floor = {summary['build_over_floor']} (2 workers), "
-          f"{summary['build_1_worker_over_floor']} (1 worker)")
+    print(f"\n{'engine':<11} {'workers':>7} {'seconds':>8} {'× tok floor':>11} {'× decode floor':>14} "
+          f"{'RSS MiB':>8} {'worker RSS':>10} {'cross-checked':>13}  rows_sha256")
+    for b in builds:
+        print(f"{b['engine']:<11} {b['workers']:>7} {b['seconds']:>8} "
+              f"{b['seconds'] / tokenizer_floor['seconds']:>11.3f} {b['seconds'] / decode_floor['seconds']:>14.2f} "
+              f"{b['main_peak_rss_mib']:>8} {b['worker_peak_rss_mib'] or '-':>10} {b['cross_checked']:>13}  "
+              f"{b['rows_sha256'][:16]}")
+    print(f"\ntokenizer floor (encode_batch_fast of the {consumed:,} consumed conversations' texts, "
+          f"{tokenizer_floor['tokens']:,} tokens): {tokenizer_floor['seconds']:.2f} s; source-decode floor (messages "
+          f"column of every shard): {decode_floor['seconds']:.2f} s; same rows for every engine and worker count: "
+          f"{summary['same_rows']}")
+    print(f"whole source: {whole['conversations']:,} conversations into {rows:,} rows in {whole['seconds']} s, "
+          f"{per_conversation['whole_source_ms']} ms per conversation against {per_conversation['rows_build_ms']} ms "
+          f"({summary['cost_per_consumed_conversation']['whole_over_rows_build']}×), peak RSS "
+          f"{whole['main_peak_rss_mib']} MiB")
     print(f"naive per-message apply_chat_template masking: ~{summary['naive_seconds_estimated']} s for the same "
-          f"conversations, {summary['naive_over_build']}x the build")
-    args.json.write_text(json.dumps({"builds": table, "summary": summary}, indent=2) + "\n")
+          f"conversations, {summary['naive_over_build']}× the build")
+    print(f"machine: {os.cpu_count()} cores, idle (other processes below {IDLE_BUSY:.0%} of the CPUs before every "
+          f"build): {summary['machine']['idle']} (busy: {', '.join(f'{b:.1%}' for b in loads)})")
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps({"builds": builds, "summary": summary}, indent=2) + "\n")
+    print(f"results: {results}")
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from builders.stats import BuildStats
 from builders.stream import Stream, StreamStats
 from builders.timings import Timings
 
-LIBRARIES = ("numpy", "pyarrow", "tokenizers", "transformers", "huggingface_hub", "jinja2", "datasets", "PyYAML",
+LIBRARIES = ("numpy", "pyarrow", "tokenizers", "fastokens", "transformers", "huggingface_hub", "jinja2", "datasets", "PyYAML",
              "matplotlib")
 
 
@@ -93,13 +93,14 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
                                  "bytes": path.stat().st_size} for path in source.files]
             verification = verify(computed, manifest)
             final = out_dir / f"{manifest.name}{'' if verification.verified else '.unverified'}.parquet"
-            versions = toolchain()
+            document = _report(manifest, final, computed, verification, stats, workers, source_files, chosen,
+                               stream.stats)
             if card:
                 with timings.stage("card_s"):
-                    write_card(out_dir, manifest, computed, verification, stats, versions, source_files)
-            report = write_atomic(out_dir / f"{manifest.name}.report.json", _report_json(
-                manifest, final, computed, verification, stats, timings, versions, workers, source_files, chosen,
-                stream.stats))
+                    write_card(out_dir, manifest, document, stats)
+            document["timings"] = timings.as_dict()
+            report = write_atomic(out_dir / f"{manifest.name}.report.json",
+                                  (json.dumps(document, indent=2, sort_keys=True) + "\n").encode("utf-8"))
             parquet.commit(final)
     except OSError as err:
         raise OutputError(f"{out_dir}: cannot write the build output ({err.strerror or err}); nothing was "
@@ -159,10 +160,10 @@ def _write_rows(manifest: Manifest, eos_id: int, conversations: Iterable[Encoded
     return figures, stats
 
 
-def _report_json(manifest: Manifest, final: Path, computed: dict, verification: Verification, stats: BuildStats,
-                 timings: Timings, versions: dict, workers: int, source_files: list[dict],
-                 chosen: engines.Choice, stream: StreamStats) -> bytes:
-    document = {
+def _report(manifest: Manifest, final: Path, computed: dict, verification: Verification, stats: BuildStats,
+            workers: int, source_files: list[dict], chosen: engines.Choice, stream: StreamStats) -> dict:
+    """What the report records (its timings are added last); the data card is made from it too."""
+    return {
         "name": manifest.name,
         "manifest": str(manifest.path) if manifest.path else None,
         "parquet": final.name,
@@ -174,14 +175,12 @@ def _report_json(manifest: Manifest, final: Path, computed: dict, verification: 
         "source_files": source_files,
         "stats": stats.summary(),
         "source_reading": stream.as_dict(),
-        "timings": timings.as_dict(),
-        "versions": versions,
+        "versions": toolchain(),
         "workers": workers,
         "engine": {"name": chosen.engine.name, "version": chosen.engine.version, "requested": chosen.requested,
                    "note": chosen.note, "conversations_cross_checked": stats.cross_checked},
         "argv": sys.argv,
     }
-    return (json.dumps(document, indent=2, sort_keys=True) + "\n").encode("utf-8")
 
 
 def toolchain() -> dict:

@@ -13,7 +13,6 @@ import numpy as np
 import yaml
 
 from builders.atomic import write_atomic
-from builders.figures import Verification
 from builders.manifest import Manifest
 from builders.stats import BuildStats
 
@@ -29,13 +28,12 @@ def size_category(rows: int) -> str:
     return "n>1M"
 
 
-def write_card(out_dir: Path, manifest: Manifest, figures: dict, verification: Verification,
-               stats: BuildStats, versions: dict, source_files: list[dict]) -> list[Path]:
+def write_card(out_dir: Path, manifest: Manifest, report: dict, stats: BuildStats) -> list[Path]:
     """Write ``NAME.md`` and its PNG plots into ``out_dir``; return the paths written."""
     written = []
     for plot, draw in zip(PLOTS, (_plot_sources, _plot_lengths, _plot_supervision)):
         written.append(write_atomic(out_dir / f"{manifest.name}.{plot}.png", draw(stats, manifest)))
-    text = card_text(manifest, figures, verification, stats, versions, source_files)
+    text = card_text(manifest, report, stats)
     written.append(write_atomic(out_dir / f"{manifest.name}.md", text.encode("utf-8")))
     return written
 
@@ -56,11 +54,12 @@ def front_matter(manifest: Manifest) -> str:
     return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n"
 
 
-def card_text(manifest: Manifest, figures: dict, verification: Verification, stats: BuildStats,
-              versions: dict, source_files: list[dict]) -> str:
+def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
+    """The card's text, from the build's report (nothing that varies from run to run: no timings)."""
+    figures, engine = report["figures"], report["engine"]
     ds, tok, name = manifest.dataset, manifest.tokenizer, manifest.name
     summary = stats.summary()
-    verified = verification.verified
+    verified = report["verified"]
     lines = [
         front_matter(manifest),
         f"# {name}",
@@ -78,8 +77,8 @@ def card_text(manifest: Manifest, figures: dict, verification: Verification, sta
         "",
         "| figure | expected | got | status |",
         "|---|---|---|---|",
-        *[f"| {c.figure} | {'' if c.expected is None else c.expected} | {_fmt(c.got)} | {c.status} |"
-          for c in verification.checks],
+        *[f"| {c['figure']} | {'' if c['expected'] is None else c['expected']} | {_fmt(c['got'])} | {c['status']} |"
+          for c in report["checks"]],
         "",
         "`rows_sha256` names the rows themselves (token ids as little-endian uint32, then the mask as uint8, "
         "row by row); `parquet_sha256` names this file, whose bytes also depend on the writer's version.",
@@ -89,7 +88,7 @@ def card_text(manifest: Manifest, figures: dict, verification: Verification, sta
         "| input | repo | revision | sha256 |",
         "|---|---|---|---|",
         *[f"| dataset: `{f['name']}` ({f['bytes']:,} bytes) | `{ds.repo}` | `{ds.revision}` | "
-          f"`{f['lfs_sha256']}` (LFS object id) |" for f in source_files],
+          f"`{f['lfs_sha256']}` (LFS object id) |" for f in report["source_files"]],
         *[f"| `{file}` | `{tok.repo}` | `{tok.revision}` | `{digest}` |" for file, digest in tok.sha256.items()],
         "",
         "## Contract",
@@ -112,6 +111,10 @@ def card_text(manifest: Manifest, figures: dict, verification: Verification, sta
         *([f"- conversations left out by the mask rule (no answer header found): {summary['conversations_left_out']:,}"]
           if summary["conversations_left_out"] else []),
         f"- padding tokens: {figures['padding_tokens']}",
+        f"- encoded by {engine['name']} {engine['version']}"
+        + (f", {engine['conversations_cross_checked']:,} conversations also encoded by tokenizers (the reference), "
+           f"which agreed" if engine["name"] != "tokenizers" else " (the reference engine)")
+        + (f"; {engine['note']}" if engine["note"] else ""),
         "",
         "### Sources",
         "",
@@ -143,7 +146,7 @@ def card_text(manifest: Manifest, figures: dict, verification: Verification, sta
         "",
         "| package | version |",
         "|---|---|",
-        *[f"| {package} | {version} |" for package, version in versions.items()],
+        *[f"| {package} | {version} |" for package, version in report["versions"].items()],
         "",
     ]
     return "\n".join(lines)

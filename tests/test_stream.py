@@ -1,0 +1,90 @@
+"""The stream reads each row group once, spills what memory cannot hold, makes another pass when its
+estimate falls short, and reports a bad conversation in stream order, whatever the decoding order."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from builders import stream
+from builders.build import build
+from builders.errors import SourceDataError
+from builders.fixture.conversations import synthetic
+from builders.manifest import load_manifest
+from builders.order import permutation
+from builders.pinned import Hub
+from helpers import lay_out_build
+
+ROWS = [{"id": f"c{k}", "source": "synthetic", "messages": m} for k, m in enumerate(synthetic(21, 600))]
+
+
+@pytest.fixture(scope="module")
+def laid_out(tmp_path_factory):
+    """600 conversations in 60 row groups; a build of 800 rows of 256 tokens consumes nearly all of them (849 is all)."""
+    hf_home = tmp_path_factory.mktemp("stream")
+    manifest = lay_out_build(hf_home, ROWS, name="stream", row_tokens=256, build_rows=800, shards=3,
+                             row_group_rows=10)
+    return load_manifest(manifest), Hub(hf_home / "hub", offline=True)
+
+
+def build_with(laid_out, tmp_path, monkeypatch, **constants):
+    for name, value in constants.items():
+        monkeypatch.setattr(stream, name, value)
+    manifest, hub = laid_out
+    result = build(manifest, tmp_path, hub, card=False)
+    report = json.loads(result.report.read_text())
+    return result.parquet.read_bytes(), report["source_reading"], report["stats"]
+
+
+@pytest.fixture(scope="module")
+def plain(laid_out, tmp_path_factory):
+    manifest, hub = laid_out
+    result = build(manifest, tmp_path_factory.mktemp("plain"), hub, card=False)
+    return result.parquet.read_bytes(), json.loads(result.report.read_text())
+
+
+def test_each_row_group_is_decoded_once(plain):
+    _, report = plain
+    reading = report["source_reading"]
+    assert reading["passes"] == 1 and reading["row_groups_decoded"] == 60 and reading["rows_spilled"] == 0
+    assert report["stats"]["conversations_consumed"] > 0.8 * len(ROWS)  # nearly the whole source
+
+
+def test_rows_beyond_memory_wait_on_disk_and_change_nothing(laid_out, plain, tmp_path, monkeypatch):
+    data, reading, _ = build_with(laid_out, tmp_path, monkeypatch, MEMORY_ROWS_BYTES=1)  # 256 rows in memory
+    assert data == plain[0]
+    assert reading["passes"] == 1 and reading["row_groups_decoded"] == 60 and reading["rows_spilled"] > 200
+
+
+def test_a_short_estimate_makes_another_pass_and_changes_nothing(laid_out, plain, tmp_path, monkeypatch):
+    data, reading, _ = build_with(laid_out, tmp_path, monkeypatch, HORIZON_MARGIN=0.5, EAGER_SHARE=0.3,
+                                  ENCODE_BATCH=16)
+    assert data == plain[0]
+    assert reading["passes"] >= 2 and reading["horizon"] < 0.6 * len(ROWS)
+
+
+@pytest.mark.parametrize("constants", [{}, {"MEMORY_ROWS_BYTES": 1}, {"EAGER_SHARE": 0.0}])
+def test_the_first_bad_conversation_in_stream_order_is_the_one_reported(tmp_path, monkeypatch, constants):
+    """Two conversations the contract cannot render, in different row groups: whichever is decoded or
+    encoded first, the error names the one the stream reaches first."""
+    for name, value in constants.items():
+        monkeypatch.setattr(stream, name, value)
+    order = permutation(3, len(ROWS)).tolist()
+    early, late = order[40], order[300]
+    rows = [dict(r) for r in ROWS]
+    for k in (early, late):
+        rows[k] = {**rows[k], "messages": rows[k]["messages"] + [{"role": "narrator", "content": "x"}]}
+    manifest = lay_out_build(tmp_path / "hf", rows, name="bad", row_tokens=256, build_rows=800, shards=3,
+                             row_group_rows=10)
+    with pytest.raises(SourceDataError, match=rf"source row {early} \(id 'c{early}'\)"):
+        build(load_manifest(manifest), tmp_path / "out", Hub(tmp_path / "hf" / "hub", offline=True), card=False)
+
+
+def test_rows_are_the_stream_prefix(plain, laid_out):
+    """The plain build's rows start with the first conversation of the permutation."""
+    table = pq.read_table(__import__("io").BytesIO(plain[0]))
+    first = table.column("metadata").to_pylist()[0]
+    manifest, _ = laid_out
+    assert first["source_index"][0] == int(permutation(manifest.seed, len(ROWS))[0])
