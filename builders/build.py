@@ -38,8 +38,8 @@ from builders.stats import BuildStats
 from builders.stream import Stream, StreamStats
 from builders.timings import Timings
 
-LIBRARIES = ("numpy", "pyarrow", "tokenizers", "fastokens", "transformers", "huggingface_hub", "jinja2", "datasets", "PyYAML",
-             "matplotlib")
+LIBRARIES = ("numpy", "pyarrow", "tokenizers", "fastokens", "transformers", "huggingface_hub", "jinja2", "datasets",
+             "PyYAML", "matplotlib")
 
 
 @dataclass(frozen=True)

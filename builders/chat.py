@@ -61,7 +61,11 @@ class ChatRenderer:
         self.chat_template = chat_template
 
     def render(self, messages: list[dict]) -> str:
+        return self.render_all([messages])[0]
+
+    def render_all(self, conversations: list[list[dict]]) -> list[str]:
+        """Several conversations in one call (transformers renders them one by one, without the per-call cost)."""
         rendered, _ = render_jinja_template(
-            conversations=[messages], chat_template=self.chat_template, add_generation_prompt=False
+            conversations=conversations, chat_template=self.chat_template, add_generation_prompt=False
         )
-        return rendered[0]
+        return rendered

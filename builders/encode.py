@@ -95,10 +95,7 @@ class ConversationEncoder:
 
     def annotate(self, rows: list[dict], rules: Iterable[str] = ()) -> list[Annotated]:
         """Render, check and tokenize source rows once; compute the classes and the ``rules``' slime masks."""
-        layouts = []
-        for row in rows:
-            with _located(row):
-                layouts.append(self.layout(row["messages"]))
+        layouts = self._layouts(rows)
         texts = [lay.text for lay in layouts]
         tokens = self.engine.encode(texts)
         checked = self.engine.cross_check(texts, tokens, [row["index"] for row in rows]) \
@@ -147,14 +144,27 @@ class ConversationEncoder:
             rendered = self.renderer.render(messages)
         except jinja2.TemplateError as err:
             raise ConversationError(f"the chat template failed: {err}") from err
-        text = lay.text
-        if rendered != text:
-            at = next((i for i, (a, b) in enumerate(zip(rendered, text)) if a != b), min(len(rendered), len(text)))
-            raise ConversationError(
-                f"the chat template renders this conversation differently from the glm5 piece layout (first "
-                f"difference at character {at}: template {rendered[at:at + 40]!r}, glm5 {text[at:at + 40]!r}); "
-                f"the glm5 mask is only defined for the GLM-4.7-Flash chat format")
+        _same(rendered, lay.text)
         return lay
+
+    def _layouts(self, rows: list[dict]) -> list[glm5.Layout]:
+        """``layout`` of each row's messages, rendered in one call (a row at a time to find a template error)."""
+        conversations, layouts = [], []
+        for row in rows:
+            with _located(row):
+                conversations.append(normalize_messages(row["messages"]))
+                layouts.append(glm5.layout(conversations[-1]))
+        try:
+            rendered = self.renderer.render_all(conversations)
+        except jinja2.TemplateError:
+            for row in rows:
+                with _located(row):
+                    self.layout(row["messages"])
+            raise
+        for row, text, lay in zip(rows, rendered, layouts):
+            with _located(row):
+                _same(text, lay.text)
+        return layouts
 
     def placements(self, layouts: list[glm5.Layout], ids: list[np.ndarray]) -> list[glm5.Placement]:
         """Where each of the conversations' tokens falls in its layout (its class, whether it is message text)."""
@@ -177,6 +187,16 @@ class ConversationEncoder:
         if stop:
             offsets = np.vstack([offsets, [[len(text), len(text) + len(stop)]]])
         return (self.vocab.token_id(stop) if stop else None), slime.token_mask(characters, offsets)
+
+
+def _same(rendered: str, text: str) -> None:
+    """Refuse a rendering that is not the glm5 layout's text."""
+    if rendered != text:
+        at = next((i for i, (a, b) in enumerate(zip(rendered, text)) if a != b), min(len(rendered), len(text)))
+        raise ConversationError(
+            f"the chat template renders this conversation differently from the glm5 piece layout (first "
+            f"difference at character {at}: template {rendered[at:at + 40]!r}, glm5 {text[at:at + 40]!r}); "
+            f"the glm5 mask is only defined for the GLM-4.7-Flash chat format")
 
 
 def _utf8_length(text: str) -> int:

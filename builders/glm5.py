@@ -107,8 +107,7 @@ def _answer(message: dict, show_reasoning: bool, trained: bool, piece: int) -> t
             Part(content.strip(), answer, True, piece))
 
 
-@dataclass(frozen=True)
-class Placement:
+class Placement(NamedTuple):
     """Where each token of a conversation falls in its layout."""
 
     classes: np.ndarray  # uint8 token class
@@ -125,14 +124,14 @@ def place(layouts: list[Layout], ids: list[np.ndarray], token_bytes: np.ndarray,
     ConversationError whose ``conversation`` is the position of the conversation in the batch.
     The batch is placed with a few array operations, its conversations laid end to end.
     """
-    parts = [part for lay in layouts for part in lay.parts]
-    count = len(parts)
-    lengths = np.fromiter(map(measure, (part.text for part in parts)), np.int64, count)
+    if not layouts:
+        return []
+    texts, part_class, part_text, part_piece = zip(*(part for lay in layouts for part in lay.parts))
+    lengths = np.fromiter(map(measure, texts), np.int64, len(texts))
     piece_base = np.cumsum([0] + [lay.pieces for lay in layouts])  # pieces numbered across the batch
-    part_piece = np.fromiter((piece_base[c] + part.piece for c, lay in enumerate(layouts) for part in lay.parts),
-                             np.int64, count)
-    part_class = np.fromiter((part.token_class for part in parts), np.uint8, count)
-    part_text = np.fromiter((part.message_text for part in parts), bool, count)
+    part_piece = np.array(part_piece, dtype=np.int64) + np.repeat(piece_base[:-1], [len(lay.parts) for lay in layouts])
+    part_class = np.array(part_class, dtype=np.uint8)
+    part_text = np.array(part_text, dtype=bool)
     part_end = np.cumsum(lengths)
     piece_end = np.zeros(piece_base[-1], dtype=np.int64)
     np.maximum.at(piece_end, part_piece, part_end)
@@ -172,15 +171,16 @@ def place(layouts: list[Layout], ids: list[np.ndarray], token_bytes: np.ndarray,
     classes = np.repeat(part_class, per_part)
     message_text = np.repeat(part_text, per_part)
     # the token right after each answer, within its conversation: the stop token that ends it, when it is one
-    answers = np.fromiter((piece_base[c] + k for c, lay in enumerate(layouts) for k in lay.answers), np.int64)
+    answers = np.array([k for lay in layouts for k in lay.answers], dtype=np.int64) \
+        + np.repeat(piece_base[:-1], [len(lay.answers) for lay in layouts])
     answer_conversation = np.searchsorted(piece_base, answers, side="right") - 1
     after = np.searchsorted(starts, piece_end[answers], side="left")
     inside = after < len(flat)
     inside[inside] = starts[after[inside]] < rendering_end[answer_conversation[inside]]
     after = after[inside]
     classes[after[np.isin(flat[after], stop_ids)]] = STOP_AFTER
-    bounds = np.cumsum(counts)[:-1]
-    return [Placement(c, t) for c, t in zip(np.split(classes, bounds), np.split(message_text, bounds))]
+    bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
+    return [Placement(classes[a:b], message_text[a:b]) for a, b in zip(bounds, bounds[1:])]
 
 
 def _at(conversation: int, message: str) -> ConversationError:

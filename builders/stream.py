@@ -7,9 +7,9 @@ known only at the end. The stream plans for it:
   *horizon*: ``HORIZON_MARGIN`` times the conversations the rows need (the whole source for a
   build that consumes all of it);
 - one pass decodes every row group once (``READ_THREADS`` at a time) and keeps its rows whose
-  stream position lies before the horizon: in memory up to ``MEMORY_ROWS_BYTES``, the rest
-  spilled to disk in position buckets (Arrow IPC files in a temporary folder) and read back in
-  order;
+  stream position lies before the horizon: in memory up to ``MEMORY_ROWS_BYTES`` of decoded rows
+  (half of them already encoded), the rest spilled to disk in position buckets (Arrow IPC files
+  in a temporary folder) and read back in order;
 - the conversations surely consumed (before ``EAGER_SHARE`` of the estimate) are encoded as soon
   as their row group is decoded, in whatever order, while the other groups decode; the rest are
   encoded in stream order, only as far as the rows need;
@@ -113,10 +113,12 @@ class Stream:
         self.stats.passes += 1
         wanted = self.order[start:end]
         groups = np.unique(self.source.group_of(wanted)).tolist()
-        in_memory = max(ENCODE_BATCH, int(MEMORY_ROWS_BYTES / max(1.0, self.source.bytes_per_row())))
-        held = _Held(start + in_memory, in_memory, spill)
+        # rows in memory at once: half encoded early, half waiting as Arrow data; the rest waits on disk
+        in_memory = max(2 * ENCODE_BATCH, int(MEMORY_ROWS_BYTES / max(1.0, self.source.bytes_per_row())))
+        eager = min(eager, end, start + in_memory // 2)
+        held = _Held(eager + in_memory // 2, in_memory // 2, spill)
         encoded: dict[int, EncodedConversation | SourceDataError] = {}
-        position, last_eager = start, min(eager, end)
+        position, last_eager = start, eager
         with ThreadPoolExecutor(max_workers=READ_THREADS) as readers:
             queue = iter(groups)  # decoded groups wait for the encoder: at most READ_AHEAD of them at once
             pending = {readers.submit(self._read, group) for group in islice(queue, READ_AHEAD)}

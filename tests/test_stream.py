@@ -22,7 +22,7 @@ ROWS = [{"id": f"c{k}", "source": "synthetic", "messages": m} for k, m in enumer
 
 @pytest.fixture(scope="module")
 def laid_out(tmp_path_factory):
-    """600 conversations in 60 row groups; a build of 800 rows of 256 tokens consumes nearly all of them (849 is all)."""
+    """600 conversations in 60 row groups; 800 rows of 256 tokens consume nearly all of them (849 is all)."""
     hf_home = tmp_path_factory.mktemp("stream")
     manifest = lay_out_build(hf_home, ROWS, name="stream", row_tokens=256, build_rows=800, shards=3,
                              row_group_rows=10)
@@ -53,9 +53,9 @@ def test_each_row_group_is_decoded_once(plain):
 
 
 def test_rows_beyond_memory_wait_on_disk_and_change_nothing(laid_out, plain, tmp_path, monkeypatch):
-    data, reading, _ = build_with(laid_out, tmp_path, monkeypatch, MEMORY_ROWS_BYTES=1)  # 256 rows in memory
-    assert data == plain[0]
-    assert reading["passes"] == 1 and reading["row_groups_decoded"] == 60 and reading["rows_spilled"] > 200
+    data, reading, _ = build_with(laid_out, tmp_path, monkeypatch, MEMORY_ROWS_BYTES=1, ENCODE_BATCH=16)
+    assert data == plain[0]  # 32 rows in memory at once, the rest on disk
+    assert reading["passes"] == 1 and reading["row_groups_decoded"] == 60 and reading["rows_spilled"] > 400
 
 
 def test_a_short_estimate_makes_another_pass_and_changes_nothing(laid_out, plain, tmp_path, monkeypatch):
