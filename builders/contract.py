@@ -8,6 +8,7 @@ a manifest without one builds what it always built.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, fields
 
 import numpy as np
@@ -61,8 +62,9 @@ class Contract:
         """The mask comes from the message structure (prefill, stop and final apply)."""
         return self.mask_rule == "structure"
 
+    @functools.cache  # noqa: B019 (contracts are few and live as long as the process)
     def class_mask(self) -> np.ndarray:
-        """Mask value of each glm5 token class under this reading (structure rule)."""
+        """Mask value of each glm5 token class under this reading (structure rule); not to be changed."""
         values = np.zeros(glm5.CLASSES, dtype=np.uint8)
         values[glm5.ROLE] = self.prefill == "whole-piece"
         values[glm5.PREFILL_THINK] = self.prefill in ("after-role", "whole-piece")

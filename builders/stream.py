@@ -44,7 +44,7 @@ READ_AHEAD = 2 * READ_THREADS  # row groups decoded or decoding, not yet taken a
 HORIZON_MARGIN = 1.3  # rows kept past the estimate of what the build consumes
 EAGER_SHARE = 0.85  # of the estimate, encoded as soon as its row group is decoded
 SAMPLE_GROUPS, SAMPLE_ROWS = 8, 64  # row groups spread over the source, and rows of each, for the estimate
-MEMORY_ROWS_BYTES = 512 << 20  # decoded rows held in memory; the rest of a pass waits on disk
+MEMORY_ROWS_BYTES = 384 << 20  # decoded rows held in memory; the rest of a pass waits on disk
 ENCODE_BATCH = 256  # conversations encoded together
 
 
@@ -142,13 +142,13 @@ class Stream:
         while position < last_eager:
             yield self.encoding.take(encoded, position)
             position += 1
-        for table, positions in held.in_order():
+        for table, positions in held.in_order():  # held rows are the positions from eager to end, in order
             for first in range(0, table.num_rows, ENCODE_BATCH):
                 self.encoding.submit(table.slice(first, ENCODE_BATCH), positions[first:first + ENCODE_BATCH], encoded)
-                for p in positions[first:first + ENCODE_BATCH].tolist():
-                    assert p == position
+                for _ in range(min(ENCODE_BATCH, table.num_rows - first)):
                     yield self.encoding.take(encoded, position)
                     position += 1
+            del table, positions  # before the next bucket is read
 
 
 def _in_order(table: pa.Table, positions: np.ndarray) -> tuple[pa.Table, np.ndarray]:
@@ -182,14 +182,21 @@ class _Held:
                 self.spilled += part.num_rows
 
     def in_order(self) -> Iterator[tuple[pa.Table, np.ndarray]]:
-        """The held rows as tables in stream order, with their positions: memory first, then each bucket."""
+        """The held rows as tables in stream order, with their positions: memory first, then each bucket
+        (each read only when the one before is done with, so one is in memory at a time)."""
         if self.tables:
-            table = pa.concat_tables(self.tables).combine_chunks()
-            positions = np.concatenate(self.positions)
+            tables, positions = self.tables, self.positions
             self.tables, self.positions = [], []
-            yield _in_order(table, positions)
+            yield _in_order(pa.concat_tables(tables), np.concatenate(positions))
+            del tables, positions
         for key in sorted(self.writers):
             self.writers.pop(key).close()
-            with pa.memory_map(str(self.spill / f"bucket-{key}.arrow")) as source:
-                part = pa.ipc.open_file(source).read_all()
-            yield _in_order(part.drop_columns(["position"]), part.column("position").to_numpy())
+            yield _bucket(self.spill / f"bucket-{key}.arrow")
+            pa.default_memory_pool().release_unused()
+
+
+def _bucket(path: Path) -> tuple[pa.Table, np.ndarray]:
+    with pa.OSFile(str(path)) as source:
+        part = pa.ipc.open_file(source).read_all()
+    path.unlink()
+    return _in_order(part.drop_columns(["position"]), part.column("position").to_numpy())
