@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,23 +40,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from measure import CLI, IDLE_BUSY, busy, child  # noqa: E402
 from scale_inputs import lay_out, manifest_text  # noqa: E402
 
 from builders.fixture.make import PINNED_TEMPLATE, shared_dir  # noqa: E402
-
-IDLE_BUSY = 0.05  # share of the CPUs used by other processes below which the machine counts as idle
-
-BUILD = """
-import json, resource, sys, time
-sys.argv = ["generate_fixed_sft.py", *sys.argv[1:]]
-from builders.cli import main
-started = time.perf_counter()
-code = main()
-elapsed = time.perf_counter() - started
-print(json.dumps({"exit": code, "seconds": elapsed,
-                  "main_peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                  "worker_peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
-"""
 
 TOKENIZER_FLOOR = """
 import json, sys, time
@@ -119,30 +105,9 @@ print(json.dumps({"seconds_per_conversation": (time.perf_counter() - started) / 
 """
 
 
-def child(code: str, *args: str, hf_home: Path) -> dict:
-    """Run ``code`` in a fresh process, offline from ``hf_home``; its last stdout line is JSON."""
-    env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=REPO)
-    lines = done.stdout.strip().splitlines()
-    if not lines:
-        raise SystemExit(f"benchmark step failed: {done.stderr}")
-    return {**json.loads(lines[-1]), "stderr": done.stderr}
-
-
-def busy(seconds: float = 2.0) -> float:
-    """The share of all CPUs busy during ``seconds`` (this process sleeps: the rest is others' work)."""
-    def ticks():
-        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-        return sum(fields), fields[3] + fields[4]  # all, idle + iowait
-    total, idle = ticks()
-    time.sleep(seconds)
-    total2, idle2 = ticks()
-    return 1 - (idle2 - idle) / max(1, total2 - total)
-
-
 def build(manifest: Path, out: Path, hf_home: Path, engine: str, workers: int) -> dict:
     load = busy()
-    result = child(BUILD, "--manifest", str(manifest), "--out", str(out), "--engine", engine, "--workers",
+    result = child(CLI, "--manifest", str(manifest), "--out", str(out), "--engine", engine, "--workers",
                    str(workers), "-q", "--no-card", hf_home=hf_home)
     if result["exit"] != 0:
         raise SystemExit(f"build failed: {result['stderr']}")
@@ -159,7 +124,7 @@ def build(manifest: Path, out: Path, hf_home: Path, engine: str, workers: int) -
 
 def whole_source_rows(manifest: Path, out: Path, hf_home: Path) -> int:
     """How many rows the whole source makes: a build asked for too many says how far it got."""
-    probe = child(BUILD, "--manifest", str(manifest), "--out", str(out), "-q", "--no-card", hf_home=hf_home)
+    probe = child(CLI, "--manifest", str(manifest), "--out", str(out), "-q", "--no-card", hf_home=hf_home)
     found = re.search(r"(\d+) of \d+ rows", probe["stderr"])
     if probe["exit"] != 4 or not found:
         raise SystemExit(f"the whole-source probe did not run out as expected: {probe['stderr']}")

@@ -108,11 +108,17 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
     return BuildResult(final, report, verification)
 
 
-def _checked_order(manifest: Manifest, source: ParquetSource) -> np.ndarray:
+def check_source_rows(manifest: Manifest, source: ParquetSource) -> None:
+    """Refuse a source whose row count is not the one the manifest pins."""
     pin = manifest.dataset
     if pin.rows is not None and pin.rows != source.num_rows:
         raise PinnedInputError(f"dataset {pin.repo}@{pin.revision}: the split has {source.num_rows} rows, "
                                f"the manifest pins dataset.rows {pin.rows}")
+
+
+def _checked_order(manifest: Manifest, source: ParquetSource) -> np.ndarray:
+    check_source_rows(manifest, source)
+    pin = manifest.dataset
     order = permutation(manifest.seed, source.num_rows, manifest.contract.order)
     # the pinned sha256 is of the contract's own order; it says nothing of another reading's
     if pin.permutation_sha256 is not None and manifest.contract.order == "numpy-generator" \

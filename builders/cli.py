@@ -19,7 +19,7 @@ from pathlib import Path
 
 from builders.errors import BuildError, UsageError, VerificationError
 
-COMMANDS = ("build", "verify", "inspect", "diff", "download")
+COMMANDS = ("build", "verify", "inspect", "diff", "download", "explain")
 GLOBAL_FLAGS = ("-q", "--quiet", "-v", "--verbose", "--json")
 FILES_DIFFER = 8  # diff: the two files' rows differ
 INTERRUPTED = 130
@@ -33,8 +33,9 @@ examples:
   %(prog)s download --build glm47flash-tulu3-fixed8192-v1  # fetch the pinned inputs, then build offline
   %(prog)s inspect out/fixture-synthetic-v1.parquet --row 3 --fixture-cache .fixture-cache
   %(prog)s diff out/a/NAME.parquet out/b/NAME.parquet
+  %(prog)s explain --build glm47flash-tulu3-fixed8192-v1  # which reading of ROWS.md makes the pinned rows
 
-commands (each has --help): build (the default), verify, inspect, diff, download.
+commands (each has --help): build (the default), verify, inspect, diff, download, explain.
 -q, -v and --json go before or after the command.
 inputs come from the Hugging Face Hub, or offline from the HF cache (HF_HOME, HF_HUB_OFFLINE=1).
 
@@ -44,7 +45,8 @@ exit codes:
   2   bad command line, manifest, or input file (no such file, not a parquet row file)
   3   a pinned input is missing, unresolvable or does not match its sha256
   4   the source holds a conversation the row contract cannot render, or too few rows
-  5   a figure differs from the manifest (a build keeps its file as NAME.unverified.parquet)
+  5   a figure differs from the manifest (a build keeps its file as NAME.unverified.parquet);
+      explain: no reading of the row contract reproduces the pinned rows_sha256
   6   the output cannot be written (disk full, no permission)
   7   a worker process died (killed, or out of memory)
   8   diff: the two files' rows differ
@@ -75,10 +77,7 @@ def parser() -> argparse.ArgumentParser:
                    help="processes that render and tokenize (default 1, whose tokenizer already uses all "
                         f"{os.cpu_count()} cores; more processes also spread the Python-side work, which measured "
                         "slower on 2 cores: see bench/); the rows are the same for any number")
-    b.add_argument("--engine", choices=("auto", "fastokens", "tokenizers"), default="auto",
-                   help="what encodes the text: tokenizers (the contract's reference), or fastokens, many times "
-                        "faster, guarded by probes before the build and a sample of conversations encoded by both "
-                        "during it (auto, the default: fastokens where it loads and agrees, else tokenizers)")
+    _engine_option(b)
     _hub_options(b)
 
     v = command("verify", "re-read a built file and check it against its manifest")
@@ -106,6 +105,17 @@ def parser() -> argparse.ArgumentParser:
                              "build")
     _manifest_options(dl)
     _hub_options(dl)
+
+    e = command("explain", "search the readings of the row contract (ROWS.md) for those that reproduce the "
+                           "manifest's pinned rows_sha256, from the default outward")
+    _manifest_options(e)
+    e.add_argument("--all", dest="everything", action="store_true",
+                   help="try every reading (several hundred), not only up to the first that reproduces the rows")
+    e.add_argument("--writer", action="store_true",
+                   help="then build the reproduced rows and write them as each writer reading does (see "
+                        "data/README.md), reporting which give the pinned parquet_bytes and parquet_sha256")
+    _engine_option(e)
+    _hub_options(e)
     return p
 
 
@@ -128,6 +138,13 @@ def _manifest_options(p, default_help: str | None = None) -> None:
                    help="where --build looks up NAME.yaml (default: the manifests shipped with fixed-sft)")
 
 
+def _engine_option(p) -> None:
+    p.add_argument("--engine", choices=("auto", "fastokens", "tokenizers"), default="auto",
+                   help="what encodes the text: tokenizers (the contract's reference), or fastokens, many times "
+                        "faster, guarded by probes before the build and a sample of conversations encoded by both "
+                        "during it (auto, the default: fastokens where it loads and agrees, else tokenizers)")
+
+
 def _hub_options(p) -> None:
     p.add_argument("--fixture-cache", metavar="DIR", type=Path,
                    help="lay out the fixture HF cache (the repos the fixture-* manifests pin) in DIR and read the "
@@ -144,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser().parse_args(_with_command(sys.argv[1:] if argv is None else argv))
         signal.signal(signal.SIGTERM, _terminate)  # unwind like Ctrl-C, so temporary files are removed
         return {"build": _build, "verify": _verify, "inspect": _inspect, "diff": _diff,
-                "download": _download}[args.command](args)
+                "download": _download, "explain": _explain}[args.command](args)
     except BuildError as err:
         if getattr(args, "verbose", False):  # -v: the whole chain, with what caused it
             traceback.print_exception(err, file=sys.stderr)
@@ -334,6 +351,33 @@ def _download(args) -> int:
     else:
         print(describe(fetched, manifest, hub))
     return 0
+
+
+def _explain(args) -> int:
+    import tempfile
+
+    from builders.explain import describe, describe_writers, explain, writers
+
+    manifest = _manifest(args)
+    hub = _hub(args, manifest)
+    reporter = _reporter(args)
+    explanation = explain(manifest, hub, reporter, everything=args.everything, engine=args.engine)
+    written = None
+    if args.writer and explanation.matches:
+        with tempfile.TemporaryDirectory() as folder:
+            written = writers(manifest, explanation.matches[0], hub, Path(folder), reporter)
+    if args.json:
+        out = {"manifest": str(manifest.path), **explanation.as_dict()}
+        if args.writer:
+            out["writers"] = None if written is None else [w.as_dict(manifest.expect) for w in written]
+        print(json.dumps(out, indent=2, sort_keys=True))
+    else:
+        for line in describe(explanation, manifest):
+            print(line)
+        if args.writer:
+            for line in describe_writers(written, manifest):
+                print(line)
+    return 0 if explanation.matches else VerificationError.exit_code
 
 
 def _print_checks(verification) -> None:

@@ -8,32 +8,41 @@ names the readings that reproduce the pinned ``rows_sha256``, or, when none does
 
 The search is cheap enough for the real recipe: every conversation is rendered and tokenized
 once for the whole search (cached by source index, across orders), with what every mask rule
-needs; a reading's stream is assembled from the cache, its mask by a table of token classes;
-the four ``hash`` layouts of a row stream are computed in one pass over its rows.
+needs; a stream template per order and mask rule holds every token any reading may put in the
+stream, so a reading's ids and mask are a table lookup away; the four ``hash`` layouts of its
+rows are computed side by side.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 
-from builders import glm5
-from builders.contract import KEYS, READINGS, SLIME_RULES, Contract
+from builders import engines, glm5
+from builders.build import build, check_source_rows
+from builders.contract import DEFAULT, KEYS, READINGS, SLIME_RULES, Contract
 from builders.encode import Annotated, ConversationEncoder
 from builders.errors import PinnedInputError, UsageError
 from builders.figures import RowHash
-from builders.manifest import Manifest
+from builders.manifest import Expect, Manifest
 from builders.order import permutation, permutation_sha256, torch_available
+from builders.pinned import dataset_files, load_pinned_tokenizer, resolve
+from builders.rowfile import writer_version
 from builders.source import ParquetSource
+from builders.writers import READINGS as WRITER_READINGS
+from builders.writers import Written, try_writers
 
 ROW_KEYS = tuple(key for key in KEYS if key != "hash")  # the readings that change the rows; hash only names them
 HASHES = (READINGS["hash"][0], *READINGS["hash"][1])
 STRUCTURE_ONLY = ("prefill", "stop", "final")  # do not apply under the slime rules
-ENCODE_BATCH = 256
+ENCODE_BATCH = 256  # conversations rendered and tokenized at a time
 MARGIN = 1.3  # conversations cached past the estimate of what a reading consumes
 
 
@@ -48,16 +57,19 @@ class Outcome:
 
 @dataclass
 class Explanation:
-    matches: list[Contract] = field(default_factory=list)
+    """What the search found, and what it tried."""
+
+    matches: list[Contract] = field(default_factory=list)  # the search's order: fewest deviations first
     ratio_matches: list[tuple[Contract, float]] = field(default_factory=list)  # closest first
-    tried: int = 0  # full contracts (rows × hash layouts) compared
+    tried: int = 0  # full contracts (row readings × hash layouts) compared
+    readings: int = 0  # full contracts there are to try
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {"matches": [{"contract": c.as_dict(), "deviations": c.deviations()} for c in self.matches],
                 "ratio_matches": [{"contract": c.as_dict(), "deviations": c.deviations(), "supervised_token_ratio": r}
                                   for c, r in self.ratio_matches],
-                "tried": self.tried, "notes": self.notes}
+                "tried": self.tried, "readings": self.readings, "notes": self.notes}
 
 
 def row_readings(orders: list[str], encodes: list[str]) -> list[Contract]:
@@ -82,68 +94,69 @@ class Search:
         self.orders: dict[str, np.ndarray] = {}
         self.notes: list[str] = []
         self._mean_tokens: float | None = None
+        self._counts: dict[str, int] = {}  # conversations taken from each order
+        self._template: tuple[tuple[str, str, int], Template] | None = None  # the last one built, and its key
+        self._wrap = (np.zeros(0, np.int32), np.zeros(0, np.int32))  # encode: add-special's tokens, when tried
 
     def run(self, stop_at_first: bool = True) -> Explanation:
+        """Try the readings a level of deviations at a time; with ``stop_at_first``, stop after the
+        level where some reading reproduces rows_sha256 (so equally close readings are all named)."""
         expect = self.manifest.expect
         if expect.rows_sha256 is None and expect.supervised_token_ratio is None:
             raise UsageError(f"explain: {self.manifest.name} pins neither rows_sha256 nor supervised_token_ratio: "
                              f"nothing to explain")
-        found = Explanation(notes=self.notes)
         readings = row_readings(self._orders(), self._encodes())
+        found = Explanation(notes=self.notes, readings=len(readings) * len(HASHES))
         with self.reporter.progress("readings tried", total=len(readings), unit="readings") as progress:
-            for contract in readings:
-                outcome = self.evaluate(contract)
-                found.tried += len(HASHES)
-                progress.update(1)
-                for layout, digest in outcome.hashes.items():
-                    if digest == expect.rows_sha256:
-                        found.matches.append(Contract(**{**contract.as_dict(), "hash": layout}))
-                if expect.supervised_token_ratio is not None and expect.supervised_token_ratio.matches(outcome.ratio):
-                    found.ratio_matches.append((contract, outcome.ratio))
+            for _, level in itertools.groupby(readings, key=lambda c: len(c.deviations())):
+                # within a level, readings that share an order and a mask rule share a stream template
+                for contract in sorted(level, key=lambda c: (c.order, c.mask_rule)):
+                    outcome = self.evaluate(contract)
+                    found.tried += len(HASHES)
+                    progress.update(1)
+                    ratio_matches = expect.supervised_token_ratio is None or \
+                        expect.supervised_token_ratio.matches(outcome.ratio)
+                    # the same rows have the same ratio: a pinned ratio also rules out what the hash cannot
+                    # see (hash: ids-u4 hashes no mask)
+                    if ratio_matches:
+                        found.matches += [Contract(**{**contract.as_dict(), "hash": layout})
+                                          for layout, digest in outcome.hashes.items() if digest == expect.rows_sha256]
+                        if expect.supervised_token_ratio is not None:
+                            found.ratio_matches.append((contract, outcome.ratio))
                 if found.matches and stop_at_first:
                     break
+        rank = {contract: k for k, contract in enumerate(readings)}
+        found.matches.sort(key=lambda c: (rank[replace(c, hash=DEFAULT.hash)], HASHES.index(c.hash)))
         if expect.supervised_token_ratio is not None:
             target = float(expect.supervised_token_ratio.text)
-            found.ratio_matches.sort(key=lambda item: (abs(item[1] - target), len(item[0].deviations())))
+            found.ratio_matches.sort(key=lambda item: (abs(item[1] - target), rank[item[0]]))
         return found
 
     def evaluate(self, contract: Contract) -> Outcome:
         """The rows of ``contract`` (any hash): their hash in every layout and their ratio."""
         order = self.orders[contract.order]
-        needed = self.manifest.rows * self.manifest.row_tokens
-        count = self._estimate(needed)
-        while True:
-            rows = self._rows(contract, order, count)
-            if rows is not None or count >= len(order):
-                break
+        count = self._counts.get(contract.order) or min(len(order), self._estimate(
+            self.manifest.rows * self.manifest.row_tokens))
+        while (rows := self._rows(contract, self.template(contract, count))) is None:
+            if count == len(order):
+                raise PinnedInputError(f"explain: under {contract.deviations() or 'the default reading'} the source "
+                                       f"runs out before {self.manifest.rows} rows")
             count = min(len(order), 2 * count)
-        if rows is None:
-            raise PinnedInputError(f"explain: under {contract.deviations() or 'the default reading'} the source runs "
-                                   f"out before {self.manifest.rows} rows")
+        self._counts[contract.order] = count  # what one reading needed, the next ones of this order start from
         ids, mask = rows
-        hashes = {}
-        for layout in HASHES:
-            digest = RowHash(layout)
-            digest.add(ids, mask)
-            hashes[layout] = digest.hexdigest()
-        return Outcome(contract, hashes, float(np.count_nonzero(mask)) / mask.size)
+        return Outcome(contract, hash_layouts(ids, mask), float(np.count_nonzero(mask)) / mask.size)
 
-    def _rows(self, contract: Contract, order: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """The first ``manifest.rows`` rows of the stream of ``order[:count]``, or None if too few."""
-        parts_ids, parts_mask = [], []
-        eos = np.array([self.encoder.eos_id], dtype=np.int32)
-        for record in self._annotated(order[:count]):
-            materialized = self.encoder.materialize(record, contract)
-            if materialized is None:
-                continue
-            ids, mask, ends_with_answer = materialized
-            parts_ids.append(ids)
-            parts_mask.append(mask)
-            value = contract.eos_mask(ends_with_answer)
-            if value is not None:
-                parts_ids.append(eos)
-                parts_mask.append(_ONE if value else _ZERO)
-        ids, mask = np.concatenate(parts_ids), np.concatenate(parts_mask)
+    def template(self, contract: Contract, count: int) -> Template:
+        """The stream template of the first ``count`` conversations of ``contract``'s order under its mask rule."""
+        key = (contract.order, contract.mask_rule, count)
+        if self._template is None or self._template[0] != key:
+            records = self._annotated(self.orders[contract.order][:count])
+            self._template = key, Template.of(records, contract.mask_rule, self._wrap, self.encoder)
+        return self._template[1]
+
+    def _rows(self, contract: Contract, template: Template) -> tuple[np.ndarray, np.ndarray] | None:
+        """The first ``manifest.rows`` rows of ``contract``'s stream, or None if the template holds too few."""
+        ids, mask = template.stream(contract)
         width = self.manifest.row_tokens
         windows = len(ids) // width
         ids, mask = ids[:windows * width].reshape(windows, width), mask[:windows * width].reshape(windows, width)
@@ -195,14 +208,125 @@ class Search:
 
     def _encodes(self) -> list[str]:
         try:
-            self.encoder.vocab.post_processor_wrap()
+            self._wrap = self.encoder.vocab.post_processor_wrap()
         except PinnedInputError as err:
             self.notes.append(f"encode: add-special was not tried: {err}")
+            return [READINGS["encode"][0]]
+        if not any(len(w) for w in self._wrap):
+            self.notes.append("encode: add-special was not tried apart: the tokenizer's post-processor adds no "
+                              "tokens, so it reads as plain")
             return [READINGS["encode"][0]]
         return [READINGS["encode"][0], *READINGS["encode"][1]]
 
 
-_ONE, _ZERO = np.ones(1, dtype=np.uint8), np.zeros(1, dtype=np.uint8)
+# the tokens a template holds past the message tokens' codes, which a reading keeps or drops and masks
+EOS_AFTER_ANSWER, EOS_AFTER_OTHER, APPENDED, WRAP = range(4)
+HASH_BLOCK = 64  # rows hashed at a time
+
+
+@dataclass(frozen=True)
+class Template:
+    """The stream of some conversations in one order under one mask rule, holding every token any
+    reading of the other choices may put in it (the ``encode: add-special`` wrap, the stop token
+    ``final: append-stop`` appends, the EOS), each coded so that a reading's ids and mask are a table
+    lookup and a selection away. Message tokens are coded by their glm5 class (the structure rule)
+    or by their mask (the slime rules, which fix it); the other tokens by a code past those.
+    """
+
+    rule: str
+    ids: np.ndarray  # int32
+    codes: np.ndarray  # uint8
+
+    @property
+    def base(self) -> int:
+        return glm5.CLASSES if self.rule == "structure" else 2
+
+    @classmethod
+    def of(cls, records: list[Annotated], rule: str, wrap: tuple[np.ndarray, np.ndarray], encoder) -> Template:
+        base = glm5.CLASSES if rule == "structure" else 2
+        before, after = wrap
+        before_codes, after_codes = (np.full(len(w), base + WRAP, np.uint8) for w in wrap)
+        eos, stop = (np.array([token], np.int32) for token in (encoder.eos_id, encoder.vocab.token_id("<|user|>")))
+        eos_codes = {True: np.array([base + EOS_AFTER_ANSWER], np.uint8),
+                     False: np.array([base + EOS_AFTER_OTHER], np.uint8)}
+        appended_code = np.array([base + APPENDED], np.uint8)
+        ids, codes = [], []
+        for record in records:
+            if rule == "structure":
+                middle = [(record.ids, record.placement.classes)]
+                if record.ends_with_answer:
+                    middle.append((stop, appended_code))
+            elif (entry := record.slime[rule]) is None:
+                continue  # the rule leaves the conversation out
+            else:
+                appended, mask = entry
+                own = record.ids if appended is None else np.append(record.ids, np.int32(appended))
+                middle = [(own, mask)]
+            for piece_ids, piece_codes in [(before, before_codes), *middle, (after, after_codes),
+                                           (eos, eos_codes[record.ends_with_answer])]:
+                ids.append(piece_ids)
+                codes.append(piece_codes)
+        return cls(rule, np.concatenate(ids).astype(np.int32, copy=False),
+                   np.concatenate(codes).astype(np.uint8, copy=False))
+
+    def stream(self, contract: Contract) -> tuple[np.ndarray, np.ndarray]:
+        """The ids and mask of the stream under ``contract`` (whose mask rule is this template's)."""
+        base = self.base
+        values, keep = np.zeros(base + 4, np.uint8), np.ones(base + 4, bool)
+        if self.rule == "structure":
+            values[:base] = contract.class_mask()
+            values[base + APPENDED] = contract.class_mask()[glm5.APPENDED_STOP]
+            keep[base + APPENDED] = contract.final == "append-stop"
+        else:
+            values[:base] = (0, 1)
+        values[base + EOS_AFTER_ANSWER] = contract.eos_mask(True) or 0
+        values[base + EOS_AFTER_OTHER] = contract.eos_mask(False) or 0
+        keep[base + EOS_AFTER_ANSWER] = keep[base + EOS_AFTER_OTHER] = contract.eos != "none"
+        keep[base + WRAP] = contract.encode == "add-special"
+        mask = values[self.codes]
+        if keep.all():
+            return self.ids, mask
+        selected = keep[self.codes]
+        return self.ids[selected], mask[selected]
+
+
+def hash_layouts(ids: np.ndarray, mask: np.ndarray) -> dict[str, str]:
+    """The rows' sha256 in every ``hash`` layout, the layouts hashed side by side, a block of rows at a time."""
+    def one(layout: str) -> tuple[str, str]:
+        digest = RowHash(layout)
+        for first in range(0, len(ids), HASH_BLOCK):
+            digest.add(ids[first:first + HASH_BLOCK], mask[first:first + HASH_BLOCK])
+        return layout, digest.hexdigest()
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # hashlib and numpy let go of the GIL
+        return dict(pool.map(one, HASHES))
+
+
+def explain(manifest: Manifest, hub, reporter, everything: bool = False, engine: str = "auto") -> Explanation:
+    """Search the readings for those that reproduce ``manifest``'s pinned figures (all of them with
+    ``everything``, else up to the first that reproduces rows_sha256)."""
+    snapshots = resolve(manifest, hub)
+    pinned = load_pinned_tokenizer(manifest.tokenizer, snapshots.tokenizer)
+    source = ParquetSource(dataset_files(manifest.dataset, snapshots.dataset))
+    check_source_rows(manifest, source)
+    chosen = engines.choose(engine, pinned.tokenizer, pinned.tokenizer_json, pinned.chat_template)
+    encoder = ConversationEncoder(pinned.tokenizer, pinned.chat_template, engine=chosen.engine)
+    reporter.info(f"encoding with {chosen.engine.name} {chosen.engine.version}"
+                  + (f" ({chosen.note})" if chosen.note else ""))
+    explanation = Search(manifest, source, encoder, reporter).run(stop_at_first=not everything)
+    engines.finish(encoder.engine)  # a disagreement found by the guard's cross-check is raised here
+    return explanation
+
+
+def writers(manifest: Manifest, contract: Contract, hub, folder: Path, reporter) -> list[Written]:
+    """Build ``manifest``'s rows under ``contract`` and write them as every writer reading does."""
+    built = build(replace(manifest, contract=contract, expect=Expect()), folder, hub, reporter, card=False)
+    written = []
+    with reporter.progress("writer readings tried", total=len(WRITER_READINGS), unit="files") as progress:
+        for file in try_writers(built.parquet, folder):
+            written.append(file)
+            progress.update(1)
+    return written
 
 
 def pin_lines(contract: Contract) -> str:
@@ -215,19 +339,25 @@ def pin_lines(contract: Contract) -> str:
 
 def describe(explanation: Explanation, manifest: Manifest) -> Iterator[str]:
     """The explanation for a reader."""
+    expect = manifest.expect
     for note in explanation.notes:
         yield f"note: {note}"
-    if explanation.matches:
-        yield f"{len(explanation.matches)} reading(s) reproduce rows_sha256 {manifest.expect.rows_sha256} " \
-              f"({explanation.tried} contracts tried):"
+    tried = f"{explanation.tried} of {explanation.readings} contracts tried"
+    if expect.rows_sha256 is None:
+        yield f"the manifest pins no rows_sha256: only supervised_token_ratio was compared ({tried})"
+    elif explanation.matches:
+        yield f"{len(explanation.matches)} reading(s) reproduce rows_sha256 {expect.rows_sha256} ({tried}):"
         for contract in explanation.matches:
-            yield f"  {_named(contract)}; pin it with:\n" + "".join(f"    {line}\n" for line in
-                                                                 pin_lines(contract).splitlines())
+            yield f"  {_named(contract)}; pin it with:"
+            yield from (f"    {line}" for line in pin_lines(contract).splitlines())
+        if len(explanation.matches) > 1:
+            yield "  (these readings make the same rows from this source: it holds no conversation on which they " \
+                  "differ)"
     else:
-        yield f"no reading reproduces rows_sha256 {manifest.expect.rows_sha256} ({explanation.tried} contracts tried)"
+        yield f"no reading reproduces rows_sha256 {expect.rows_sha256} ({tried})"
     if explanation.ratio_matches and not explanation.matches:
-        yield f"readings whose supervised_token_ratio matches {manifest.expect.supervised_token_ratio.text} " \
-              f"(closest first):"
+        yield f"readings whose supervised_token_ratio matches {expect.supervised_token_ratio.text}, closest first " \
+              f"({len(explanation.ratio_matches)}):"
         for contract, ratio in explanation.ratio_matches[:20]:
             yield f"  {ratio:.6f}  {_named(contract)}"
 
@@ -235,3 +365,28 @@ def describe(explanation: Explanation, manifest: Manifest) -> Iterator[str]:
 def _named(contract: Contract) -> str:
     deviations = contract.deviations()
     return "the default reading" if not deviations else ", ".join(f"{k}: {v}" for k, v in deviations.items())
+
+
+def describe_writers(written: list[Written] | None, manifest: Manifest) -> Iterator[str]:
+    """What the writer readings say of the pinned file."""
+    expect = manifest.expect
+    if written is None:
+        yield "writers: not tried: no reading reproduces the pinned rows, and a file's bytes speak only of its rows"
+        return
+    if expect.parquet_bytes is None:
+        yield "writers: the manifest pins no parquet_bytes; the sizes each writer reading gives:"
+        for w in written:
+            yield f"  {w.bytes:>14,} bytes  {w.reading.name}"
+        return
+    same_size = [w for w in written if w.bytes == expect.parquet_bytes]
+    if not same_size:
+        closest = sorted(written, key=lambda w: abs(w.bytes - expect.parquet_bytes))[:3]
+        yield f"writers: none of the {len(written)} writer readings gives parquet_bytes {expect.parquet_bytes:,}; " \
+              f"closest: " + "; ".join(f"{w.reading.name} ({w.bytes:,})" for w in closest)
+        return
+    running = writer_version()
+    for w in same_size:
+        same_file = w.sha256 == expect.parquet_sha256
+        yield f"writers: {w.reading.name} gives parquet_bytes {w.bytes:,}; parquet_sha256 " + (
+            f"matches too with {running}: pin expect.writer: {running}" if same_file else
+            f"differs with {running} (the pinned file's pyarrow was another: expect.writer names it)")

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from builders.errors import VerificationError
-from builders.manifest import Expect, Manifest
-from builders.rowfile import iter_token_batches, writer_version
+from builders.manifest import Manifest, shipped_manifests
+from builders.rowfile import ROW_GROUP_ROWS, iter_token_batches, writer_version
 
 
 class RowHash:
@@ -40,7 +40,7 @@ class RowHash:
             self._masks.append(mask.astype(np.uint8).tobytes())
         else:
             raise ValueError(f"unknown hash layout {self.layout!r}")
-        self._sha.update(np.ascontiguousarray(data).tobytes())
+        self._sha.update(np.ascontiguousarray(data))
 
     def hexdigest(self) -> str:
         sha = self._sha.copy()
@@ -160,18 +160,35 @@ def verify(figures: dict, manifest: Manifest) -> Verification:
                                 "ok" if expected.matches(got) else "differs"))
         else:
             checks.append(Check(name, expected, got, "ok" if expected == got else "differs"))
-    return Verification(checks, _notes(checks, expect))
+    return Verification(checks, _notes(checks, manifest))
 
 
-def _notes(checks: list[Check], expect: Expect) -> list[str]:
-    """The writer's version, and rows that match in a file that does not."""
-    out = []
+def _notes(checks: list[Check], manifest: Manifest) -> list[str]:
+    """What to make of a difference: the writer's version, rows that match in a file that does not,
+    and how to find the reading of the row contract that makes pinned rows we do not."""
+    expect, out = manifest.expect, []
     running = writer_version()
     if expect.writer is not None and expect.writer != running:
         out.append(f"the manifest's parquet_sha256 and parquet_bytes were made with {expect.writer}, this is "
                    f"{running}: the file's bytes may differ while its rows (rows_sha256) are the same")
     status = {check.figure: check.status for check in checks}
-    if status.get("rows_sha256") == "ok" and "differs" in (status.get("parquet_sha256"), status.get("parquet_bytes")):
-        out.append("the rows are exactly the pinned rows (rows_sha256 matches); only the file's bytes differ, "
-                   "as they do when another parquet writer or writer version made the pinned file")
+    explain = f"explain {_manifest_option(manifest)}"
+    file_figures = [name for name in ("parquet_sha256", "parquet_bytes") if status.get(name) == "differs"]
+    if status.get("rows_sha256") == "ok" and file_figures:
+        out.append(f"the rows are exactly the pinned rows (rows_sha256 matches); only the file differs "
+                   f"({' and '.join(file_figures)}). This file was written by fixed-sft's writer "
+                   f"(builders/rowfile.py: zstd level 3, {ROW_GROUP_ROWS} rows per row group) with {running}; "
+                   f"to find how the pinned file was written, run `{explain} --writer`")
+    elif status.get("rows_sha256") == "differs":
+        out.append(f"the rows are not the pinned rows; to find which reading of the row contract (ROWS.md) makes "
+                   f"them, run `{explain}` with this command's input options (it searches the readings the "
+                   f"recipe card leaves open, from this one outward)")
     return out
+
+
+def _manifest_option(manifest: Manifest) -> str:
+    """How a command line names ``manifest``: by name when it is a shipped one, else by its file."""
+    shipped = shipped_manifests() / f"{manifest.name}.yaml"
+    if manifest.path is not None and manifest.path.resolve() == shipped.resolve():
+        return f"--build {manifest.name}"
+    return f"--manifest {manifest.path or 'FILE'}"

@@ -1,4 +1,5 @@
-"""What the tests share: paths, fixture names, the CLI run as a user runs it, custom builds laid out."""
+"""What the tests share: paths, fixture names, the CLI run as a user runs it, custom builds laid out,
+the readings dataset."""
 
 from __future__ import annotations
 
@@ -8,13 +9,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from tokenizers import Tokenizer
 
+from builders.build import build
 from builders.encode import ConversationEncoder
+from builders.fixture.conversations import hard_cases, synthetic
 from builders.fixture.hf_cache import MESSAGE_WITH_REASONING, parquet_shards, put_snapshot
 from builders.fixture.make import FIXTURE_TEMPLATE, PINNED_TEMPLATE, shared_dir, tokenizer_json
+from builders.fixture.tokenizer import with_glm4_post_processor
+from builders.manifest import Manifest, load_manifest
 from builders.packing import with_eos
+from builders.pinned import Hub
+from reference import reference_rows
 
 REPO = Path(__file__).resolve().parents[1]
 # the real data folder: $FIXED_SFT_SHARED, or ../shared beside the checkout (as CI has it); the
@@ -98,3 +106,60 @@ row_tokens: {row_tokens}
 rows: {build_rows}
 """)
     return manifest
+
+
+# the readings dataset: where the contract's readings differ (ROWS.md, "Readings the recipe card leaves open")
+READINGS_ROW_TOKENS, READINGS_ROWS = 256, 40  # about 60% of its stream, in any order
+
+
+def glm4_tokenizer_files(template: bytes) -> dict:
+    """The fixture tokenizer with a post-processor that puts [gMASK]<sop> first (encode: add-special adds it)."""
+    return {"tokenizer.json": with_glm4_post_processor(tokenizer_json().decode()).encode(),
+            "chat_template.jinja": template}
+
+
+def readings_rows() -> list[dict]:
+    """Four copies of every hard case among 40 seeded conversations: whatever the order, a build of
+    60% of the stream meets each case where the readings differ."""
+    hard = [{"id": f"hard_{copy}_{i}", "source": "hard", "messages": m}
+            for copy in range(4) for i, m in enumerate(hard_cases())]
+    return hard + [{"id": f"synthetic_{k}", "source": "synthetic", "messages": m}
+                   for k, m in enumerate(synthetic(9, 40))]
+
+
+def lay_out_readings(hf_home: Path) -> Path:
+    """The readings dataset and the GLM-4-style tokenizer laid out in ``hf_home``; its manifest."""
+    return lay_out_build(hf_home, readings_rows(), name="readings", seed=42, row_tokens=READINGS_ROW_TOKENS,
+                         build_rows=READINGS_ROWS, shards=3, row_group_rows=16,
+                         tokenizer_files=glm4_tokenizer_files(FIXTURE_TEMPLATE.read_bytes()))
+
+
+def manifest_under(hf_home: Path, name: str, readings: dict, folder: Path, expect: str = "") -> Manifest:
+    """Manifest ``name`` with a ``contract:`` selecting ``readings`` and ``expect`` lines added, in ``folder``."""
+    text = (hf_home / f"{name}.yaml").read_text()
+    if readings:
+        text += "contract:\n" + "".join(f"  {key}: {value}\n" for key, value in readings.items())
+    path = folder / f"{name}.yaml"
+    path.write_text(text + expect)
+    return load_manifest(path)
+
+
+def build_under(hf_home: Path, name: str, readings: dict, tmp_path: Path):
+    """Build the laid-out manifest under ``readings``; return the result and the manifest."""
+    manifest = manifest_under(hf_home, name, readings, tmp_path)
+    return build(manifest, tmp_path / "out", Hub(hf_home / "hub", offline=True), card=False), manifest
+
+
+def reference_under(hf_home: Path, manifest: Manifest, readings: dict):
+    """tests/reference.py's rows of a laid-out manifest under ``readings``."""
+    snapshots = hf_home / "hub"
+    data = next(snapshots.glob(f"datasets--*{manifest.dataset.repo.split('/')[1]}/snapshots/*/data"))
+    tok = next(snapshots.glob(f"models--*{manifest.tokenizer.repo.split('/')[1]}/snapshots/*"))
+    return reference_rows(sorted(data.glob("train-*.parquet")), tok / "tokenizer.json",
+                          (tok / "chat_template.jinja").read_text(encoding="utf-8"), manifest.seed,
+                          manifest.row_tokens, manifest.rows, readings)
+
+
+def file_rows(path: Path) -> list[tuple[list[int], list[int]]]:
+    table = pq.read_table(path)
+    return list(zip(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist()))

@@ -11,25 +11,21 @@ from __future__ import annotations
 
 import json
 
-import pyarrow.parquet as pq
 import pytest
 
-from builders.build import build
 from builders.contract import READINGS, Contract
-from builders.fixture.conversations import hard_cases, synthetic
-from builders.fixture.make import (
-    FIXTURE_TEMPLATE,
-    PINNED_TEMPLATE,
-    shared_dir,
-    tokenizer_json,
-    tulu_fixture_rows,
-)
-from builders.fixture.tokenizer import with_glm4_post_processor
-from builders.manifest import load_manifest
+from builders.fixture.make import PINNED_TEMPLATE, shared_dir, tulu_fixture_rows
 from builders.order import torch_available
-from builders.pinned import Hub
-from helpers import NEEDS_SHARED, lay_out_build
-from reference import reference_rows, rows_sha256
+from helpers import (
+    NEEDS_SHARED,
+    build_under,
+    file_rows,
+    glm4_tokenizer_files,
+    lay_out_build,
+    lay_out_readings,
+    reference_under,
+)
+from reference import rows_sha256
 
 SINGLE = [{key: alternative} for key, (_, alternatives) in READINGS.items() for alternative in alternatives
           if alternative != "torch" or torch_available()]
@@ -40,53 +36,13 @@ COMBINED = [
     {"mask_rule": "slime-pr1824", "order": "source", "hash": "u4-all-u1-all", "eos": "unsupervised"},
     {"encode": "add-special", "prefill": "after-role", "final": "append-stop"},
 ]
-ROW_TOKENS, ROWS = 256, 40  # about 60% of the readings dataset's stream, in any order
-
-
-def glm4_tokenizer_files(template: bytes) -> dict:
-    return {"tokenizer.json": with_glm4_post_processor(tokenizer_json().decode()).encode(),
-            "chat_template.jinja": template}
-
-
-def readings_rows() -> list[dict]:
-    """Four copies of every hard case among 40 seeded conversations: whatever the order, a build of
-    60% of the stream meets each case where the readings differ."""
-    hard = [{"id": f"hard_{copy}_{i}", "source": "hard", "messages": m}
-            for copy in range(4) for i, m in enumerate(hard_cases())]
-    return hard + [{"id": f"synthetic_{k}", "source": "synthetic", "messages": m}
-                   for k, m in enumerate(synthetic(9, 40))]
 
 
 @pytest.fixture(scope="module")
 def synthetic_source(tmp_path_factory):
     hf_home = tmp_path_factory.mktemp("readings")
-    lay_out_build(hf_home, readings_rows(), name="readings", seed=42, row_tokens=ROW_TOKENS, build_rows=ROWS,
-                  shards=3, row_group_rows=16, tokenizer_files=glm4_tokenizer_files(FIXTURE_TEMPLATE.read_bytes()))
+    lay_out_readings(hf_home)
     return hf_home
-
-
-def build_under(hf_home, name: str, readings: dict, tmp_path):
-    """Build the laid-out manifest under ``readings``; return the result and the manifest."""
-    contract = "".join(f"  {key}: {value}\n" for key, value in readings.items())
-    text = (hf_home / f"{name}.yaml").read_text() + "contract:\n" + contract
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(text)
-    manifest = load_manifest(path)
-    return build(manifest, tmp_path / "out", Hub(hf_home / "hub", offline=True), card=False), manifest
-
-
-def reference_under(hf_home, manifest, readings: dict):
-    snapshots = hf_home / "hub"
-    data = next(snapshots.glob(f"datasets--*{manifest.dataset.repo.split('/')[1]}/snapshots/*/data"))
-    tok = next(snapshots.glob(f"models--*{manifest.tokenizer.repo.split('/')[1]}/snapshots/*"))
-    return reference_rows(sorted(data.glob("train-*.parquet")), tok / "tokenizer.json",
-                          (tok / "chat_template.jinja").read_text(encoding="utf-8"), manifest.seed,
-                          manifest.row_tokens, manifest.rows, readings)
-
-
-def file_rows(path):
-    table = pq.read_table(path)
-    return list(zip(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist()))
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""``explain`` at recipe scale: how long the search over the contract's readings takes.
+
+    python bench/explain_at_scale.py                          # 6,400 rows of 8,192 from 939,343 conversations
+    python bench/explain_at_scale.py --scale 0.01 --rows 40   # a smoke run (its results go to bench/.cache)
+
+On the inputs of bench/build_at_scale.py (laid out once in --cache), with the tokenizer given a
+GLM-4-style post-processor (``[gMASK]<sop>``) so that ``encode: add-special`` is a reading of its
+own and the search is as large as it gets, it
+
+1. builds the rows under a reading that is not the default (``PINNED``: two row deviations and
+   another hash layout), as the recipe's unpublished builder might have;
+2. writes a manifest that pins that build's ``rows_sha256`` and its ``supervised_token_ratio`` at
+   three decimals (as the recipe card publishes it), and no ``contract:``;
+3. runs ``explain`` on it (single and double deviations: the search stops after the level of
+   its first match), then ``explain --all`` (every reading), each in a fresh process as users run
+   it, recording seconds, peak RSS, what was tried and found, and whether the machine was idle.
+
+Results: bench/explain_at_scale.json for the full-scale run, bench/.cache/explain_at_scale.smoke.json
+for any other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from measure import CLI, IDLE_BUSY, busy, child  # noqa: E402
+from scale_inputs import lay_out, manifest_text  # noqa: E402
+
+from builders.fixture.hf_cache import put_snapshot  # noqa: E402
+from builders.fixture.make import PINNED_TEMPLATE, shared_dir  # noqa: E402
+from builders.fixture.tokenizer import with_glm4_post_processor  # noqa: E402
+
+PINNED = {"order": "numpy-legacy", "mask_rule": "slime-pr1844", "hash": "i8-i8"}
+GMASK_REPO = "bench/glm-scale-tokenizer-gmask"
+
+
+def gmask_tokenizer(hf_home: Path, facts: dict) -> dict:
+    """The bench tokenizer with a GLM-4-style post-processor, laid out as a repo of its own."""
+    import hashlib
+
+    folder = hf_home / "hub" / f"models--{facts['tokenizer_repo'].replace('/', '--')}" / "snapshots"
+    base = folder / facts["tokenizer_revision"]
+    tokenizer_json = with_glm4_post_processor((base / "tokenizer.json").read_text(encoding="utf-8")).encode()
+    files = {"tokenizer.json": tokenizer_json, "chat_template.jinja": (base / "chat_template.jinja").read_bytes()}
+    revision = put_snapshot(hf_home, GMASK_REPO, "model", files)
+    return {**facts, "tokenizer_repo": GMASK_REPO, "tokenizer_revision": revision,
+            "tokenizer_sha256": hashlib.sha256(tokenizer_json).hexdigest()}
+
+
+def run(hf_home: Path, *args: str) -> dict:
+    load = busy()
+    result = child(CLI, *args, "--json", hf_home=hf_home)
+    return {**result, "busy_before": round(load, 3)}
+
+
+def explain(manifest: Path, hf_home: Path, everything: bool) -> dict:
+    result = run(hf_home, "explain", "--manifest", str(manifest), *(["--all"] if everything else []))
+    if result["exit"] not in (0, 5):
+        raise SystemExit(f"explain failed: {result['stderr']}")
+    found = json.loads(result["stdout"])
+    return {"seconds": round(result["seconds"], 1), "main_peak_rss_mib": round(result["main_peak_rss_mib"]),
+            "busy_before": result["busy_before"], "exit": result["exit"], "tried": found["tried"],
+            "readings": found["readings"], "matches": [m["deviations"] for m in found["matches"]],
+            "ratio_matches": len(found["ratio_matches"]), "notes": found["notes"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scale", type=float, default=1.0, help="source size as a share of 939,343 conversations")
+    parser.add_argument("--rows", type=int, default=6400, help="rows of 8,192 tokens the manifest names")
+    parser.add_argument("--cache", type=Path, default=REPO / "bench" / ".cache", help="where inputs are laid out")
+    args = parser.parse_args()
+    full = args.scale == 1.0 and args.rows == 6400
+    results = REPO / "bench" / "explain_at_scale.json" if full else args.cache / "explain_at_scale.smoke.json"
+    shared = shared_dir() or (REPO.parent / "shared" if (REPO.parent / "shared").is_dir() else None)
+    if shared is None:
+        raise SystemExit("the benchmark renders with the pinned GLM-4.7-Flash template: it needs ../shared "
+                         "(or FIXED_SFT_SHARED)")
+    hf_home = args.cache / "hf"
+    started = time.perf_counter()
+    facts = gmask_tokenizer(hf_home, lay_out(hf_home, (shared / PINNED_TEMPLATE).read_bytes(), args.scale))
+    print(f"inputs laid out in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+
+    base = manifest_text(facts, "explainbench", args.rows)
+    built = args.cache / "explain-built.yaml"
+    built.write_text(base + "contract:\n" + "".join(f"  {k}: {v}\n" for k, v in PINNED.items()))
+    out = args.cache / "out" / "explain-built"
+    build = run(hf_home, "build", "--manifest", str(built), "--out", str(out), "--no-card")
+    if build["exit"] != 0:
+        raise SystemExit(f"the build under {PINNED} failed: {build['stderr']}")
+    figures = json.loads(build["stdout"])["figures"]
+    pinned = args.cache / "explain-pinned.yaml"
+    pinned.write_text(base + f"expect:\n  rows_sha256: {figures['rows_sha256']}\n"
+                             f"  supervised_token_ratio: {figures['supervised_token_ratio']:.3f}\n")
+    print(f"built under {PINNED} in {build['seconds']:.1f} s; explaining", file=sys.stderr, flush=True)
+
+    nearest = explain(pinned, hf_home, everything=False)
+    print(f"  explain: {nearest['seconds']} s", file=sys.stderr, flush=True)
+    everything = explain(pinned, hf_home, everything=True)
+    print(f"  explain --all: {everything['seconds']} s", file=sys.stderr, flush=True)
+
+    loads = [build["busy_before"], nearest["busy_before"], everything["busy_before"]]
+    summary = {
+        "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0], "idle": max(loads) < IDLE_BUSY,
+                    "cpu_busy_before_each_run": loads},
+        "pinned_reading": PINNED, "build_seconds": round(build["seconds"], 1),
+        "explain": nearest, "explain_all": everything,
+        "found_the_pinned_reading": PINNED in nearest["matches"] and PINNED in everything["matches"],
+        "scale": args.scale, "rows": args.rows, "source_conversations": int(facts["dataset_rows"]),
+    }
+    for name, run_ in (("explain", nearest), ("explain --all", everything)):
+        print(f"{name:<14} {run_['seconds']:>7} s  peak RSS {run_['main_peak_rss_mib']:>6} MiB  "
+              f"{run_['tried']:>5} of {run_['readings']} contracts tried  matches: {run_['matches']}")
+    print(f"the pinned reading {PINNED} found: {summary['found_the_pinned_reading']}; build under it: "
+          f"{summary['build_seconds']} s")
+    print(f"machine: {os.cpu_count()} cores, idle (other processes below {IDLE_BUSY:.0%} of the CPUs before every "
+          f"run): {summary['machine']['idle']} (busy: {', '.join(f'{b:.1%}' for b in loads)})")
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"results: {results}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""What the benchmarks share: a command run in a fresh process, and whether the machine is idle."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+IDLE_BUSY = 0.05  # share of the CPUs used by other processes below which the machine counts as idle
+
+# the command line, as users run it, timed in its own process; the last stdout line is the measurement
+CLI = """
+import json, resource, sys, time
+sys.argv = ["generate_fixed_sft.py", *sys.argv[1:]]
+from builders.cli import main
+started = time.perf_counter()
+code = main()
+elapsed = time.perf_counter() - started
+print(json.dumps({"exit": code, "seconds": elapsed,
+                  "main_peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "worker_peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
+"""
+
+
+def child(code: str, *args: str, hf_home: Path) -> dict:
+    """Run ``code`` in a fresh process, offline from ``hf_home``; its last stdout line is JSON."""
+    env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=REPO)
+    lines = done.stdout.strip().splitlines()
+    if not lines:
+        raise SystemExit(f"benchmark step failed: {done.stderr}")
+    return {**json.loads(lines[-1]), "stdout": "\n".join(lines[:-1]), "stderr": done.stderr}
+
+
+def busy(seconds: float = 2.0) -> float:
+    """The share of all CPUs busy during ``seconds`` (this process sleeps: the rest is others' work)."""
+    def ticks():
+        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # all, idle + iowait
+    total, idle = ticks()
+    time.sleep(seconds)
+    total2, idle2 = ticks()
+    return 1 - (idle2 - idle) / max(1, total2 - total)
