@@ -14,7 +14,9 @@ own and the search is as large as it gets, it
    three decimals (as the recipe card publishes it), and no ``contract:``;
 3. runs ``explain`` on it (single and double deviations: the search stops after the level of
    its first match), then ``explain --all`` (every reading), each in a fresh process as users run
-   it, recording seconds, peak RSS, what was tried and found, and whether the machine was idle.
+   it, recording seconds, peak RSS, what was tried and found, and whether the machine was idle;
+4. runs ``explain --writer`` on a manifest pinning a default build's figures (rows found at the
+   first reading, then rebuilt and written by every writer reading).
 
 Results: bench/explain_at_scale.json for the full-scale run, bench/.cache/explain_at_scale.smoke.json
 for any other.
@@ -109,18 +111,39 @@ def main() -> None:
     everything = explain(pinned, hf_home, everything=True)
     print(f"  explain --all: {everything['seconds']} s", file=sys.stderr, flush=True)
 
-    loads = [build["busy_before"], nearest["busy_before"], everything["busy_before"]]
+    default = args.cache / "explain-default.yaml"
+    default.write_text(base)
+    default_out = args.cache / "out" / "explain-default"
+    default_build = run(hf_home, "build", "--manifest", str(default), "--out", str(default_out), "--no-card")
+    default_figures = json.loads(default_build["stdout"])["figures"]
+    by_file = args.cache / "explain-writer.yaml"
+    by_file.write_text(base + f"expect:\n  rows_sha256: {default_figures['rows_sha256']}\n"
+                              f"  parquet_bytes: {default_figures['parquet_bytes']}\n")
+    writer = run(hf_home, "explain", "--manifest", str(by_file), "--writer")
+    if writer["exit"] != 0:
+        raise SystemExit(f"explain --writer failed: {writer['stderr']}")
+    written = json.loads(writer["stdout"])["writers"]
+    writer_run = {"seconds": round(writer["seconds"], 1), "main_peak_rss_mib": round(writer["main_peak_rss_mib"]),
+                  "busy_before": writer["busy_before"], "files": len(written),
+                  "bytes_matches": [w for w in written if w["bytes_match"]],
+                  "sizes": sorted({w["parquet_bytes"] for w in written})}
+    print(f"  explain --writer: {writer_run['seconds']} s", file=sys.stderr, flush=True)
+
+    loads = [build["busy_before"], nearest["busy_before"], everything["busy_before"], writer["busy_before"]]
     summary = {
         "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0], "idle": max(loads) < IDLE_BUSY,
                     "cpu_busy_before_each_run": loads},
         "pinned_reading": PINNED, "build_seconds": round(build["seconds"], 1),
-        "explain": nearest, "explain_all": everything,
+        "explain": nearest, "explain_all": everything, "explain_writer": writer_run,
         "found_the_pinned_reading": PINNED in nearest["matches"] and PINNED in everything["matches"],
         "scale": args.scale, "rows": args.rows, "source_conversations": int(facts["dataset_rows"]),
     }
     for name, run_ in (("explain", nearest), ("explain --all", everything)):
         print(f"{name:<14} {run_['seconds']:>7} s  peak RSS {run_['main_peak_rss_mib']:>6} MiB  "
               f"{run_['tried']:>5} of {run_['readings']} contracts tried  matches: {run_['matches']}")
+    print(f"explain --writer {writer_run['seconds']:>7} s  peak RSS {writer_run['main_peak_rss_mib']:>6} MiB  "
+          f"{writer_run['files']} files, {len(writer_run['sizes'])} sizes; the default build's size from: "
+          f"{[w['writer'] + ' ' + w['input_ids'] + ' ' + w['loss_mask'] for w in writer_run['bytes_matches']]}")
     print(f"the pinned reading {PINNED} found: {summary['found_the_pinned_reading']}; build under it: "
           f"{summary['build_seconds']} s")
     print(f"machine: {os.cpu_count()} cores, idle (other processes below {IDLE_BUSY:.0%} of the CPUs before every "

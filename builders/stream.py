@@ -44,7 +44,7 @@ READ_AHEAD = 2 * READ_THREADS  # row groups decoded or decoding, not yet taken a
 HORIZON_MARGIN = 1.3  # rows kept past the estimate of what the build consumes
 EAGER_SHARE = 0.85  # of the estimate, encoded as soon as its row group is decoded
 SAMPLE_GROUPS, SAMPLE_ROWS = 8, 64  # row groups spread over the source, and rows of each, for the estimate
-MEMORY_ROWS_BYTES = 384 << 20  # decoded rows held in memory; the rest of a pass waits on disk
+MEMORY_ROWS_BYTES = 320 << 20  # decoded rows held in memory; the rest of a pass waits on disk
 ENCODE_BATCH = 256  # conversations encoded together
 
 
