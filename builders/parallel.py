@@ -4,7 +4,9 @@ Both take batches of source rows with their stream positions and leave each enco
 conversation (or the error that names it) at its position; the stream takes them back in
 order. Each worker holds its own copy of the tokenizer, template, contract and engine and runs
 the same ``ConversationEncoder``, so the rows do not depend on the number of workers. At most
-``2 × workers`` batches are in flight in the pool: memory stays bounded.
+``2 × workers`` batches are in flight in the pool: memory stays bounded. A guarded engine's
+cross-check samples come back with each batch and are compared in the main process, beside the
+build, so no worker waits for them.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ class Pool(InProcess):
     def submit(self, table: pa.Table, positions: np.ndarray, encoded: Encoded) -> None:
         while len(self.pending) >= self.depth:
             self._collect(encoded)
-        self.pending.add(self.executor.submit(_encode, table, positions))
+        self.pending.add(self.executor.submit(_encode, portable(table), positions))
 
     def ready(self, encoded: Encoded, position: int) -> bool:
         if position not in encoded and any(future.done() for future in self.pending):
@@ -102,10 +104,19 @@ class Pool(InProcess):
         done, self.pending = wait(self.pending, return_when=FIRST_COMPLETED)
         for future in done:
             try:
-                encoded.update(future.result())
+                batch, samples = future.result()
             except BrokenProcessPool as err:
                 raise WorkerError("a tokenizing worker process died before returning its batch (killed, or out of "
                                   "memory); nothing was left at the final path") from err
+            encoded.update(batch)
+            for sample in samples:  # the worker's cross-check samples, compared here beside the build
+                self.encoder.engine.check(*sample)
+
+
+def portable(table: pa.Table) -> pa.Table:
+    """``table`` as it should travel to a worker: a slice pickles its parent's whole buffers, a copy
+    of its rows only them."""
+    return table.take(np.arange(table.num_rows))
 
 
 def encoding(encoder: ConversationEncoder, workers: int) -> InProcess:
@@ -131,7 +142,7 @@ def _start_worker(tokenizer_json: str, chat_template: str, contract: Contract, e
     _ENCODER = ConversationEncoder(tokenizer, chat_template, contract, engines.named(engine, tokenizer, tokenizer_json))
 
 
-def _encode(table: pa.Table, positions: np.ndarray) -> list[tuple[int, object]]:
+def _encode(table: pa.Table, positions: np.ndarray) -> tuple[list[tuple[int, object]], list[tuple]]:
+    """A batch encoded in a worker, and its cross-check samples for the main process."""
     encoded = encode_rows(_ENCODER, table.to_pylist(), positions)  # converted here: Arrow travels cheaper
-    engines.finish(_ENCODER.engine)  # this batch's cross-checks are done before it returns
-    return encoded
+    return encoded, engines.take_deferred(_ENCODER.engine)

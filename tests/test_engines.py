@@ -125,3 +125,21 @@ def test_auto_falls_back_to_tokenizers_with_a_note(fixture_cache, tmp_path):
     refused = run_cli("--build", SELF_CONTAINED, "--out", str(out), "--engine", "fastokens", hf_home=fixture_cache,
                       env={"PYTHONPATH": str(sitecustomize)})
     assert refused.returncode == 2 and "--engine fastokens: fastokens cannot load" in refused.stderr
+
+
+def test_a_worker_process_engine_leaves_its_samples_to_the_main_process():
+    """With --workers, each worker keeps its samples; the main process compares them beside the build."""
+    from tokenizers import Tokenizer
+
+    reference = engines.TokenizersEngine(Tokenizer.from_str(tokenizer_json().decode()))
+    worker = engines.Guarded(reference, reference, deferred=True)
+    texts = ["sampled: source index 64", "not sampled"]
+    ids = reference.encode(texts)
+    assert worker.cross_check(texts, ids, [64, 65]) == [True, False]
+    (sample,) = worker.take_deferred()
+    assert sample[0] == texts[:1] and sample[2] == [64] and worker.take_deferred() == []
+
+    main = engines.Guarded(reference, reference)
+    main.check(sample[0], [np.append(sample[1][0], 7)], sample[2])
+    with pytest.raises(EngineDisagreement, match="source row 64"):
+        main.finish()

@@ -88,3 +88,18 @@ def test_rows_are_the_stream_prefix(plain, laid_out):
     first = table.column("metadata").to_pylist()[0]
     manifest, _ = laid_out
     assert first["source_index"][0] == int(permutation(manifest.seed, len(ROWS))[0])
+
+
+def test_a_batch_sent_to_a_worker_carries_only_its_rows():
+    """A slice of a held table pickles the whole table's buffers; what a worker gets is just the batch."""
+    import pickle
+
+    import pyarrow as pa
+
+    from builders.parallel import portable
+
+    held = pa.table({"index": pa.array(range(10_000)), "messages": pa.array(["x" * 1000] * 10_000)})
+    batch = held.slice(5_000, 8)
+    sent = portable(batch)
+    assert sent.equals(batch)
+    assert len(pickle.dumps(sent)) < 20 * 1000  # 8 rows of 1 kB, not the 10 MB of the held table
