@@ -114,8 +114,8 @@ class Pool(InProcess):
 
 
 def portable(table: pa.Table) -> pa.Table:
-    """``table`` as it should travel to a worker: a slice pickles its parent's whole buffers, a copy
-    of its rows only them."""
+    """``table`` as it should travel to a worker: a slice is serialized with its parent's whole
+    buffers, a copy of its rows with only theirs."""
     return table.take(np.arange(table.num_rows))
 
 
