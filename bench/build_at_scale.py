@@ -28,7 +28,6 @@ overwrites the committed results).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -40,10 +39,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from measure import CLI, IDLE_BUSY, busy, child  # noqa: E402
+from measure import CLI, IDLE_BUSY, busy, child, scale_options  # noqa: E402
 from scale_inputs import lay_out, manifest_text  # noqa: E402
-
-from builders.fixture.make import PINNED_TEMPLATE, shared_dir  # noqa: E402
 
 TOKENIZER_FLOOR = """
 import json, sys, time
@@ -132,21 +129,11 @@ def whole_source_rows(manifest: Path, out: Path, hf_home: Path) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scale", type=float, default=1.0, help="source size as a share of 939,343 conversations")
-    parser.add_argument("--rows", type=int, default=6400, help="rows of 8,192 tokens to build")
-    parser.add_argument("--cache", type=Path, default=REPO / "bench" / ".cache", help="where inputs are laid out")
-    args = parser.parse_args()
-    full = args.scale == 1.0 and args.rows == 6400
-    results = REPO / "bench" / "build_at_scale.json" if full else args.cache / "build_at_scale.smoke.json"
-    shared = shared_dir() or (REPO.parent / "shared" if (REPO.parent / "shared").is_dir() else None)
-    if shared is None:
-        raise SystemExit("the benchmark renders with the pinned GLM-4.7-Flash template: it needs ../shared "
-                         "(or FIXED_SFT_SHARED)")
+    args, results, template = scale_options(__doc__, "build_at_scale", "rows of 8,192 tokens to build")
     hf_home = args.cache / "hf"
     started = time.perf_counter()
-    facts = lay_out(hf_home, (shared / PINNED_TEMPLATE).read_bytes(), args.scale)
-    quarter = lay_out(hf_home, (shared / PINNED_TEMPLATE).read_bytes(), args.scale / 4)
+    facts = lay_out(hf_home, template, args.scale)
+    quarter = lay_out(hf_home, template, args.scale / 4)
     print(f"inputs laid out in {time.perf_counter() - started:.0f} s; measuring", file=sys.stderr, flush=True)
 
     manifest = args.cache / "bench.yaml"

@@ -24,7 +24,6 @@ for any other.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -35,11 +34,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from measure import CLI, IDLE_BUSY, busy, child  # noqa: E402
+from measure import CLI, IDLE_BUSY, busy, child, scale_options  # noqa: E402
 from scale_inputs import lay_out, manifest_text  # noqa: E402
 
 from builders.fixture.hf_cache import put_snapshot  # noqa: E402
-from builders.fixture.make import PINNED_TEMPLATE, shared_dir  # noqa: E402
 from builders.fixture.tokenizer import with_glm4_post_processor  # noqa: E402
 
 PINNED = {"order": "numpy-legacy", "mask_rule": "slime-pr1844", "hash": "i8-i8"}
@@ -77,20 +75,10 @@ def explain(manifest: Path, hf_home: Path, everything: bool) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scale", type=float, default=1.0, help="source size as a share of 939,343 conversations")
-    parser.add_argument("--rows", type=int, default=6400, help="rows of 8,192 tokens the manifest names")
-    parser.add_argument("--cache", type=Path, default=REPO / "bench" / ".cache", help="where inputs are laid out")
-    args = parser.parse_args()
-    full = args.scale == 1.0 and args.rows == 6400
-    results = REPO / "bench" / "explain_at_scale.json" if full else args.cache / "explain_at_scale.smoke.json"
-    shared = shared_dir() or (REPO.parent / "shared" if (REPO.parent / "shared").is_dir() else None)
-    if shared is None:
-        raise SystemExit("the benchmark renders with the pinned GLM-4.7-Flash template: it needs ../shared "
-                         "(or FIXED_SFT_SHARED)")
+    args, results, template = scale_options(__doc__, "explain_at_scale", "rows of 8,192 tokens the manifest names")
     hf_home = args.cache / "hf"
     started = time.perf_counter()
-    facts = gmask_tokenizer(hf_home, lay_out(hf_home, (shared / PINNED_TEMPLATE).read_bytes(), args.scale))
+    facts = gmask_tokenizer(hf_home, lay_out(hf_home, template, args.scale))
     print(f"inputs laid out in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
 
     base = manifest_text(facts, "explainbench", args.rows)

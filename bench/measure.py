@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+FULL_SCALE, FULL_ROWS = 1.0, 6400
 IDLE_BUSY = 0.05  # share of the CPUs used by other processes below which the machine counts as idle
 
 # the command line, as users run it, timed in its own process; the last stdout line is the measurement
@@ -45,3 +47,24 @@ def busy(seconds: float = 2.0) -> float:
     time.sleep(seconds)
     total2, idle2 = ticks()
     return 1 - (idle2 - idle) / max(1, total2 - total)
+
+
+def scale_options(doc: str, name: str, rows_help: str) -> tuple[argparse.Namespace, Path, bytes]:
+    """A scale benchmark's options (--scale, --rows, --cache), where its results go (bench/NAME.json
+    for the full-scale run, bench/.cache/NAME.smoke.json for any other, so a smoke run never
+    overwrites committed results) and the pinned chat template it renders with."""
+    from builders.fixture.make import PINNED_TEMPLATE, shared_dir
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scale", type=float, default=FULL_SCALE, help="source size as a share of 939,343 "
+                                                                        "conversations")
+    parser.add_argument("--rows", type=int, default=FULL_ROWS, help=rows_help)
+    parser.add_argument("--cache", type=Path, default=REPO / "bench" / ".cache", help="where inputs are laid out")
+    args = parser.parse_args()
+    full = args.scale == FULL_SCALE and args.rows == FULL_ROWS
+    results = REPO / "bench" / f"{name}.json" if full else args.cache / f"{name}.smoke.json"
+    shared = shared_dir() or (REPO.parent / "shared" if (REPO.parent / "shared").is_dir() else None)
+    if shared is None:
+        raise SystemExit("the benchmark renders with the pinned GLM-4.7-Flash template: it needs ../shared "
+                         "(or FIXED_SFT_SHARED)")
+    return args, results, (shared / PINNED_TEMPLATE).read_bytes()
