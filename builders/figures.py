@@ -181,8 +181,8 @@ def _notes(checks: list[Check], manifest: Manifest) -> list[str]:
                    f"to find how the pinned file was written, run `{explain} --writer`")
     elif status.get("rows_sha256") == "differs":
         out.append(f"the rows are not the pinned rows; to find which reading of the row contract (ROWS.md) makes "
-                   f"them, run `{explain}` with this command's input options (it searches the readings the "
-                   f"recipe card leaves open, from this one outward)")
+                   f"them, run this program's `{explain}`, with the same input options (it searches the readings "
+                   f"the recipe card leaves open, nearest first)")
     return out
 
 
