@@ -29,7 +29,7 @@ from builders.figures import RowFigures, Verification, file_hash, verify
 from builders.manifest import Manifest
 from builders.order import permutation, permutation_sha256
 from builders.packing import Packer
-from builders.pinned import Hub, dataset_files, lfs_sha256, load_pinned_tokenizer, resolve
+from builders.pinned import Hub, lfs_sha256, pinned_inputs
 from builders.progress import Reporter
 from builders.records import EncodedConversation, Row
 from builders.rowfile import RowWriter
@@ -62,12 +62,10 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
     """
     timings = Timings()
     with timings.stage("resolve_inputs_s"):
-        snapshots = resolve(manifest, hub)
-        pinned = load_pinned_tokenizer(manifest.tokenizer, snapshots.tokenizer)
+        pinned, source = pinned_inputs(manifest, hub)
         with ThreadPoolExecutor(1) as loader:  # the engine loads and passes its probes beside the planning
             choice = loader.submit(engines.choose, engine, pinned.tokenizer, pinned.tokenizer_json,
                                    pinned.chat_template)
-            source = ParquetSource(dataset_files(manifest.dataset, snapshots.dataset))
             order = _checked_order(manifest, source)
             reference = ConversationEncoder(pinned.tokenizer, pinned.chat_template, manifest.contract)
             stream = Stream(source, order, manifest.rows * manifest.row_tokens)
@@ -75,8 +73,7 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
             chosen = choice.result()
         encoder = reference.with_engine(chosen.engine)
     reporter.info(f"inputs resolved and checked: {source.num_rows:,} source rows in {len(source.files)} files")
-    reporter.info(f"encoding with {chosen.engine.name} {chosen.engine.version}"
-                  + (f" ({chosen.note})" if chosen.note else ""))
+    reporter.info(chosen.describe())
     reporter.detail(f"tokenizer snapshot {pinned.snapshot}; source files: {', '.join(map(str, source.files))}")
 
     try:

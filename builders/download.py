@@ -8,8 +8,8 @@ from pathlib import Path
 
 from huggingface_hub import constants
 
-from builders.manifest import Manifest
-from builders.pinned import Hub, PinnedRepo, cli_command, dataset_repo, resolve, tokenizer_repo
+from builders.manifest import Manifest, cli_command
+from builders.pinned import Hub, PinnedRepo, dataset_repo, resolve, tokenizer_repo
 
 
 @dataclass(frozen=True)

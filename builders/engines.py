@@ -145,6 +145,9 @@ class Choice:
     requested: str
     note: str | None  # why auto did not use fastokens
 
+    def describe(self) -> str:
+        return f"encoding with {self.engine.name} {self.engine.version}" + (f" ({self.note})" if self.note else "")
+
 
 def choose(requested: str, tokenizer: Tokenizer, tokenizer_json: str, chat_template: str) -> Choice:
     """The engine for a build: ``auto`` uses fastokens when it loads the pinned ``tokenizer.json``

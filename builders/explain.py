@@ -33,7 +33,7 @@ from builders.errors import PinnedInputError, UsageError
 from builders.figures import RowHash
 from builders.manifest import Expect, Manifest
 from builders.order import permutation, permutation_sha256, torch_available
-from builders.pinned import dataset_files, load_pinned_tokenizer, resolve
+from builders.pinned import pinned_inputs
 from builders.rowfile import writer_version
 from builders.source import ParquetSource
 from builders.writers import READINGS as WRITER_READINGS
@@ -239,11 +239,11 @@ class Template:
 
     @property
     def base(self) -> int:
-        return glm5.CLASSES if self.rule == "structure" else 2
+        return _message_codes(self.rule)
 
     @classmethod
     def of(cls, records: list[Annotated], rule: str, wrap: tuple[np.ndarray, np.ndarray], encoder) -> Template:
-        base = glm5.CLASSES if rule == "structure" else 2
+        base = _message_codes(rule)
         before, after = wrap
         before_codes, after_codes = (np.full(len(w), base + WRAP, np.uint8) for w in wrap)
         eos, stop = (np.array([token], np.int32) for token in (encoder.eos_id, encoder.vocab.token_id("<|user|>")))
@@ -290,6 +290,11 @@ class Template:
         return self.ids[selected], mask[selected]
 
 
+def _message_codes(rule: str) -> int:
+    """How many codes a template's message tokens take: the glm5 classes, or a slime rule's mask values."""
+    return glm5.CLASSES if rule == "structure" else 2
+
+
 def hash_layouts(ids: np.ndarray, mask: np.ndarray) -> dict[str, str]:
     """The rows' sha256 in every ``hash`` layout, the layouts hashed side by side, a block of rows at a time."""
     def one(layout: str) -> tuple[str, str]:
@@ -305,14 +310,11 @@ def hash_layouts(ids: np.ndarray, mask: np.ndarray) -> dict[str, str]:
 def explain(manifest: Manifest, hub, reporter, everything: bool = False, engine: str = "auto") -> Explanation:
     """Search the readings for those that reproduce ``manifest``'s pinned figures (all of them with
     ``everything``, else up to the first that reproduces rows_sha256)."""
-    snapshots = resolve(manifest, hub)
-    pinned = load_pinned_tokenizer(manifest.tokenizer, snapshots.tokenizer)
-    source = ParquetSource(dataset_files(manifest.dataset, snapshots.dataset))
+    pinned, source = pinned_inputs(manifest, hub)
     check_source_rows(manifest, source)
     chosen = engines.choose(engine, pinned.tokenizer, pinned.tokenizer_json, pinned.chat_template)
     encoder = ConversationEncoder(pinned.tokenizer, pinned.chat_template, engine=chosen.engine)
-    reporter.info(f"encoding with {chosen.engine.name} {chosen.engine.version}"
-                  + (f" ({chosen.note})" if chosen.note else ""))
+    reporter.info(chosen.describe())
     explanation = Search(manifest, source, encoder, reporter).run(stop_at_first=not everything)
     engines.finish(encoder.engine)  # a disagreement found by the guard's cross-check is raised here
     return explanation

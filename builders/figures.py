@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from builders.errors import VerificationError
-from builders.manifest import Manifest, shipped_manifests
+from builders.manifest import Manifest, cli_command
 from builders.rowfile import ROW_GROUP_ROWS, iter_token_batches, writer_version
 
 
@@ -172,7 +172,7 @@ def _notes(checks: list[Check], manifest: Manifest) -> list[str]:
         out.append(f"the manifest's parquet_sha256 and parquet_bytes were made with {expect.writer}, this is "
                    f"{running}: the file's bytes may differ while its rows (rows_sha256) are the same")
     status = {check.figure: check.status for check in checks}
-    explain = f"explain {_manifest_option(manifest)}"
+    explain = cli_command("explain", manifest)
     file_figures = [name for name in ("parquet_sha256", "parquet_bytes") if status.get(name) == "differs"]
     if status.get("rows_sha256") == "ok" and file_figures:
         out.append(f"the rows are exactly the pinned rows (rows_sha256 matches); only the file differs "
@@ -181,14 +181,6 @@ def _notes(checks: list[Check], manifest: Manifest) -> list[str]:
                    f"to find how the pinned file was written, run `{explain} --writer`")
     elif status.get("rows_sha256") == "differs":
         out.append(f"the rows are not the pinned rows; to find which reading of the row contract (ROWS.md) makes "
-                   f"them, run this program's `{explain}`, with the same input options (it searches the readings "
+                   f"them, run `{explain}` with the same input options (it searches the readings "
                    f"the recipe card leaves open, nearest first)")
     return out
-
-
-def _manifest_option(manifest: Manifest) -> str:
-    """How a command line names ``manifest``: by name when it is a shipped one, else by its file."""
-    shipped = shipped_manifests() / f"{manifest.name}.yaml"
-    if manifest.path is not None and manifest.path.resolve() == shipped.resolve():
-        return f"--build {manifest.name}"
-    return f"--manifest {manifest.path or 'FILE'}"

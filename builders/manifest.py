@@ -8,6 +8,8 @@ the field, before anything else happens.
 from __future__ import annotations
 
 import re
+import shlex
+import sys
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -100,6 +102,13 @@ def _float_text(loader: _Loader, node: yaml.ScalarNode) -> _FloatText:
 
 
 _Loader.add_constructor("tag:yaml.org,2002:float", _float_text)
+
+
+def cli_command(command: str, manifest: Manifest) -> str:
+    """This project's command line for ``command`` on ``manifest``, as it runs in this environment."""
+    shipped = manifest.path is None or manifest.path.parent.resolve() == shipped_manifests().resolve()
+    which = f"--build {manifest.name}" if shipped else f"--manifest {shlex.quote(str(manifest.path))}"
+    return f"{shlex.quote(sys.executable)} -m builders {command} {which}"
 
 
 def shipped_manifests() -> Path:

@@ -23,7 +23,8 @@ from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 from tokenizers import Tokenizer
 
 from builders.errors import PinnedInputError
-from builders.manifest import TOKENIZER_FILES, DatasetPin, Manifest, TokenizerPin, shipped_manifests
+from builders.manifest import TOKENIZER_FILES, DatasetPin, Manifest, TokenizerPin, cli_command
+from builders.source import ParquetSource
 
 
 @dataclass(frozen=True)
@@ -109,13 +110,6 @@ def resolve(manifest: Manifest, hub: Hub) -> Snapshots:
     return Snapshots(**folders)
 
 
-def cli_command(command: str, manifest: Manifest) -> str:
-    """This project's command line for ``command`` on ``manifest``, as it runs in this environment."""
-    shipped = manifest.path is None or manifest.path.parent.resolve() == shipped_manifests().resolve()
-    which = f"--build {manifest.name}" if shipped else f"--manifest {shlex.quote(str(manifest.path))}"
-    return f"{shlex.quote(sys.executable)} -m builders {command} {which}"
-
-
 class _NotInCache(PinnedInputError):
     """A pinned repo that the cache does not hold and that cannot be downloaded here."""
 
@@ -149,6 +143,13 @@ def load_pinned_tokenizer(pin: TokenizerPin, snapshot: Path) -> PinnedTokenizer:
     except Exception as err:  # the bytes matched their pin, so this is a bad pin, not a tampered file
         raise PinnedInputError(f"{snapshot}: the pinned tokenizer files cannot be parsed: {err}") from err
     return PinnedTokenizer(tokenizer, tokenizer_json, chat_template, snapshot)
+
+
+def pinned_inputs(manifest: Manifest, hub: Hub) -> tuple[PinnedTokenizer, ParquetSource]:
+    """The manifest's tokenizer and source, resolved and checked."""
+    snapshots = resolve(manifest, hub)
+    pinned = load_pinned_tokenizer(manifest.tokenizer, snapshots.tokenizer)
+    return pinned, ParquetSource(dataset_files(manifest.dataset, snapshots.dataset))
 
 
 def dataset_files(pin: DatasetPin, snapshot: Path) -> list[Path]:

@@ -148,13 +148,10 @@ def inspect_source(manifest, hub, index: int) -> View:
 
 def _pinned(manifest, hub):
     from builders.encode import ConversationEncoder
-    from builders.pinned import dataset_files, load_pinned_tokenizer, resolve
-    from builders.source import ParquetSource
+    from builders.pinned import pinned_inputs
 
-    snapshots = resolve(manifest, hub)
-    pinned = load_pinned_tokenizer(manifest.tokenizer, snapshots.tokenizer)
-    encoder = ConversationEncoder(pinned.tokenizer, pinned.chat_template, manifest.contract)
-    return encoder, ParquetSource(dataset_files(manifest.dataset, snapshots.dataset))
+    pinned, source = pinned_inputs(manifest, hub)
+    return ConversationEncoder(pinned.tokenizer, pinned.chat_template, manifest.contract), source
 
 
 def _conversation(encoder, source, index: int, with_mask: bool = False):
