@@ -1,4 +1,5 @@
-"""Command line: build, verify, inspect, diff, download and explain row files named by manifests.
+"""Command line: build, verify, inspect, diff, download and explain row files named by manifests;
+write the manifest a recipe card implies, and check a card against its manifest.
 
 ``generate_fixed_sft.py --build NAME`` (and ``--manifest FILE``, ``--verify FILE``) keep working:
 they are the ``build`` and ``verify`` subcommands written as options. Modules are imported by
@@ -17,9 +18,9 @@ import traceback
 from importlib import metadata
 from pathlib import Path
 
-from builders.errors import BuildError, UsageError, VerificationError
+from builders.errors import BuildError, OutputError, UsageError, VerificationError
 
-COMMANDS = ("build", "verify", "inspect", "diff", "download", "explain")
+COMMANDS = ("build", "verify", "inspect", "diff", "download", "explain", "manifest", "check-recipe")
 GLOBAL_FLAGS = ("-q", "--quiet", "-v", "--verbose", "--json")
 FILES_DIFFER = 8  # diff: the two files' rows differ
 INTERRUPTED = 130
@@ -34,19 +35,24 @@ examples:
   %(prog)s inspect out/fixture-synthetic-v1.parquet --row 3 --fixture-cache .fixture-cache
   %(prog)s diff out/a/NAME.parquet out/b/NAME.parquet
   %(prog)s explain --build glm47flash-tulu3-fixed8192-v1  # which reading of ROWS.md makes the pinned rows
+  %(prog)s manifest --from-recipe CARD.yaml -o my.yaml    # the manifest an OpenRecipes recipe card implies
+  %(prog)s check-recipe CARD.yaml --rows out/NAME.parquet # CI: the card's figures = its manifest's (and the file's)
 
-commands (each has --help): build (the default), verify, inspect, diff, download, explain.
+commands (each has --help): build (the default), verify, inspect, diff, download, explain, manifest,
+check-recipe.
 -q, -v and --json go before or after the command.
 inputs come from the Hugging Face Hub, or offline from the HF cache (HF_HOME, HF_HUB_OFFLINE=1).
 
 exit codes:
-  0   built or verified: every figure the manifest pins matches (diff: the files are identical)
+  0   built or verified: every figure the manifest pins matches (diff: the files are identical;
+      check-recipe: no figure on the card differs from the manifest's, nor, with --rows, the file's)
   1   internal error (a bug: please report it)
-  2   bad command line, manifest, or input file (no such file, not a parquet row file)
+  2   bad command line, manifest, recipe card, or input file (no such file, not a parquet row file)
   3   a pinned input is missing, unresolvable or does not match its sha256
   4   the source holds a conversation the row contract cannot render, or too few rows
   5   a figure differs from the manifest (a build keeps its file as NAME.unverified.parquet);
-      explain: no reading of the row contract reproduces the pinned rows_sha256
+      explain: no reading of the row contract reproduces the pinned rows_sha256;
+      check-recipe: a figure on the card differs from the manifest's, or the --rows file's
   6   the output cannot be written (disk full, no permission)
   7   a worker process died (killed, or out of memory)
   8   diff: the two files' rows differ
@@ -116,6 +122,18 @@ def parser() -> argparse.ArgumentParser:
                         "data/README.md), reporting which give the pinned parquet_bytes and parquet_sha256")
     _engine_option(e)
     _hub_options(e)
+
+    m = command("manifest", "write the manifest an OpenRecipes recipe card implies (what the card does not carry "
+                            "is said in its opening comment)")
+    m.add_argument("--from-recipe", metavar="CARD", type=Path, required=True,
+                   help="the recipe card (YAML, schema_version: 1)")
+    m.add_argument("-o", "--output", metavar="FILE", type=Path, help="write the manifest to FILE (default: print it)")
+
+    c = command("check-recipe", "check a recipe card's figures against its build's manifest, field by field, with "
+                                "no Hub (for a recipes repository's CI); with --rows, a built file against them too")
+    c.add_argument("card", type=Path, help="the recipe card (YAML, schema_version: 1)")
+    c.add_argument("--rows", metavar="FILE", type=Path, help="also verify this parquet row file against the manifest")
+    _manifest_options(c, default_help="default: the shipped manifest the card's workload.dataset.build.name names")
     return p
 
 
@@ -161,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser().parse_args(_with_command(sys.argv[1:] if argv is None else argv))
         signal.signal(signal.SIGTERM, _terminate)  # unwind like Ctrl-C, so temporary files are removed
         return {"build": _build, "verify": _verify, "inspect": _inspect, "diff": _diff,
-                "download": _download, "explain": _explain}[args.command](args)
+                "download": _download, "explain": _explain, "manifest": _manifest_from_recipe,
+                "check-recipe": _check_recipe}[args.command](args)
     except BuildError as err:
         if getattr(args, "verbose", False):  # -v: the whole chain, with what caused it
             traceback.print_exception(err, file=sys.stderr)
@@ -378,6 +397,97 @@ def _explain(args) -> int:
             for line in describe_writers(written, manifest):
                 print(line)
     return 0 if explanation.matches else VerificationError.exit_code
+
+
+def _manifest_from_recipe(args) -> int:
+    from builders.atomic import write_atomic
+    from builders.recipe import implied_manifest, read_card
+
+    implied = implied_manifest(read_card(args.from_recipe))
+    if args.output is not None:
+        try:
+            write_atomic(args.output, implied.text.encode("utf-8"))
+        except OSError as err:
+            raise OutputError(f"{args.output}: cannot write the manifest: {err.strerror or err}") from err
+    if args.json:
+        print(json.dumps({"card": str(args.from_recipe), "output": None if args.output is None else str(args.output),
+                          "manifest": implied.text, "notes": list(implied.notes)}, indent=2, sort_keys=True))
+    elif args.output is None:
+        print(implied.text, end="")
+    else:
+        print(f"wrote {args.output}: the manifest {implied.manifest.name} of {args.from_recipe}")
+    _print_notes(implied.notes, args)
+    return 0
+
+
+def _check_recipe(args) -> int:
+    from dataclasses import asdict
+
+    from builders.figures import file_figures, verify
+    from builders.recipe import compare, read_card
+    from builders.rowfile import check_row_file
+
+    card = read_card(args.card)
+    if args.manifest is None and args.name is None:
+        args.name = card.value("name")
+        if args.name is None:
+            raise UsageError(f"{args.card}: the card names no build (workload.dataset.build.name): give --build NAME "
+                             f"or --manifest FILE")
+    manifest = _manifest(args)
+    checks = compare(card, manifest)
+    verification = None
+    if args.rows is not None:
+        check_row_file(args.rows)
+        verification = verify(file_figures(args.rows, manifest.row_tokens, manifest.contract.hash), manifest)
+    differing = [c.field for c in checks if c.status == "differs"]
+    lacking = [c.field for c in checks if c.status == "not on the card"]
+    matches = not differing and (verification is None or verification.verified)
+    if args.json:
+        print(json.dumps({"card": str(args.card), "manifest": str(manifest.path), "matches": matches,
+                          "fields": [c.as_dict() for c in checks], "notes": list(card.notes),
+                          "rows": None if verification is None else {
+                              "file": str(args.rows), "verified": verification.verified,
+                              "checks": [asdict(c) for c in verification.checks], "notes": verification.notes}},
+                         indent=2, sort_keys=True))
+    else:
+        if not args.quiet:
+            for check in checks:
+                _print_field(check)
+        if verification is not None:
+            print(f"{args.rows} against {manifest.path}:")
+            _print_checks(verification)
+        outcome = "matches" if not differing else f"DIFFERS in {', '.join(differing)}"
+        print(f"card {outcome}: {args.card} against {manifest.path}"
+              + (f"; not on the card: {', '.join(lacking)}" if lacking else "")
+              + ("" if verification is None else f"; rows {_outcome(verification)}"))
+    _print_notes(card.notes, args)
+    return 0 if matches else VerificationError.exit_code
+
+
+def _print_field(check) -> None:
+    label = {"ok": "ok", "differs": "DIFFERS", "not on the card": "not on card",
+             "not in the manifest": "not in manifest"}[check.status]
+    card, manifest = _shown(check.card), _shown(check.manifest)
+    if check.status == "ok":
+        print(f"  {label:<16}{check.field}: {card} ({check.where})")
+    elif check.status == "differs":
+        print(f"  {label:<16}{check.field}: card {card} ({check.where}), manifest {manifest}")
+    elif check.status == "not on the card":
+        print(f"  {label:<16}{check.field} ({check.where}): manifest {manifest}")
+    else:
+        print(f"  {label:<16}{check.field}: card {card} ({check.where}), not pinned by the manifest")
+
+
+def _shown(value) -> str:
+    from builders.manifest import Ratio
+
+    return value.text if isinstance(value, Ratio) else str(value)
+
+
+def _print_notes(notes, args) -> None:
+    if not args.quiet:
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
 
 
 def _print_checks(verification) -> None:

@@ -91,17 +91,17 @@ class _FloatText(float):
     text: str
 
 
-class _Loader(yaml.SafeLoader):
-    """``yaml.safe_load``'s loader, keeping each float's text."""
+class YamlLoader(yaml.SafeLoader):
+    """``yaml.safe_load``'s loader, keeping each float's text (manifests and recipe cards)."""
 
 
-def _float_text(loader: _Loader, node: yaml.ScalarNode) -> _FloatText:
+def _float_text(loader: YamlLoader, node: yaml.ScalarNode) -> _FloatText:
     value = _FloatText(loader.construct_yaml_float(node))
     value.text = node.value
     return value
 
 
-_Loader.add_constructor("tag:yaml.org,2002:float", _float_text)
+YamlLoader.add_constructor("tag:yaml.org,2002:float", _float_text)
 
 
 def cli_command(command: str, manifest: Manifest) -> str:
@@ -119,9 +119,9 @@ def shipped_manifests() -> Path:
     return inside if inside.is_dir() else package.parent / "manifests"
 
 
-def _safe_load(text: str):
+def safe_load_yaml(text: str, loader_class: type[YamlLoader] = YamlLoader):
     """``yaml.safe_load`` with the float text kept."""
-    loader = _Loader(text)
+    loader = loader_class(text)
     try:
         return loader.get_single_data()
     finally:
@@ -141,10 +141,10 @@ def load_manifest(path: str | Path) -> Manifest:
 def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = None) -> Manifest:
     """Validate manifest YAML text; ``source`` names it in error messages."""
     try:
-        doc = _safe_load(text)
+        doc = safe_load_yaml(text)
     except yaml.YAMLError as err:
         raise ManifestError(f"{source}: not valid YAML: {err}") from err
-    check = _Checker(source)
+    check = FieldChecker(source)
     top = check.mapping(doc, "", required=("name", "dataset", "tokenizer", "loss_mask", "seed", "row_tokens", "rows"),
                         optional=("expect", "contract"))
     ds = check.mapping(top["dataset"], "dataset", required=("repo", "revision", "split"),
@@ -158,18 +158,18 @@ def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = No
     if loss_mask not in LOSS_MASKS:
         check.fail("loss_mask", f"unknown loss mask {loss_mask!r} (known: {', '.join(LOSS_MASKS)})")
     return Manifest(
-        name=check.pattern(top["name"], "name", _PLAIN_NAME, "a plain file name (letters, digits, '.', '_', '-')"),
+        name=check.plain_name(top["name"], "name"),
         dataset=DatasetPin(
-            repo=check.pattern(ds["repo"], "dataset.repo", _REPO_ID, "a Hub repo id 'owner/name'"),
-            revision=check.pattern(ds["revision"], "dataset.revision", _COMMIT, "a 40-hex commit"),
+            repo=check.repo_id(ds["repo"], "dataset.repo"),
+            revision=check.commit(ds["revision"], "dataset.revision"),
             split=check.pattern(ds["split"], "dataset.split", _SPLIT, "a split name such as 'train'"),
             license=check.optional(ds, "license", "dataset.license", check.string),
             rows=check.optional(ds, "rows", "dataset.rows", check.positive_int),
             permutation_sha256=check.optional(ds, "permutation_sha256", "dataset.permutation_sha256", check.sha256),
         ),
         tokenizer=TokenizerPin(
-            repo=check.pattern(tok["repo"], "tokenizer.repo", _REPO_ID, "a Hub repo id 'owner/name'"),
-            revision=check.pattern(tok["revision"], "tokenizer.revision", _COMMIT, "a 40-hex commit"),
+            repo=check.repo_id(tok["repo"], "tokenizer.repo"),
+            revision=check.commit(tok["revision"], "tokenizer.revision"),
             sha256={name: check.sha256(sha[name], f"tokenizer.sha256.{name}") for name in TOKENIZER_FILES},
         ),
         loss_mask=loss_mask,
@@ -191,8 +191,8 @@ def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = No
     )
 
 
-class _Checker:
-    """Type and form checks whose errors name the manifest and the field."""
+class FieldChecker:
+    """Type and form checks whose errors name the file (a manifest, a recipe card) and the field."""
 
     def __init__(self, source: str):
         self.source = source
@@ -224,6 +224,15 @@ class _Checker:
         if not regex.fullmatch(value) or ".." in value:
             self.fail(name, f"expected {what}, got {value!r}")
         return value
+
+    def plain_name(self, value, name: str) -> str:
+        return self.pattern(value, name, _PLAIN_NAME, "a plain file name (letters, digits, '.', '_', '-')")
+
+    def repo_id(self, value, name: str) -> str:
+        return self.pattern(value, name, _REPO_ID, "a Hub repo id 'owner/name'")
+
+    def commit(self, value, name: str) -> str:
+        return self.pattern(value, name, _COMMIT, "a 40-hex commit")
 
     def sha256(self, value, name: str) -> str:
         return self.pattern(value, name, _SHA256, "a 64-hex sha256 (lower case)")
