@@ -428,6 +428,8 @@ def _check_recipe(args) -> int:
     from builders.rowfile import check_row_file
 
     card = read_card(args.card)
+    if not card.publishes_rows:
+        raise UsageError(f"{args.card}: the card publishes no rows (workload.dataset): nothing to check")
     if args.manifest is None and args.name is None:
         args.name = card.value("name")
         if args.name is None:

@@ -200,10 +200,14 @@ class FieldChecker:
     def fail(self, field_name: str, problem: str):
         raise ManifestError(f"{self.source}: {field_name or 'top level'}: {problem}")
 
-    def mapping(self, value, name: str, required=(), optional=()) -> dict:
+    def any_mapping(self, value, name: str) -> dict:
+        """A mapping, whatever its keys."""
         if not isinstance(value, dict):
             self.fail(name, f"expected a mapping, got {_kind(value)}")
-        for key in value:
+        return value
+
+    def mapping(self, value, name: str, required=(), optional=()) -> dict:
+        for key in self.any_mapping(value, name):
             if key not in required and key not in optional:
                 self.fail(_join(name, str(key)), f"unknown field (known: {', '.join((*required, *optional))})")
         for key in required:

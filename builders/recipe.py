@@ -79,6 +79,11 @@ class Card:
         """The card's value for a manifest field (None where the card does not give it)."""
         return next((f.value for f in self.figures if f.field == field and f.value is not None), None)
 
+    @property
+    def publishes_rows(self) -> bool:
+        """Whether the card gives any figure of the rows at all."""
+        return any(f.value is not None for f in self.figures)
+
 
 @dataclass(frozen=True)
 class FieldCheck:
@@ -105,15 +110,15 @@ def read_card(path: str | Path) -> Card:
     source = str(path)
     doc = _load(Path(path))
     check = FieldChecker(source)
-    if not isinstance(doc, dict):
-        check.fail("", f"expected a mapping (an OpenRecipes recipe), got {_kind(doc)}")
+    check.any_mapping(doc, "")
     if "schema_version" not in doc:
         check.fail("schema_version", "missing (an OpenRecipes recipe says schema_version: 1)")
     version = doc["schema_version"]
     if isinstance(version, bool) or version != 1:
         check.fail("schema_version", f"this parser reads schema_version 1, got {version!r}")
     sections = {path: _section(doc, path, check) for path in SECTIONS}
-    unknown = [_join(path, str(key)) for path, known in SECTIONS.items() for key in sections[path] if key not in known]
+    unknown = [f"{path}.{key}" if path else str(key)
+               for path, known in SECTIONS.items() for key in sections[path] if key not in known]
     notes = [f"fields this parser does not know, not read: {', '.join(unknown)}"] if unknown else []
     line = _tokenizer_line(sections[BUILD].get("tokenizer"), check, notes)
 
@@ -157,8 +162,7 @@ def implied_manifest(card: Card) -> ImpliedManifest:
     if len(set(row_tokens.values())) > 1:
         check.fail(" and ".join(row_tokens), f"the card gives row_tokens twice, differently: "
                                              f"{', '.join(f'{k} {v}' for k, v in row_tokens.items())}")
-    needed = [f for f in card.figures if not f.field.startswith(("expect.", "dataset.license"))
-              and card.value(f.field) is None]
+    needed = [f for f in card.figures if not _optional(f) and card.value(f.field) is None]
     if needed:
         check.fail("", "the card does not give what a manifest needs: "
                    + "; ".join(f"{f.field} (card: {f.where})" for f in needed))
@@ -174,9 +178,10 @@ def implied_manifest(card: Card) -> ImpliedManifest:
         "loss_mask": g("loss_mask"), "seed": g("seed"), "row_tokens": g("row_tokens"), "rows": g("rows"),
         "expect": {name: g(f"expect.{name}") for name in PINNED_FIGURES if g(f"expect.{name}") is not None},
     }
-    absent = [f for f in card.figures if f.value is None and f.field.startswith(("expect.", "dataset.license"))]
+    absent = [f for f in card.figures if f.value is None and _optional(f)]
     comments = [
-        f"The manifest the recipe card {Path(card.source).name} implies (fixed-sft manifest --from-recipe).",
+        f"The manifest the recipe card {' '.join(Path(card.source).name.split())} implies "
+        "(fixed-sft manifest --from-recipe).",
         "Not on the card, so:",
         f"  dataset.split: {DEFAULT_SPLIT}, assumed (the card names no split)",
         "  dataset.rows, dataset.permutation_sha256: left out (optional checks of the source)",
@@ -298,8 +303,7 @@ def _section(doc: dict, path: str, check: FieldChecker) -> dict:
         node = node.get(key)
         if node is None:
             return {}
-        if not isinstance(node, dict):
-            check.fail(".".join(path.split(".")[:depth + 1]), f"expected a mapping, got {_kind(node)}")
+        check.any_mapping(node, ".".join(path.split(".")[:depth + 1]))
     return node
 
 
@@ -370,6 +374,11 @@ class _Dumper(yaml.SafeDumper):
 _Dumper.add_representer(Ratio, lambda dumper, ratio: dumper.represent_scalar("tag:yaml.org,2002:float", ratio.text))
 
 
+def _optional(figure: Figure) -> bool:
+    """A figure a manifest may leave out (its expect, the license)."""
+    return figure.field.startswith("expect.") or figure.field == "dataset.license"
+
+
 def _same(card, manifest) -> bool:
     if isinstance(card, Ratio) and isinstance(manifest, Ratio):
         return Decimal(card.text) == Decimal(manifest.text)
@@ -379,10 +388,3 @@ def _same(card, manifest) -> bool:
 def _plain(value):
     return float(value.text) if isinstance(value, Ratio) else value
 
-
-def _join(parent: str, key: str) -> str:
-    return f"{parent}.{key}" if parent else key
-
-
-def _kind(value) -> str:
-    return "nothing" if value is None else type(value).__name__

@@ -185,9 +185,10 @@ def test_unknown_fields_are_one_note_never_fatal(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("text, named", [
-    ("- schema_version: 1\n", "top level: expected a mapping (an OpenRecipes recipe), got list"),
-    ("just words\n", "top level: expected a mapping (an OpenRecipes recipe), got str"),
+    ("- schema_version: 1\n", "top level: expected a mapping, got list"),
+    ("just words\n", "top level: expected a mapping, got str"),
     ("schema_version: 2\nworkload: {}\n", "schema_version: this parser reads schema_version 1, got 2"),
+    ("schema_version: '1'\n", "schema_version: this parser reads schema_version 1, got '1'"),
     ("model: x\n", "schema_version: missing"),
     ("schema_version: 1\nworkload: [1, 2]\n", "workload: expected a mapping, got list"),
     ("schema_version: 1\nworkload:\n  dataset:\n    build:\n      seed: forty-two\n",
@@ -255,3 +256,12 @@ def test_the_manifest_printed_is_the_manifest_written(tmp_path, capsys):
     assert code == 0 and out == written.read_text(encoding="utf-8")
     code, _, err = cli(capsys, "manifest", "--from-recipe", str(FIXTURE_CARD), "-o", str(tmp_path / "no" / "x.yaml"))
     assert code == 6 and "cannot write the manifest" in err
+
+
+def test_a_card_without_rows_has_nothing_to_check(tmp_path, capsys):
+    card = tmp_path / "card.yaml"
+    card.write_text("schema_version: 1\nmodel: some-model\n", encoding="utf-8")
+    code, _, err = cli(capsys, "check-recipe", str(card), "--build", SELF_CONTAINED)
+    assert code == 2 and "the card publishes no rows (workload.dataset): nothing to check" in err
+    code, _, err = cli(capsys, "manifest", "--from-recipe", str(card))
+    assert code == 2 and "the card does not give what a manifest needs: name (card: workload.dataset.build.name)" in err
