@@ -265,3 +265,12 @@ def test_a_card_without_rows_has_nothing_to_check(tmp_path, capsys):
     assert code == 2 and "the card publishes no rows (workload.dataset): nothing to check" in err
     code, _, err = cli(capsys, "manifest", "--from-recipe", str(card))
     assert code == 2 and "the card does not give what a manifest needs: name (card: workload.dataset.build.name)" in err
+
+
+def test_a_tokenizer_file_a_manifest_does_not_pin_is_a_note(tmp_path, capsys):
+    card = edited(FIXTURE_CARD, tmp_path, ("77ac268bf198fd3c0ce678f6e97f9c746e5be5f96706aaf80edf6e5eaf24a83b)",
+                                           f"77ac268bf198fd3c0ce678f6e97f9c746e5be5f96706aaf80edf6e5eaf24a83b; "
+                                           f"tokenizer_config.json sha256 {'e' * 64})"))
+    code, _, err = cli(capsys, "check-recipe", str(card))
+    assert code == 0
+    assert "pins tokenizer_config.json, which a manifest does not carry: not compared" in err
