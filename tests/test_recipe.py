@@ -274,3 +274,11 @@ def test_a_tokenizer_file_a_manifest_does_not_pin_is_a_note(tmp_path, capsys):
     code, _, err = cli(capsys, "check-recipe", str(card))
     assert code == 0
     assert "pins tokenizer_config.json, which a manifest does not carry: not compared" in err
+
+
+def test_a_build_name_not_shipped_needs_its_manifest_given(tmp_path, capsys):
+    card = edited(FIXTURE_CARD, tmp_path, ("      name: fixture-synthetic-v1\n", "      name: someone-elses-v2\n"))
+    code, _, err = cli(capsys, "check-recipe", str(card))
+    assert code == 2 and "no manifest" in err and "someone-elses-v2.yaml" in err
+    code, out, _ = cli(capsys, "check-recipe", str(card), "--build", SELF_CONTAINED, "-q")
+    assert code == 5 and "card DIFFERS in name:" in out
