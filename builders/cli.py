@@ -248,7 +248,7 @@ def _hub(args, manifest):
 
 
 def _manifest(args, file: Path | None = None):
-    from builders.manifest import load_manifest, shipped_manifests
+    from builders.manifest import load_manifest, shipped_manifest
 
     if args.manifest is not None:
         return load_manifest(args.manifest)
@@ -259,12 +259,7 @@ def _manifest(args, file: Path | None = None):
         raise UsageError("which manifest? give --build NAME or --manifest FILE (see --help)")
     if Path(name).name != name or name in ("", ".", ".."):
         raise UsageError(f"--build takes a manifest name, not a path: {name!r}")
-    folder = args.manifests or shipped_manifests()
-    candidate = folder / f"{name}.yaml"
-    if not candidate.is_file():
-        known = sorted(p.stem for p in folder.glob("*.yaml"))
-        raise UsageError(f"no manifest {candidate} (known: {', '.join(known) or 'none'})")
-    return load_manifest(candidate)
+    return shipped_manifest(name, args.manifests)
 
 
 def _build(args) -> int:
