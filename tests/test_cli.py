@@ -10,7 +10,8 @@ import yaml
 
 from builders.card import PLOTS
 from builders.fixture.make import TOKENIZER_REPO
-from helpers import MANIFESTS, SELF_CONTAINED, run_cli
+from builders.fixture.make import synthetic_rows
+from helpers import MANIFESTS, SELF_CONTAINED, lay_out_build, run_cli
 
 
 def manifest_copy(tmp_path, name=SELF_CONTAINED, **changes):
@@ -72,7 +73,7 @@ def test_unknown_revision_offline_fails_clearly(fixture_cache, tmp_path):
     assert done.returncode == 3
     assert f"dataset someone/chat at {'0' * 40}: data/train-*.parquet" in done.stderr
     assert f"download someone/chat --repo-type dataset --revision {'0' * 40} --include 'data/train-*.parquet'" \
-        in done.stderr and f"-m builders download --manifest {manifest}" in done.stderr
+        in done.stderr and f"\n  fixed-sft download --manifest {manifest}\n" in done.stderr
     assert "HF_HUB_OFFLINE" in done.stderr and "Traceback" not in done.stderr
     assert not out.exists()
 
@@ -84,10 +85,32 @@ def test_an_empty_cache_offline_lists_every_missing_repo(tmp_path):
     assert "model zai-org/GLM-4.7-Flash at 7dd20894a642a0aa287e9827cb1a1f7f91386b67: tokenizer.json, " \
            "chat_template.jinja" in done.stderr
     assert "dataset allenai/tulu-3-sft-mixture at b14afda60f1bbebe55d5d2fa1e4df5042f97f8be" in done.stderr
-    assert "-m builders download --build glm47flash-tulu3-fixed8192-v1" in done.stderr
-    hf = str(Path(sys.executable).with_name("hf"))
-    assert f"{hf} download zai-org/GLM-4.7-Flash --revision 7dd20894a642a0aa287e9827cb1a1f7f91386b67 --include " \
-           "tokenizer.json chat_template.jinja" in done.stderr
+    # commands for the machine that reaches the Hub: nothing of this environment's paths
+    assert "\n  fixed-sft download --build glm47flash-tulu3-fixed8192-v1\n" in done.stderr
+    assert "\n  hf download zai-org/GLM-4.7-Flash --revision 7dd20894a642a0aa287e9827cb1a1f7f91386b67 --include " \
+           "tokenizer.json chat_template.jinja\n" in done.stderr
+    assert str(Path(sys.executable).parent) not in done.stderr and "offline (HF_HUB_OFFLINE=1)" in done.stderr
+
+
+UNREACHABLE_HUB = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing listens on port 9
+
+
+def test_a_hub_out_of_reach_is_said_at_once(tmp_path):
+    """Online, with no cache and no Hub, the first failed request ends it (huggingface_hub's retries took 46 s)."""
+    done = run_cli("--build", "glm47flash-tulu3-fixed8192-v1", "--out", str(tmp_path / "out"),
+                   hf_home=tmp_path / "empty", env=UNREACHABLE_HUB, timeout=20)
+    assert done.returncode == 3, done.stderr
+    assert "the Hub cannot be reached from here (http://127.0.0.1:9: ConnectError" in done.stderr
+    assert "Retrying" not in done.stderr and "\n  fixed-sft download --build" in done.stderr
+
+
+def test_a_filled_cache_builds_at_once_when_the_hub_is_out_of_reach(tmp_path):
+    rows = synthetic_rows(seed=2, count=40)
+    manifest = lay_out_build(tmp_path / "hf", rows, build_rows=5)
+    done = run_cli("--manifest", str(manifest), "--out", str(tmp_path / "out"), "--no-card", hf_home=tmp_path / "hf",
+                   env=UNREACHABLE_HUB, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert "Retrying" not in done.stderr
 
 
 def test_a_fixture_build_without_the_fixture_cache_says_what_to_add(tmp_path):
