@@ -88,7 +88,7 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
                 computed = {**figures.as_dict(), **file_hash(parquet.temporary)}
                 source_files = [{"name": f"data/{path.name}", "lfs_sha256": lfs_sha256(path),
                                  "bytes": path.stat().st_size} for path in source.files]
-            verification = verify(computed, manifest)
+            verification = verify(computed, manifest, built_from=manifest.recipe())
             final = out_dir / f"{manifest.name}{'' if verification.verified else '.unverified'}.parquet"
             document = _report(manifest, final, computed, verification, stats, workers, source_files, chosen,
                                stream.stats)
@@ -172,6 +172,7 @@ def _report(manifest: Manifest, final: Path, computed: dict, verification: Verif
         "parquet": final.name,
         "verified": verification.verified,
         "contract": manifest.contract.as_dict(),
+        "recipe": manifest.recipe(),  # what the rows were built from, checked against the manifest
         "figures": computed,
         "checks": [asdict(check) for check in verification.checks],
         "notes": verification.notes,

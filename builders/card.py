@@ -13,7 +13,7 @@ import numpy as np
 import yaml
 
 from builders.atomic import write_atomic
-from builders.manifest import Manifest
+from builders.manifest import Manifest, is_shipped
 from builders.stats import BuildStats
 
 LICENSE_IDS = {"odc-by 1.0": "odc-by", "odc-by": "odc-by", "cc0-1.0 (generated)": "cc0-1.0", "cc0-1.0": "cc0-1.0",
@@ -71,7 +71,8 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         f"`loss_mask` marks the {manifest.loss_mask} training targets: the assistant's answers and the stop "
         f"tokens that end them.",
         "",
-        f"**{'Verified' if verified else 'NOT verified'}** against `manifests/{name}.yaml`.",
+        f"**{'Verified' if verified else 'NOT verified'}** against "
+        + (f"`manifests/{name}.yaml` (shipped with fixed-sft)." if is_shipped(manifest) else f"`{manifest.path}`."),
         "",
         "## Hashes",
         "",

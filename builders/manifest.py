@@ -84,6 +84,18 @@ class Manifest:
     contract: Contract = DEFAULT
     path: Path | None = None
 
+    def recipe(self) -> dict:
+        """Everything the manifest says that the rows depend on, by field name (``dataset.revision``, ...):
+        a build records it in its report, so that a file's rows can be told from its inputs later."""
+        return {
+            "dataset.repo": self.dataset.repo, "dataset.revision": self.dataset.revision,
+            "dataset.split": self.dataset.split, "tokenizer.repo": self.tokenizer.repo,
+            "tokenizer.revision": self.tokenizer.revision,
+            **{f"tokenizer.sha256.{name}": digest for name, digest in sorted(self.tokenizer.sha256.items())},
+            "loss_mask": self.loss_mask, "seed": self.seed, "row_tokens": self.row_tokens, "rows": self.rows,
+            **{f"contract.{key}": value for key, value in self.contract.as_dict().items()},
+        }
+
 
 class _FloatText(float):
     """A YAML float that remembers how it was written (``0.670`` stays three decimals)."""

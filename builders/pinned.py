@@ -59,7 +59,7 @@ class Snapshots:
     """The local folders of a manifest's pinned repos."""
 
     tokenizer: Path
-    dataset: Path
+    dataset: Path | None  # None where only the tokenizer was asked for
 
 
 @dataclass(frozen=True)
@@ -81,8 +81,8 @@ def dataset_repo(pin: DatasetPin) -> PinnedRepo:
 HUB_PROBE_TIMEOUT_S = 10
 
 
-def resolve(manifest: Manifest, hub: Hub) -> Snapshots:
-    """Resolve (online: download) every pinned repo of ``manifest``.
+def resolve(manifest: Manifest, hub: Hub, dataset: bool = True) -> Snapshots:
+    """Resolve (online: download) every pinned repo of ``manifest`` (``dataset=False``: the tokenizer's only).
 
     Online, the Hub is asked once, without retries, whether it answers; when it does not, the
     repos are read from the cache alone (huggingface_hub would retry each request for about
@@ -93,7 +93,9 @@ def resolve(manifest: Manifest, hub: Hub) -> Snapshots:
     if unreachable:
         hub = replace(hub, offline=True)
     repos = {"tokenizer": tokenizer_repo(manifest.tokenizer), "dataset": dataset_repo(manifest.dataset)}
-    folders, missing = {}, []
+    if not dataset:
+        del repos["dataset"]
+    folders, missing = {"dataset": None}, []
     for part, repo in repos.items():
         try:
             folders[part] = resolve_snapshot(repo, hub)
@@ -172,6 +174,11 @@ def pinned_inputs(manifest: Manifest, hub: Hub) -> tuple[PinnedTokenizer, Parque
     snapshots = resolve(manifest, hub)
     pinned = load_pinned_tokenizer(manifest.tokenizer, snapshots.tokenizer)
     return pinned, ParquetSource(dataset_files(manifest.dataset, snapshots.dataset))
+
+
+def pinned_tokenizer(manifest: Manifest, hub: Hub) -> PinnedTokenizer:
+    """The manifest's tokenizer alone, resolved and checked (what decodes a built file's ids)."""
+    return load_pinned_tokenizer(manifest.tokenizer, resolve(manifest, hub, dataset=False).tokenizer)
 
 
 def dataset_files(pin: DatasetPin, snapshot: Path) -> list[Path]:

@@ -1,6 +1,7 @@
 """The command line as users run it: offline from HF_HOME, exit codes, what is left on disk."""
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import yaml
 from builders.card import PLOTS
 from builders.fixture.make import TOKENIZER_REPO
 from builders.fixture.make import synthetic_rows
-from helpers import MANIFESTS, SELF_CONTAINED, lay_out_build, run_cli
+from helpers import MANIFESTS, REPO, SELF_CONTAINED, lay_out_build, run_cli
 
 
 def manifest_copy(tmp_path, name=SELF_CONTAINED, **changes):
@@ -135,6 +136,45 @@ def test_figure_mismatch_keeps_file_unverified(fixture_cache, tmp_path):
     assert not (out / f"{SELF_CONTAINED}.parquet").exists()
     assert (out / f"{SELF_CONTAINED}.unverified.parquet").exists()
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
+    # built from exactly the pinned inputs: the note sends to explain, saying why
+    assert "built from exactly what the manifest pins" in done.stderr and " explain --manifest " in done.stderr
+    # the card names the manifest the build was given
+    card = (out / f"{SELF_CONTAINED}.md").read_text(encoding="utf-8")
+    assert f"**NOT verified** against `{manifest}`." in card and "manifests/" not in card
+    # what data/README.md asks users to send back is what such a build writes
+    data_readme = (REPO / "data" / "README.md").read_text(encoding="utf-8")
+    send_back = data_readme.split("Send back", 1)[1].split(" and `pip freeze`")[0]
+    asked = re.findall(r"`out/(NAME[^`]*)`", send_back)
+    assert asked and all((out / name.replace("NAME", SELF_CONTAINED)).is_file() for name in asked), asked
+
+
+def test_verify_says_why_a_file_is_not_verified(two_builds, tmp_path):
+    """A manifest that pins no hash, and a file with another row count: the reason is printed."""
+    _, b, _ = two_builds
+    manifest = manifest_copy(tmp_path, row_tokens=256, rows=21, expect=None)
+    done = run_cli("--verify", str(b), "--manifest", str(manifest))
+    assert done.returncode == 5
+    assert "  DIFFERS     rows: expected 21, got 20" in done.stdout
+    assert f"NOT verified (rows expected 21, got 20): {b}" in done.stdout
+
+
+def test_rows_built_from_other_inputs_name_them_not_explain(fixture_cache, tmp_path):
+    """--verify of rows built with another seed: the report beside the file names the difference;
+    without that report, both causes are given."""
+    out = tmp_path / "out"
+    built = run_cli("--manifest", str(manifest_copy(tmp_path, seed=7, expect=None)), "--out", str(out), "--no-card",
+                    "-q", hf_home=fixture_cache)
+    assert built.returncode == 0, built.stderr
+    done = run_cli("--verify", str(out / f"{SELF_CONTAINED}.parquet"))  # against the shipped manifest, by name
+    assert done.returncode == 5 and "DIFFERS     rows_sha256" in done.stdout
+    assert "built from something else than the manifest pins: seed 7 (the manifest: 42)" in done.stderr
+    assert "explain" not in done.stderr and f"build --build {SELF_CONTAINED}" in done.stderr
+    alone = tmp_path / "alone" / f"{SELF_CONTAINED}.parquet"
+    alone.parent.mkdir()
+    shutil.copy(out / f"{SELF_CONTAINED}.parquet", alone)
+    done = run_cli("--verify", str(alone))
+    assert done.returncode == 5 and "what this file was built from is not known here" in done.stderr
+    assert f"build --build {SELF_CONTAINED}" in done.stderr and f"explain --build {SELF_CONTAINED}" in done.stderr
 
 
 def test_source_too_small_fails_and_writes_nothing(fixture_cache, tmp_path):

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 
 from builders.build import build
 from builders.card import PLOTS
-from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows, tokenizer_json
+from builders.fixture.make import FIXTURE_TEMPLATE, edited_rows, synthetic_rows, tokenizer_json
 from builders.glm5 import EOS
 from builders.manifest import load_manifest
 from builders.order import permutation
@@ -148,6 +148,24 @@ def test_inspect_a_row(cli_build, fixture_cache, tmp_path):
     assert page.startswith("<!doctype html>") and 'class="sup"' in page
 
 
+def test_inspect_json_gives_the_view(cli_build, fixture_cache):
+    out, _ = cli_build
+    path = out / f"{SELF_CONTAINED}.parquet"
+    done = run_cli("inspect", str(path), "--row", "3", "--json", "--fixture-cache", str(fixture_cache))
+    assert done.returncode == 0, done.stderr
+    view = json.loads(done.stdout)
+    row = pq.read_table(path).slice(3, 1).to_pylist()[0]
+    assert view["title"].startswith("row 3: 512 tokens") and view["continues"] is True
+    assert view["labels"] == [f"source row {i} (id {d})" + (" (continued from an earlier row)" if k == 0 else "")
+                              for k, (i, d) in enumerate(zip(row["metadata"]["source_index"],
+                                                             row["metadata"]["source_id"]))]
+    tokenizer = Tokenizer.from_str(tokenizer_json().decode())
+    ids, mask = np.array(row["input_ids"]), np.array(row["loss_mask"])
+    supervised = tokenizer.decode(ids[mask == 1].tolist(), skip_special_tokens=False)
+    assert "".join(s["text"] for s in view["spans"] if s["supervised"]) == supervised
+    assert "".join(s["text"] for s in view["spans"]) == tokenizer.decode(ids.tolist(), skip_special_tokens=False)
+
+
 def test_inspect_a_source_conversation(fixture_cache):
     done = run_cli("inspect", "--build", SELF_CONTAINED, "--source-index", "0", "--color", "never",
                    "--fixture-cache", str(fixture_cache))
@@ -220,6 +238,23 @@ def test_diff_the_edited_fixture_as_the_readme_shows(cli_build, fixture_cache, t
     victim = int(permutation(42, len(rows))[5])
     assert done.returncode == 8
     assert f"from source row {victim} (id {rows[victim]['id']})" in done.stdout
+    # with the tokenizer at hand (A's name names its manifest), the text around the difference
+    decoded = run_cli("diff", str(out / f"{SELF_CONTAINED}.parquet"), str(tmp_path / f"{EDITED}.parquet"),
+                      hf_home=fixture_cache)
+    assert decoded.returncode == 8, decoded.stderr
+    lines = decoded.stdout.splitlines()
+    a_text, b_text = (lines[lines.index(next(x for x in lines if x.startswith(f"  {side}:"))) + 1]
+                      for side in "AB")
+    assert a_text.startswith("     text: ") and b_text.startswith("     text: ")
+    edited = [m for m in edited_rows()[victim]["messages"] if m["role"] == "assistant"][-1]["content"]
+    original = [m for m in rows[victim]["messages"] if m["role"] == "assistant"][-1]["content"]
+    before, rest = b_text.split("⟨", 1)
+    assert before == a_text.split("⟨", 1)[0]  # the same text up to the difference
+    token, after = rest.split("⟩", 1)
+    assert edited.startswith(token + after[:10]) and not original.startswith(token + after[:10])
+    report = json.loads(run_cli("diff", str(out / f"{SELF_CONTAINED}.parquet"), str(tmp_path / f"{EDITED}.parquet"),
+                                "--json", hf_home=fixture_cache).stdout)
+    assert report["first"]["b"]["text"]["token"] == token
 
 
 def test_card_front_matter_stays_yaml_for_any_manifest_text():
