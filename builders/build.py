@@ -37,6 +37,7 @@ from builders.source import ParquetSource
 from builders.stats import BuildStats
 from builders.stream import Stream, StreamStats
 from builders.timings import Timings
+from builders.vocab import Vocab
 
 LIBRARIES = ("numpy", "pyarrow", "tokenizers", "fastokens", "transformers", "huggingface_hub", "jinja2", "datasets",
              "PyYAML", "matplotlib")
@@ -81,7 +82,7 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
         remove_stale_temporaries(out_dir, manifest.name)
         with staged(out_dir / f"{manifest.name}.parquet") as parquet:
             with timings.stage("build_s"), parallel.encoding(encoder, workers) as encoding:
-                figures, stats = _write_rows(manifest, encoder.eos_id, stream.encoded_with(encoding),
+                figures, stats = _write_rows(manifest, encoder.vocab, stream.encoded_with(encoding),
                                              parquet.temporary, reporter)
                 engines.finish(encoder.engine)  # the last cross-checks, before anything is kept
             with timings.stage("hash_s"):
@@ -138,12 +139,12 @@ def _rows(conversations: Iterable[EncodedConversation], packer: Packer, stats: B
         yield from packer.cut(ids, mask, conversation.index, conversation.id)
 
 
-def _write_rows(manifest: Manifest, eos_id: int, conversations: Iterable[EncodedConversation], path: Path,
+def _write_rows(manifest: Manifest, vocab: Vocab, conversations: Iterable[EncodedConversation], path: Path,
                 reporter: Reporter) -> tuple[RowFigures, BuildStats]:
     """Write the first ``manifest.rows`` rows of the stream to ``path``; fail if the source has fewer."""
-    packer = Packer(manifest.row_tokens, eos_id, manifest.contract)
+    packer = Packer(manifest.row_tokens, vocab.eos_id, manifest.contract)
     figures = RowFigures(manifest.row_tokens, manifest.contract.hash)
-    stats = BuildStats(manifest.row_tokens)
+    stats = BuildStats(manifest.row_tokens, stop_ids=vocab.stop_ids)
     writer = RowWriter(path)
     try:
         with reporter.progress("building rows", total=manifest.rows, unit="rows") as progress:
@@ -158,8 +159,10 @@ def _write_rows(manifest: Manifest, eos_id: int, conversations: Iterable[Encoded
         raise SourceDataError(f"the source ran out after {len(stats.sources)} conversations: "
                               f"{figures.rows} of {manifest.rows} rows of {manifest.row_tokens} tokens")
     stats.windows_skipped = packer.windows_skipped
-    reporter.info(f"{figures.rows} rows from {len(stats.sources)} conversations "
-                  f"({packer.windows_skipped} windows skipped)")
+    reporter.info(f"{figures.rows} rows from {len(stats.sources)} conversations ({packer.windows_skipped} windows "
+                  f"skipped: {manifest.row_tokens}-token stretches of the stream, cut as rows are, with no supervised "
+                  f"token); conversations training only stop tokens (every answer empty): {stats.only_stop_tokens}, "
+                  f"nothing at all: {stats.unsupervised}")
     return figures, stats
 
 

@@ -108,7 +108,12 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         f"row's token 0, which a next-token loss cannot predict)",
         f"- source conversations consumed: {summary['conversations_consumed']:,} "
         f"({summary['stream_tokens_consumed']:,} tokens with their EOS; the last one may be cut)",
-        f"- windows skipped for having no supervised token: {summary['windows_skipped']:,}",
+        f"- windows skipped for having no supervised token: {summary['windows_skipped']:,} (a window is a "
+        f"row-length stretch of the stream: {manifest.row_tokens:,} tokens)",
+        f"- conversations that train nothing but the stop tokens that end their answers (every answer empty): "
+        f"{summary['conversations_training_only_stop_tokens']:,}",
+        f"- conversations with no supervised token at all (no answer, or none trained): "
+        f"{summary['conversations_unsupervised']:,}",
         *([f"- conversations left out by the mask rule (no answer header found): {summary['conversations_left_out']:,}"]
           if summary["conversations_left_out"] else []),
         f"- padding tokens: {figures['padding_tokens']}",

@@ -100,6 +100,32 @@ def test_card_describes_the_build(cli_build):
         assert (out / f"{SELF_CONTAINED}.{plot}.png").read_bytes().startswith(b"\x89PNG")
 
 
+def test_conversations_that_train_nothing_are_counted(tmp_path):
+    """Empty answers train only their stop tokens, a conversation without an answer trains nothing:
+    the report, the card and the log line count both, over the conversations the build consumed."""
+    def chat(*turns):
+        return [{"role": role, "content": text} for role, text in zip(("user", "assistant") * 3, turns)]
+
+    kinds = [chat("What is 2 + 2?", "4."), chat("Say nothing.", ""), chat("And again?", "  ", "Still?", ""),
+             chat("Only a question."), chat("Hi", "", "Now answer.", "Here it is.")]
+    rows = [{"id": f"c{k}", "source": f"kind{k % len(kinds)}", "messages": kinds[k % len(kinds)]} for k in range(60)]
+    manifest = lay_out_build(tmp_path / "hf", rows, row_tokens=64, build_rows=12)
+    done = run_cli("--manifest", str(manifest), "--out", str(tmp_path / "out"), hf_home=tmp_path / "hf")
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "out" / "custom.report.json").read_text())["stats"]
+    consumed = [rows[i] for i in permutation(3, len(rows))[:report["conversations_consumed"]]]
+    answers = [[m["content"].strip() for m in r["messages"] if m["role"] == "assistant"] for r in consumed]
+    only_stops = sum(1 for a in answers if a and not any(a))
+    nothing = sum(1 for a in answers if not a)
+    assert only_stops > 0 and nothing > 0
+    assert (report["conversations_training_only_stop_tokens"], report["conversations_unsupervised"]) == \
+           (only_stops, nothing)
+    card = (tmp_path / "out" / "custom.md").read_text(encoding="utf-8")
+    assert f"every answer empty): {only_stops:,}" in card and f"(no answer, or none trained): {nothing:,}" in card
+    assert f"conversations training only stop tokens (every answer empty): {only_stops}, nothing at all: " \
+           f"{nothing}" in done.stderr
+
+
 def test_card_and_plots_are_deterministic(cli_build, fixture_cache, tmp_path):
     out, _ = cli_build
     again = run_cli("--build", SELF_CONTAINED, "--out", str(tmp_path), hf_home=fixture_cache,
