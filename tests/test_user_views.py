@@ -36,6 +36,15 @@ def test_plain_progress_lines_when_not_on_a_terminal(cli_build):
     assert "\r" not in done.stderr
 
 
+def test_the_readme_quotes_the_builds_summary_line(cli_build):
+    """The README shows the line a build of the self-contained fixture ends its log with, saying what a window is."""
+    _, done = cli_build
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    quoted = readme.split("```text\n", 1)[1].split("\n```", 1)[0]
+    assert "windows skipped: 512-token stretches of the stream" in quoted
+    assert quoted in done.stderr.splitlines()
+
+
 def test_log_lines_come_at_a_steady_pace_with_the_wall_time_rate():
     """Bursts of progress make no burst of lines: one per interval of wall time, each with the rate so far."""
     import io
