@@ -57,8 +57,8 @@ def diff_files(a: Path, b: Path, decode: Decode | None = None) -> Diff:
         if row_a is None or row_b is None:
             differing += 1
             if first is None:
-                first = FirstDifference((row_a or row_b)["index"], -1, "row missing", _side(row_a, 0, decode),
-                                            _side(row_b, 0, decode))
+                first = FirstDifference((row_a or row_b)["index"], -1, "row missing", _side(row_a, 0, None),
+                                        _side(row_b, 0, None))
             continue
         ids = row_a["input_ids"] != row_b["input_ids"]
         masks = row_a["loss_mask"] != row_b["loss_mask"]

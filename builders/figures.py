@@ -8,6 +8,7 @@ computes the other layouts a builder might have hashed).
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,8 +171,6 @@ def verify(figures: dict, manifest: Manifest, built_from: dict | None = None) ->
 
 def recorded_recipe(path: Path, parquet_sha256: str) -> dict | None:
     """The recipe that the build report beside a row file records, if that report is of this very file."""
-    import json
-
     report = path.with_name(f"{path.name.removesuffix('.parquet').removesuffix('.unverified')}.report.json")
     try:
         document = json.loads(report.read_text(encoding="utf-8"))
