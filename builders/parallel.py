@@ -24,6 +24,7 @@ from tokenizers import Tokenizer
 from builders import engines
 from builders.contract import Contract
 from builders.encode import ConversationEncoder
+from builders.formats import FormatSpec
 from builders.errors import SourceDataError, WorkerError
 from builders.records import EncodedConversation
 
@@ -75,7 +76,7 @@ class Pool(InProcess):
         self.depth = 2 * workers
         self.executor = ProcessPoolExecutor(
             max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
-            initargs=(encoder.tokenizer.to_str(), encoder.renderer.chat_template, encoder.contract,
+            initargs=(encoder.tokenizer.to_str(), encoder.spec, encoder.contract,
                       encoder.engine.name))
         self.pending: set = set()
 
@@ -133,13 +134,13 @@ def _unwrap(item) -> EncodedConversation:
 _ENCODER: ConversationEncoder | None = None
 
 
-def _start_worker(tokenizer_json: str, chat_template: str, contract: Contract, engine: str) -> None:
+def _start_worker(tokenizer_json: str, spec: FormatSpec, contract: Contract, engine: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and shuts workers down
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
     os.environ["RAYON_NUM_THREADS"] = "1"
     global _ENCODER
     tokenizer = Tokenizer.from_str(tokenizer_json)
-    _ENCODER = ConversationEncoder(tokenizer, chat_template, contract, engines.named(engine, tokenizer, tokenizer_json))
+    _ENCODER = ConversationEncoder(tokenizer, spec, contract, engines.named(engine, tokenizer, tokenizer_json))
 
 
 def _encode(table: pa.Table, positions: np.ndarray) -> tuple[list[tuple[int, object]], list[tuple]]:

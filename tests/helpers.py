@@ -15,6 +15,7 @@ from tokenizers import Tokenizer
 
 from builders.build import build
 from builders.encode import ConversationEncoder
+from builders.formats import glm5_spec
 from builders.fixture.conversations import hard_cases, synthetic
 from builders.fixture.hf_cache import MESSAGE_WITH_REASONING, parquet_shards, put_snapshot
 from builders.fixture.make import FIXTURE_TEMPLATE, PINNED_TEMPLATE, shared_dir, tokenizer_json
@@ -50,7 +51,7 @@ def manifest_names(with_shared: bool = True) -> list:
 
 def encoder(template: str) -> ConversationEncoder:
     """The builder's encoder with the fixture tokenizer and ``template``."""
-    return ConversationEncoder(Tokenizer.from_str(tokenizer_json().decode()), template)
+    return ConversationEncoder(Tokenizer.from_str(tokenizer_json().decode()), glm5_spec(template))
 
 
 def with_its_eos(enc: ConversationEncoder, conversation) -> tuple[list[int], list[int]]:

@@ -254,7 +254,8 @@ def test_inspect_marks_a_row_that_ends_mid_conversation(cli_build, fixture_cache
     assert done.stdout.rstrip().endswith("⋯ (continues in the next row)")
     # rows that end exactly where a conversation ends: four copies of one conversation fill a row
     conversation = [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "hello, friend"}]
-    length = len(encoder(FIXTURE_TEMPLATE.read_text()).encode_messages(conversation)[0]) + 1  # with its EOS
+    (encoded,) = encoder(FIXTURE_TEMPLATE.read_text()).encode([{"index": 0, "id": "x", "messages": conversation}])
+    length = len(encoded.ids) + 1  # with its EOS
     rows = [{"id": f"same_{k}", "source": "same", "messages": conversation} for k in range(20)]
     manifest = lay_out_build(tmp_path / "hf", rows, row_tokens=4 * length, build_rows=3)
     built = build(load_manifest(manifest), tmp_path / "out", Hub(tmp_path / "hf" / "hub", offline=True), card=False)
