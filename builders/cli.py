@@ -34,7 +34,7 @@ examples:
   %(prog)s download --build glm47flash-tulu3-fixed8192-v1  # fetch the pinned inputs, then build offline
   %(prog)s inspect out/fixture-synthetic-v1.parquet --row 3 --fixture-cache .fixture-cache
   %(prog)s diff out/a/NAME.parquet out/b/NAME.parquet
-  %(prog)s explain --build glm47flash-tulu3-fixed8192-v1  # which reading of ROWS.md makes the pinned rows
+  %(prog)s explain --build glm47flash-tulu3-fixed8192-v1  # which reading of data/ROWS.md makes the pinned rows
   %(prog)s manifest --from-recipe CARD.yaml -o my.yaml    # the manifest an OpenRecipes recipe card implies
   %(prog)s check-recipe CARD.yaml --rows out/NAME.parquet # CI: the card's figures = its manifest's (and the file's)
 
@@ -112,7 +112,7 @@ def parser() -> argparse.ArgumentParser:
     _manifest_options(dl)
     _hub_options(dl)
 
-    e = command("explain", "search the readings of the row contract (ROWS.md) for those that reproduce the "
+    e = command("explain", "search the readings of the row contract (data/ROWS.md) for those that reproduce the "
                            "manifest's pinned rows_sha256, from the default outward")
     _manifest_options(e)
     e.add_argument("--all", dest="everything", action="store_true",

@@ -1,6 +1,6 @@
 """The readings of the row contract that the recipe card leaves open, and the one a build uses.
 
-ROWS.md names nine choices ("Readings the recipe card leaves open"), each with a default (the
+data/ROWS.md names nine choices ("Readings the recipe card leaves open"), each with a default (the
 rule the contract states) and the alternatives a careful builder might have chosen. A manifest
 selects alternatives with an optional ``contract:`` mapping; absent keys take the default, so
 a manifest without one builds what it always built.
@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
-# key: (default, alternatives), as ROWS.md names them
+# key: (default, alternatives), as data/ROWS.md names them
 READINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "order": ("numpy-generator", ("numpy-legacy", "python-random", "torch", "source")),
     "encode": ("plain", ("add-special",)),
@@ -30,7 +30,7 @@ SLIME_RULES = ("slime-pr1844", "slime-pr1824")
 
 @dataclass(frozen=True)
 class Contract:
-    """One reading of each open choice; the defaults are the rules ROWS.md states."""
+    """One reading of each open choice; the defaults are the rules data/ROWS.md states."""
 
     order: str = READINGS["order"][0]
     encode: str = READINGS["encode"][0]

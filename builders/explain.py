@@ -1,6 +1,6 @@
 """explain: which readings of the row contract reproduce a manifest's pinned figures.
 
-ROWS.md names the choices the recipe card leaves open (``builders.contract``). A build whose
+data/ROWS.md names the choices the recipe card leaves open (``builders.contract``). A build whose
 ``rows_sha256`` differs from the published one was made under some other reading; ``explain``
 searches them, from the default outward (single deviations, then pairs, then the rest), and
 names the readings that reproduce the pinned ``rows_sha256``, or, when none does, those whose

@@ -180,7 +180,7 @@ def _notes(checks: list[Check], manifest: Manifest) -> list[str]:
                    f"(builders/rowfile.py: zstd level 3, {ROW_GROUP_ROWS} rows per row group) with {running}; "
                    f"to find how the pinned file was written, run `{explain} --writer`")
     elif status.get("rows_sha256") == "differs":
-        out.append(f"the rows are not the pinned rows; to find which reading of the row contract (ROWS.md) makes "
+        out.append(f"the rows are not the pinned rows; to find which reading of the row contract (data/ROWS.md) makes "
                    f"them, run `{explain}` with the same input options (it searches the readings "
                    f"the recipe card leaves open, nearest first)")
     return out

@@ -279,7 +279,7 @@ class FieldChecker:
         return value
 
     def contract(self, value) -> Contract:
-        """The ``contract:`` mapping: keys and values exactly as ROWS.md names them; absent keys take the default."""
+        """The ``contract:`` mapping: keys and values exactly as data/ROWS.md names them; absent keys take the default."""
         if value is None:
             return DEFAULT
         readings = self.mapping(value, "contract", optional=KEYS)

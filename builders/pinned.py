@@ -24,7 +24,7 @@ from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 from tokenizers import Tokenizer
 
 from builders.errors import PinnedInputError
-from builders.formats import FormatSpec
+from builders.formats import FormatSpec, format_class
 from builders.manifest import DatasetPin, Manifest, TokenizerPin, cli_command
 from builders.source import ParquetSource
 
@@ -156,6 +156,7 @@ def load_pinned_tokenizer(pin: TokenizerPin, snapshot: Path, loss_mask: str = "g
         raise PinnedInputError(f"{snapshot}: the pinned tokenizer files cannot be parsed: {err}") from err
     spec = FormatSpec(loss_mask, chat_template, pin.eos, pin.stop, pin.prefills, pin.template_vars, pin.render_date,
                       special_tokens(config) if config is not None else {}, source)
+    format_class(loss_mask).check_inputs(spec, tokenizer)
     return PinnedTokenizer(tokenizer, tokenizer_json, spec, snapshot)
 
 

@@ -92,7 +92,7 @@ def lay_out_build(hf_home: Path, rows: list[dict], *, name: str = "custom", seed
                                           "chat_template.jinja": FIXTURE_TEMPLATE.read_bytes()}
     dataset = put_snapshot(hf_home, f"someone/{name}-chat", "dataset", dataset_files)
     tokenizer = put_snapshot(hf_home, f"someone/{name}-tokenizer", "model", tokenizer_files)
-    sha = {k: hashlib.sha256(v).hexdigest() for k, v in tokenizer_files.items()}
+    sha = ", ".join(f"{k}: {hashlib.sha256(v).hexdigest()}" for k, v in tokenizer_files.items())
     manifest = hf_home / f"{name}.yaml"
     manifest.write_text(f"""\
 name: {name}
@@ -100,7 +100,7 @@ dataset: {{repo: someone/{name}-chat, revision: {dataset}, split: train}}
 tokenizer:
   repo: someone/{name}-tokenizer
   revision: {tokenizer}
-  sha256: {{tokenizer.json: {sha['tokenizer.json']}, chat_template.jinja: {sha['chat_template.jinja']}}}
+  sha256: {{{sha}}}
 loss_mask: glm5
 seed: {seed}
 row_tokens: {row_tokens}

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 FORMATS: dict[str, str] = {  # loss_mask: "module:class"
     "glm5": "builders.formats.glm5:Glm5Format",
+    "turns": "builders.formats.turns:TurnsFormat",
 }
 
 

@@ -92,6 +92,10 @@ class ChatFormat(ABC):
         return {"loss_mask": self.name, "eos": self.eos}
 
     @classmethod
+    def check_inputs(cls, spec: FormatSpec, tokenizer: Tokenizer) -> None:
+        """Refuse, before any work, inputs this format cannot use (a ManifestError or PinnedInputError)."""
+
+    @classmethod
     def refusal(cls, contract: Contract) -> str | None:
         """Why ``contract`` does not apply to this format (None: it does)."""
         for key, values in cls.readings.items():
