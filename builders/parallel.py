@@ -87,7 +87,10 @@ class Pool(InProcess):
     def submit(self, table: pa.Table, positions: np.ndarray, encoded: Encoded) -> None:
         while len(self.pending) >= self.depth:
             self._collect(encoded)
-        self.pending.add(self.executor.submit(_encode, portable(table), positions))
+        try:
+            self.pending.add(self.executor.submit(_encode, portable(table), positions))
+        except BrokenProcessPool as err:  # a worker died while none of our batches was waiting on it
+            raise _died() from err
 
     def ready(self, encoded: Encoded, position: int) -> bool:
         if position not in encoded and any(future.done() for future in self.pending):
@@ -107,8 +110,7 @@ class Pool(InProcess):
             try:
                 batch, samples = future.result()
             except BrokenProcessPool as err:
-                raise WorkerError("a tokenizing worker process died before returning its batch (killed, or out of "
-                                  "memory); nothing was left at the final path") from err
+                raise _died() from err
             encoded.update(batch)
             for sample in samples:  # the worker's cross-check samples, compared here beside the build
                 self.encoder.engine.check(*sample)
@@ -118,6 +120,11 @@ def portable(table: pa.Table) -> pa.Table:
     """``table`` as it should travel to a worker: a slice is serialized with its parent's whole
     buffers, a copy of its rows with only theirs."""
     return table.take(np.arange(table.num_rows))
+
+
+def _died() -> WorkerError:
+    return WorkerError("a tokenizing worker process died before returning its batch (killed, or out of memory); "
+                       "nothing was left at the final path")
 
 
 def encoding(encoder: ConversationEncoder, workers: int) -> InProcess:

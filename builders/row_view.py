@@ -37,13 +37,14 @@ class View:
     spans: list[Span]
     continues: bool  # the last conversation goes on past the end of the row
     eos: str  # the chat format's EOS, marked where it follows a conversation
+    chat_format: str  # the chat format and its inputs, in a line
 
     def as_terminal(self, color: bool) -> str:
         """Supervised text on green (or between ⟦ ⟧), literal special-token text underlined (or between « »)."""
         def dim(text: str) -> str:
             return f"{DIM}{text}{RESET}" if color else text
 
-        out, current, inside = [self.title, "\n", dim(LEGEND)], None, False
+        out, current, inside = [self.title, "\n", dim(self.chat_format), "\n", dim(LEGEND)], None, False
         for span in self.spans:
             if span.conversation != current or span.supervised != inside:
                 if inside and not color:
@@ -77,6 +78,7 @@ class View:
             ".sup{background:#bfe8c6}.eos{color:#c33;font-weight:bold}"
             ".literal{outline:1px dashed #a3a;color:#a3a}.more{color:#777}</style></head><body>",
             f"<h1>{html.escape(self.title)}</h1>",
+            f"<p class=\"label\">{html.escape(self.chat_format)}</p>",
             "<p><span class=\"sup\">supervised (loss_mask = 1)</span> · plain: not supervised · "
             "<span class=\"eos\">⏎</span> the EOS after a conversation · "
             "<span class=\"literal\">&lt;|user|&gt;</span> special-token text typed inside a message "
@@ -127,7 +129,8 @@ def inspect_row(manifest, hub, file: Path, row_index: int) -> View:
               for k, (index, id_) in enumerate(zip(indices or [None], row.get("source_id") or [None]))]
     supervised = int(np.count_nonzero(mask))
     title = f"row {row['index']}: {len(ids):,} tokens, {supervised:,} supervised ({supervised / max(1, len(ids)):.1%})"
-    return View(title, labels, _spans(encoder.tokenizer, ids, mask, literal, starts), continues, encoder.format.eos)
+    return View(title, labels, _spans(encoder.tokenizer, ids, mask, literal, starts), continues, encoder.format.eos,
+                format_line(encoder.format.describe()))
 
 
 def inspect_source(manifest, hub, index: int) -> View:
@@ -142,7 +145,15 @@ def inspect_source(manifest, hub, index: int) -> View:
     supervised = int(np.count_nonzero(mask))
     title = f"source row {index} (id {row['id']}): {len(ids):,} tokens with EOS, {supervised:,} supervised"
     return View(title, [f"source row {index} (id {row['id']})"], _spans(encoder.tokenizer, ids, mask, literal, [0]),
-                False, encoder.format.eos)
+                False, encoder.format.eos, format_line(encoder.format.describe()))
+
+
+def format_line(described: dict) -> str:
+    """The chat format and its main inputs, as a view's second line."""
+    keys = ("chat_template", "eos", "stop", "prefills", "render_date")
+    return f"loss_mask {described['loss_mask']}: " + "; ".join(
+        f"{key} {described[key]!r}" if isinstance(described[key], str) else f"{key} {described[key]}"
+        for key in keys if described.get(key) not in (None, [], {}))
 
 
 def _pinned(manifest, hub):

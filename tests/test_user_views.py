@@ -139,11 +139,13 @@ def test_inspect_a_row(cli_build, fixture_cache, tmp_path):
     bounds = np.flatnonzero(np.diff(mask)) + 1
     runs = [(r, m[0]) for r, m in zip(np.split(ids, bounds), np.split(mask, bounds))]
     expected = [tokenizer.decode(r.tolist(), skip_special_tokens=False) for r, m in runs if m == 1]
-    body = done.stdout.split("\n", 2)[2]  # after the title and the legend
+    body = done.stdout.split("\n", 3)[3]  # after the title, the chat format and the legend
     shown = [s.replace("⏎" + EOS + "\n", EOS).replace("«", "").replace("»", "")
              for s in re.findall("⟦(.*?)⟧", body, re.S)]
     assert shown == expected and expected
-    assert done.stdout.splitlines()[1].startswith("legend: ⟦…⟧ supervised")
+    assert done.stdout.splitlines()[1] == ("loss_mask glm5: chat_template 'chat_template.jinja'; eos '<|endoftext|>'; "
+                                           "stop ['<|endoftext|>', '<|user|>', '<|observation|>']")
+    assert done.stdout.splitlines()[2].startswith("legend: ⟦…⟧ supervised")
     page = html_path.read_text(encoding="utf-8")
     assert page.startswith("<!doctype html>") and 'class="sup"' in page
 

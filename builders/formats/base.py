@@ -89,7 +89,7 @@ class ChatFormat(ABC):
 
     def describe(self) -> dict:
         """The format and its inputs as the card, ``inspect`` and ``--json`` show them."""
-        return {"loss_mask": self.name, "eos": self.eos}
+        return {"loss_mask": self.name, "chat_template": self.spec.template_source, "eos": self.eos}
 
     @classmethod
     def check_inputs(cls, spec: FormatSpec, tokenizer: Tokenizer) -> None:

@@ -47,7 +47,7 @@ class Glm5Format(ChatFormat):
         return glm5.ROLE_TOKENS["user"]
 
     def describe(self) -> dict:
-        return {"loss_mask": self.name, "eos": glm5.EOS, "stop": list(glm5.STOP_TOKENS)}
+        return {**super().describe(), "stop": list(glm5.STOP_TOKENS)}
 
     @classmethod
     def refusal(cls, contract: Contract) -> str | None:
