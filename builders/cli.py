@@ -346,14 +346,24 @@ def _diff(args) -> int:
     for path in (args.a, args.b):
         if path is not None:
             check_row_file(path)
+    chat_format = None  # of the fresh build, when there is one
     if args.b is not None:
         result, b = diff_files(args.a, args.b), args.b
     else:
         manifest = _manifest(args, None)
         with tempfile.TemporaryDirectory() as folder:
             built = build(manifest, Path(folder), _hub(args, manifest), _reporter(args), card=False)
+            chat_format = json.loads(built.report.read_text(encoding="utf-8"))["chat_format"]
             result, b = diff_files(args.a, built.parquet), Path(f"(a fresh build of {manifest.name})")
-    print(json.dumps(result.as_dict(), indent=2, sort_keys=True) if args.json else describe(result, args.a, b))
+    if args.json:
+        print(json.dumps({**result.as_dict(), **({"chat_format": chat_format} if chat_format else {})}, indent=2,
+                         sort_keys=True))
+    else:
+        if chat_format:
+            from builders.row_view import format_line
+
+            print(f"b built with {format_line(chat_format)}")
+        print(describe(result, args.a, b))
     return 0 if result.identical else FILES_DIFFER
 
 

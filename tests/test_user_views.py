@@ -187,7 +187,7 @@ def test_diff_identical_and_against_a_fresh_build(cli_build, fixture_cache):
     same = run_cli("diff", str(path), str(path))
     assert same.returncode == 0 and same.stdout.startswith("identical: 48 rows")
     fresh = run_cli("diff", str(path), "--build", SELF_CONTAINED, "--fixture-cache", str(fixture_cache), "-q")
-    assert fresh.returncode == 0 and "identical" in fresh.stdout
+    assert fresh.returncode == 0 and "identical" in fresh.stdout and "b built with loss_mask glm5" in fresh.stdout
 
 
 def test_loads_with_datasets_and_pyarrow(cli_build, tmp_path):
