@@ -139,7 +139,7 @@ def resolve_snapshot(repo: PinnedRepo, hub: Hub) -> Path:
     return Path(folder)
 
 
-def load_pinned_tokenizer(pin: TokenizerPin, snapshot: Path, loss_mask: str = "glm5") -> PinnedTokenizer:
+def load_pinned_tokenizer(pin: TokenizerPin, snapshot: Path, loss_mask: str) -> PinnedTokenizer:
     """Check the tokenizer files of the resolved snapshot against their sha256, then parse them."""
     contents = {name: read_checked(snapshot / name, pin.sha256[name]) for name in pin.files}
     try:
