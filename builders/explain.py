@@ -80,7 +80,7 @@ def row_readings(orders: list[str], encodes: list[str], chat_format) -> list[Con
     readings = []
     for values in itertools.product(*choices):
         contract = Contract(**dict(zip(ROW_KEYS, values)))
-        if chat_format.refusal(contract) is None:  # else: not this format's, or the same rows as another reading
+        if chat_format.refusal(contract) is None and not chat_format.redundant(contract):
             readings.append(contract)
     return sorted(readings, key=lambda c: len(c.deviations()))  # stable: the table's order within each count
 
@@ -235,7 +235,6 @@ class Template:
     reading's ids and mask are a table lookup (``Contract.table``) and a selection away.
     """
 
-    rule: str
     ids: np.ndarray  # int32
     codes: np.ndarray  # uint8
 
@@ -245,7 +244,7 @@ class Template:
         coded = [c for record in records if (c := encoder.stream_codes(record, rule, wrap, eos=True)) is not None]
         ids = np.concatenate([c[0] for c in coded]) if coded else np.zeros(0, np.int32)
         codes = np.concatenate([c[1] for c in coded]) if coded else np.zeros(0, np.uint8)
-        return cls(rule, ids.astype(np.int32, copy=False), codes.astype(np.uint8, copy=False))
+        return cls(ids.astype(np.int32, copy=False), codes.astype(np.uint8, copy=False))
 
     def stream(self, contract: Contract, class_values: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
         """The ids and mask of the stream under ``contract`` (whose mask rule is this template's)."""

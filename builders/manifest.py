@@ -178,10 +178,8 @@ def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = No
     if loss_mask not in LOSS_MASKS:
         check.fail("loss_mask", f"unknown loss mask {loss_mask!r} (known: {', '.join(LOSS_MASKS)})")
     contract = check.contract(top.get("contract"))
-    for key, values in format_class(loss_mask).readings.items():
-        if getattr(contract, key) not in values:
-            check.fail(f"contract.{key}", f"{getattr(contract, key)} does not apply to loss_mask {loss_mask} "
-                                          f"(it takes {', '.join(values)})")
+    if (refused := format_class(loss_mask).refusal(contract)) is not None:
+        check.fail(*refused)
     return Manifest(
         name=check.plain_name(top["name"], "name"),
         dataset=DatasetPin(

@@ -16,8 +16,9 @@ interface, so a new format plugs in by subclassing ``ChatFormat`` and registerin
 - ``class_mask(contract)``: each class's mask value under a reading of the contract. A format
   whose mask is fixed uses the classes ``UNSUPERVISED`` and ``SUPERVISED``.
 - ``readings``: for each contract key, the values that mean something for this format (a key
-  absent here applies with all its values); ``builders.contract.Reading`` interprets the rest
-  (``eos``, ``encode``, ``final``, ``skip``, ``hash``) the same way for every format.
+  absent here applies with all its values); ``Contract.table`` interprets ``eos``, ``encode`` and
+  ``final`` the same way for every format, ``builders.packing`` and ``explain`` ``skip``,
+  ``builders.figures`` ``hash``, ``builders.order`` ``order``.
 - ``eos`` (the token joined after each conversation), ``appended_stop`` (the token
   ``final: append-stop`` appends, or None), ``describe()`` (the format and its inputs, for the
   card, ``inspect`` and ``--json``).
@@ -96,13 +97,19 @@ class ChatFormat(ABC):
         """Refuse, before any work, inputs this format cannot use (a ManifestError or PinnedInputError)."""
 
     @classmethod
-    def refusal(cls, contract: Contract) -> str | None:
-        """Why ``contract`` does not apply to this format (None: it does)."""
+    def refusal(cls, contract: Contract) -> tuple[str, str] | None:
+        """The field of ``contract`` whose reading does not apply to this format, and why (None: all apply)."""
         for key, values in cls.readings.items():
             if getattr(contract, key) not in values:
-                return (f"contract.{key}: {getattr(contract, key)} does not apply to loss_mask {cls.name} "
-                        f"(it takes {', '.join(values)})")
+                return f"contract.{key}", (f"{getattr(contract, key)} does not apply to loss_mask {cls.name} "
+                                           f"(it takes {', '.join(values)})")
         return None
+
+    @classmethod
+    def redundant(cls, contract: Contract) -> bool:
+        """Whether ``contract`` makes the same rows as a reading with fewer deviations, whatever the source
+        (``explain`` tries only the other)."""
+        return False
 
 
 @contextmanager

@@ -50,14 +50,10 @@ class Glm5Format(ChatFormat):
         return {**super().describe(), "stop": list(glm5.STOP_TOKENS)}
 
     @classmethod
-    def refusal(cls, contract: Contract) -> str | None:
-        if contract.structure_rule:
-            return None
-        deviating = [key for key in STRUCTURE_ONLY if getattr(contract, key) != READINGS[key][0]]
-        if deviating:
-            return (f"contract.{deviating[0]}: refines the structure rule, and does not apply under mask_rule "
-                    f"{contract.mask_rule}")
-        return None
+    def redundant(cls, contract: Contract) -> bool:
+        """Under a slime rule, ``prefill``, ``stop`` and ``final`` change nothing: the slime reading's own rows."""
+        return not contract.structure_rule and any(getattr(contract, key) != READINGS[key][0]
+                                                   for key in STRUCTURE_ONLY)
 
     def annotate(self, rows: list[dict], engine, rules: tuple[str, ...] = ()) -> list[Annotated]:
         layouts = self._layouts(rows)

@@ -16,7 +16,6 @@ answer: supervised unless the reading ``stop: unsupervised``).
 from __future__ import annotations
 
 import re
-from datetime import date, datetime
 
 import jinja2
 import numpy as np
@@ -26,6 +25,7 @@ from builders.chat import ChatRenderer, normalize_messages, split_step_loss_mask
 from builders.contract import Contract
 from builders.errors import ConversationError, ManifestError, PinnedInputError
 from builders.formats.base import Annotated, ChatFormat, located
+from builders.vocab import char_spans
 
 OTHER, ANSWER, STOP = 0, 1, 2
 TEXT_FIELDS = ("content", "reasoning_content")
@@ -213,8 +213,6 @@ class TurnsFormat(ChatFormat):
 
     def _byte_spans(self, text: str, ids: np.ndarray) -> np.ndarray:
         """Each token's character span, from its length in bytes (a byte-level BPE tokenizer)."""
-        from builders.vocab import char_spans
-
         lengths = self.vocab.token_bytes[ids]
         data_length = len(text) if text.isascii() else len(text.encode("utf-8"))
         if int(lengths.sum()) != data_length:
@@ -373,12 +371,3 @@ def check_spec(spec, tokenizer) -> None:
         if all(MARK_OPEN <= c <= chr(ord(MARK_DIGITS) + 15) for c in literal):
             raise PinnedInputError(f"the chat template tests text against {literal!r}, which the turns mask's "
                                    f"placeholder markers use")
-
-
-def render_date_text(value) -> str:
-    """A manifest's ``render_date`` (YAML reads ``2024-07-26`` as a date) as ISO text."""
-    if isinstance(value, (date, datetime)):
-        return value.isoformat()
-    return datetime.fromisoformat(str(value)).isoformat() if "T" in str(value) or " " in str(value) \
-        else date.fromisoformat(str(value)).isoformat()
-
