@@ -318,9 +318,19 @@ class FieldChecker:
         return tuple(self.string(v, f"{name}[{k}]") for k, v in enumerate(value))
 
     def variables(self, value, name: str) -> dict:
+        """Template variables: a mapping of names to YAML data, a YAML date (``2024-07-26`` unquoted) as its
+        ISO text, since a template sees plain JSON data only."""
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
             self.fail(name, f"expected a mapping of variable names to values, got {_kind(value)}")
-        return dict(value)
+
+        def plain(item):
+            if isinstance(item, (date, datetime)):
+                return item.isoformat()
+            if isinstance(item, dict):
+                return {k: plain(v) for k, v in item.items()}
+            return [plain(v) for v in item] if isinstance(item, list) else item
+
+        return plain(dict(value))
 
     def date(self, value, name: str) -> str:
         if isinstance(value, (date, datetime)):

@@ -32,14 +32,19 @@ class Vocab:
         return token_id
 
     def byte_level(self) -> bool:
-        """Whether each token's byte length is exact: a byte-level BPE tokenizer (its pre-tokenizer and decoder
-        ByteLevel) without a normalizer, whose regular tokens are all spelled in the byte-level alphabet."""
+        """Whether each token's byte length is exact (of the text as the tokenizer sees it: ``keeps``): a
+        byte-level BPE tokenizer (its pre-tokenizer and decoder ByteLevel) whose regular tokens are all spelled
+        in the byte-level alphabet."""
         config = json.loads(self.tokenizer.to_str())
-        if self.normalizes or "ByteLevel" not in json.dumps(config.get("pre_tokenizer")) \
+        if "ByteLevel" not in json.dumps(config.get("pre_tokenizer")) \
                 or "ByteLevel" not in json.dumps(config.get("decoder")):
             return False
         regular = set(self.tokenizer.get_vocab(with_added_tokens=False).values())
         return bool(regular) and bool(np.all(self.token_bytes[list(regular)] > 0))
+
+    def keeps(self, text: str) -> bool:
+        """Whether the tokenizer sees ``text`` as it is (no normalizer, or one that leaves it unchanged)."""
+        return self._normalizer is None or self._normalizer.normalize_str(text) == text
 
     @property
     def normalizes(self) -> bool:

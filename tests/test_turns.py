@@ -5,6 +5,7 @@ beside the real-model fixtures."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -26,7 +27,7 @@ from builders.fixture.make import (
     synthetic_rows,
     tokenizer_json,
 )
-from builders.fixture.tokenizer import ADDED_TOKENS, SPECIAL_TOKENS
+from builders.fixture.tokenizer import ADDED_TOKENS, SPECIAL_TOKENS, with_nfc_normalizer
 from builders.formats import FormatSpec, glm5_spec
 from builders.manifest import load_manifest, parse_manifest
 from builders.pinned import Hub
@@ -56,13 +57,18 @@ def fixture_tokenizer() -> Tokenizer:
     return Tokenizer.from_str(tokenizer_json().decode())
 
 
+@pytest.mark.parametrize("normalizer", [False, True], ids=["plain", "nfc"])
 @pytest.mark.parametrize("template", TEMPLATES)
-def test_turns_gives_the_glm5_mask_on_the_hard_cases(template):
-    """Every hard case and seeded conversation: the same ids, mask and final EOS as glm5."""
+def test_turns_gives_the_glm5_mask_on_the_hard_cases(template, normalizer):
+    """Every hard case and seeded conversation: the same ids, mask and final EOS as glm5. With an NFC
+    normalizer (as Qwen's tokenizer.json has), a text it changes is placed by the encoding's offsets."""
     text = glm_template(template)
-    glm5 = ConversationEncoder(fixture_tokenizer(), glm5_spec(text))
-    turns = ConversationEncoder(fixture_tokenizer(), turns_spec(text))
-    rows = rows_of(hard_cases()) + [dict(r, index=1000 + k) for k, r in enumerate(synthetic_rows())]
+    source = tokenizer_json().decode()
+    source = with_nfc_normalizer(source) if normalizer else source
+    glm5 = ConversationEncoder(Tokenizer.from_str(source), glm5_spec(text))
+    turns = ConversationEncoder(Tokenizer.from_str(source), turns_spec(text))
+    nfd = [{"role": "user", "content": "cafe\u0301?"}, {"role": "assistant", "content": "re\u0301sume\u0301 done"}]
+    rows = rows_of(hard_cases() + [nfd]) + [dict(r, index=1000 + k) for k, r in enumerate(synthetic_rows())]
     for row, a, b in zip(rows, glm5.encode(rows), turns.encode(rows)):
         assert a.ids.tolist() == b.ids.tolist() and a.mask.tolist() == b.mask.tolist(), row["id"]
         assert a.ends_with_answer == b.ends_with_answer, row["id"]
@@ -77,7 +83,6 @@ def turns_manifest(name: str, fixture_cache: Path, folder: Path) -> Path:
         tok["repo"] = GENERATION_PROMPT_TOKENIZER_REPO
         refs = fixture_cache / "hub" / f"models--{GENERATION_PROMPT_TOKENIZER_REPO.replace('/', '--')}" / "refs"
         tok["revision"] = (refs / "main").read_text().strip()
-        import hashlib
         tok["sha256"]["chat_template.jinja"] = hashlib.sha256(fixture_template_with_generation_prompt()).hexdigest()
     tok |= {"eos": "<|endoftext|>", "stop": list(GLM_STOPS), "prefills": [dict(p) for p in GLM_PREFILLS]}
     doc["loss_mask"] = "turns"
@@ -225,11 +230,11 @@ SHA = {"tokenizer.json": "a" * 64, "tokenizer_config.json": "b" * 64}
 def test_manifest_fields_of_turns():
     manifest = parse_manifest(manifest_text(SHA, "  eos: '<|endoftext|>'\n  stop: ['<|user|>']\n"
                                                  "  prefills: [{}, {enable_thinking: false}]\n"
-                                                 "  template_vars: {date_string: 26 Jul 2024}\n"
+                                                 "  template_vars: {date_string: 26 Jul 2024, day: 2024-07-26}\n"
                                                  "  render_date: 2024-07-26\n  chat_template_name: tool_use\n"))
     tok = manifest.tokenizer
     assert (tok.eos, tok.stop, tok.prefills) == ("<|endoftext|>", ("<|user|>",), ({}, {"enable_thinking": False}))
-    assert tok.template_vars == {"date_string": "26 Jul 2024"} and tok.render_date == "2024-07-26"
+    assert tok.template_vars == {"date_string": "26 Jul 2024", "day": "2024-07-26"} and tok.render_date == "2024-07-26"
     assert tok.chat_template_name == "tool_use" and tok.files == ("tokenizer.json", "tokenizer_config.json")
 
 

@@ -101,20 +101,27 @@ class TurnsFormat(ChatFormat):
                                                                   untrained):
             with located(row):
                 marks.append(self._characters(messages, text, shape, runs, skipped))
-        if self._byte_level:
-            tokens = engine.encode(rendered)
-            checked = engine.cross_check(rendered, tokens, [row["index"] for row in rows]) \
-                if hasattr(engine, "cross_check") else [False] * len(rows)
-            spans = None
-        else:  # the encoding's character offsets: a tokenizer whose tokens are not byte strings (SentencePiece)
-            encodings = self.tokenizer.encode_batch(rendered, add_special_tokens=False)
-            tokens = [np.array(e.ids, dtype=np.int32) for e in encodings]
-            spans = [np.array(e.offsets, dtype=np.int64).reshape(-1, 2) for e in encodings]
-            checked = [False] * len(rows)
+        # a byte-level BPE tokenizer's tokens are placed by their byte lengths (any engine encodes them), where
+        # its normalizer leaves the text as it is; any other text is placed by the encoding's character offsets
+        by_bytes = [self._byte_level and self.vocab.keeps(text) for text in rendered]
+        tokens, spans, checked = [None] * len(rows), [None] * len(rows), [False] * len(rows)
+        chosen = [k for k, b in enumerate(by_bytes) if b]
+        if chosen:
+            texts = [rendered[k] for k in chosen]
+            encoded = engine.encode(texts)
+            agreed = engine.cross_check(texts, encoded, [rows[k]["index"] for k in chosen]) \
+                if hasattr(engine, "cross_check") else [False] * len(chosen)
+            for k, ids, check in zip(chosen, encoded, agreed):
+                tokens[k], checked[k] = ids, check
+        others = [k for k, b in enumerate(by_bytes) if not b]
+        if others:
+            for k, e in zip(others, self.tokenizer.encode_batch([rendered[k] for k in others], add_special_tokens=False)):
+                tokens[k] = np.array(e.ids, dtype=np.int32)
+                spans[k] = np.array(e.offsets, dtype=np.int64).reshape(-1, 2)
         out = []
         for k, (row, text, ids, (classes, text_chars, ends)) in enumerate(zip(rows, rendered, tokens, marks)):
             with located(row):
-                char_span = self._byte_spans(text, ids) if spans is None else _tiled(spans[k], len(text))
+                char_span = self._byte_spans(text, ids) if spans[k] is None else _tiled(spans[k], len(text))
                 token_classes, message_text = _token_classes(classes, text_chars, char_span)
             out.append(Annotated(np.asarray(ids, dtype=np.int32), token_classes, message_text, ends, checked[k]))
         return out
