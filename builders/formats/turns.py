@@ -171,7 +171,7 @@ class TurnsFormat(ChatFormat):
         text_chars = np.zeros(len(text), dtype=bool)
         for start, end, _ in printed:
             text_chars[start:end] = True
-        headers = self._headers(messages, text, printed, untrained)
+        headers = self._headers(messages, text, printed)
         ends_with_answer = False
         for j, header in headers.items():
             if j in untrained:
@@ -182,9 +182,10 @@ class TurnsFormat(ChatFormat):
             following = next((p for p in printed if p[0] >= last and p[2] != j), None)
             stop_end = len(text) if following is None else following[0]
             markup = text[last:stop_end]
-            found = [(at, len(s)) for s in self.stops if (at := markup.find(s)) >= 0]
-            if found:
+            found = [(at, -len(s)) for s in self.stops if (at := markup.find(s)) >= 0]
+            if found:  # the first stop token (the longest, where two start at one character)
                 at, length = min(found)
+                length = -length
                 classes[last:last + at] = ANSWER
                 classes[last + at:last + at + length] = STOP
             elif following is None:
@@ -194,21 +195,25 @@ class TurnsFormat(ChatFormat):
                 classes[last:headers[following[2]][0]] = ANSWER
         return classes, text_chars, ends_with_answer
 
-    def _headers(self, messages, text: str, printed, untrained) -> dict[int, tuple[int, int]]:
+    def _headers(self, messages, text: str, printed) -> dict[int, tuple[int, int]]:
         """Each assistant message's header (``[start, end)`` of the generation prompt found before it)."""
         headers, previous = {}, 0
         for j, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
             own = [p for p in printed if p[2] == j]
-            later = next((p for p in printed if p[2] > j), None)
+            # printing nothing, j ends at the next printed text: the first of a later message after what came
+            # before j (a template may move a later text to the front, as DeepSeek's does a system message)
+            floor = max([previous, *(p[1] for p in printed if p[2] < j)])
+            later = next((p for p in printed if p[2] > j and p[0] >= floor), None)
             end = own[0][0] if own else (later[0] if later else len(text))
             start = max([previous, *(p[1] for p in printed if p[1] <= end and p[2] != j)])
             region = text[start:end]
-            found = next(((region.find(g), g) for g in self.prompts if g in region), None)
+            # the longest prompt that occurs, at its first occurrence (among prompts as long: the earliest)
+            found = next((min((region.find(g), g) for g in self.prompts if len(g) == size and g in region)
+                          for size in sorted({len(g) for g in self.prompts}, reverse=True)
+                          if any(len(g) == size and g in region for g in self.prompts)), None)
             if found is None:
-                if j in untrained:
-                    continue
                 raise ConversationError(
                     f"message {j} (assistant): none of the template's generation prompts "
                     f"({', '.join(map(repr, self.prompts))}) occurs before it (characters {start}..{end} of the "
