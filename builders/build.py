@@ -1,4 +1,4 @@
-"""Build a manifest's rows end to end: pinned inputs → glm5 rows → parquet → verified figures.
+"""Build a manifest's rows end to end: pinned inputs → rows of its chat format → parquet → verified figures.
 
 Nothing is written before every pinned input has been resolved and checked. The parquet is
 written under a temporary name in the output folder and renamed last, after its report and
@@ -68,7 +68,7 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
             choice = loader.submit(engines.choose, engine, pinned.tokenizer, pinned.tokenizer_json,
                                    pinned.chat_template)
             order = _checked_order(manifest, source)
-            reference = ConversationEncoder(pinned.tokenizer, pinned.chat_template, manifest.contract)
+            reference = ConversationEncoder(pinned.tokenizer, pinned.spec, manifest.contract)
             stream = Stream(source, order, manifest.rows * manifest.row_tokens)
             stream.plan(reference)
             chosen = choice.result()
@@ -92,7 +92,7 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
             verification = verify(computed, manifest, built_from=manifest.recipe())
             final = out_dir / f"{manifest.name}{'' if verification.verified else '.unverified'}.parquet"
             document = _report(manifest, final, computed, verification, stats, workers, source_files, chosen,
-                               stream.stats)
+                               stream.stats, encoder.format.describe())
             if card:
                 with timings.stage("card_s"):
                     write_card(out_dir, manifest, document, stats)
@@ -167,7 +167,8 @@ def _write_rows(manifest: Manifest, vocab: Vocab, conversations: Iterable[Encode
 
 
 def _report(manifest: Manifest, final: Path, computed: dict, verification: Verification, stats: BuildStats,
-            workers: int, source_files: list[dict], chosen: engines.Choice, stream: StreamStats) -> dict:
+            workers: int, source_files: list[dict], chosen: engines.Choice, stream: StreamStats,
+            chat_format: dict) -> dict:
     """What the report records (its timings are added last); the data card is made from it too."""
     return {
         "name": manifest.name,
@@ -176,6 +177,7 @@ def _report(manifest: Manifest, final: Path, computed: dict, verification: Verif
         "verified": verification.verified,
         "contract": manifest.contract.as_dict(),
         "recipe": manifest.recipe(),  # what the rows were built from, checked against the manifest
+        "chat_format": chat_format,
         "figures": computed,
         "checks": [asdict(check) for check in verification.checks],
         "notes": verification.notes,

@@ -24,6 +24,7 @@ from tokenizers import Tokenizer
 from builders import engines
 from builders.contract import Contract
 from builders.encode import ConversationEncoder
+from builders.formats import FormatSpec
 from builders.errors import SourceDataError, WorkerError
 from builders.records import EncodedConversation
 
@@ -75,7 +76,7 @@ class Pool(InProcess):
         self.depth = 2 * workers
         self.executor = ProcessPoolExecutor(
             max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
-            initargs=(encoder.tokenizer.to_str(), encoder.renderer.chat_template, encoder.contract,
+            initargs=(encoder.tokenizer.to_str(), encoder.spec, encoder.contract,
                       encoder.engine.name))
         self.pending: set = set()
 
@@ -86,7 +87,10 @@ class Pool(InProcess):
     def submit(self, table: pa.Table, positions: np.ndarray, encoded: Encoded) -> None:
         while len(self.pending) >= self.depth:
             self._collect(encoded)
-        self.pending.add(self.executor.submit(_encode, portable(table), positions))
+        try:
+            self.pending.add(self.executor.submit(_encode, portable(table), positions))
+        except BrokenProcessPool as err:  # a worker died while none of our batches was waiting on it
+            raise _died() from err
 
     def ready(self, encoded: Encoded, position: int) -> bool:
         if position not in encoded and any(future.done() for future in self.pending):
@@ -106,8 +110,7 @@ class Pool(InProcess):
             try:
                 batch, samples = future.result()
             except BrokenProcessPool as err:
-                raise WorkerError("a tokenizing worker process died before returning its batch (killed, or out of "
-                                  "memory); nothing was left at the final path") from err
+                raise _died() from err
             encoded.update(batch)
             for sample in samples:  # the worker's cross-check samples, compared here beside the build
                 self.encoder.engine.check(*sample)
@@ -117,6 +120,11 @@ def portable(table: pa.Table) -> pa.Table:
     """``table`` as it should travel to a worker: a slice is serialized with its parent's whole
     buffers, a copy of its rows with only theirs."""
     return table.take(np.arange(table.num_rows))
+
+
+def _died() -> WorkerError:
+    return WorkerError("a tokenizing worker process died before returning its batch (killed, or out of memory); "
+                       "nothing was left at the final path")
 
 
 def encoding(encoder: ConversationEncoder, workers: int) -> InProcess:
@@ -133,13 +141,13 @@ def _unwrap(item) -> EncodedConversation:
 _ENCODER: ConversationEncoder | None = None
 
 
-def _start_worker(tokenizer_json: str, chat_template: str, contract: Contract, engine: str) -> None:
+def _start_worker(tokenizer_json: str, spec: FormatSpec, contract: Contract, engine: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and shuts workers down
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
     os.environ["RAYON_NUM_THREADS"] = "1"
     global _ENCODER
     tokenizer = Tokenizer.from_str(tokenizer_json)
-    _ENCODER = ConversationEncoder(tokenizer, chat_template, contract, engines.named(engine, tokenizer, tokenizer_json))
+    _ENCODER = ConversationEncoder(tokenizer, spec, contract, engines.named(engine, tokenizer, tokenizer_json))
 
 
 def _encode(table: pa.Table, positions: np.ndarray) -> tuple[list[tuple[int, object]], list[tuple]]:
