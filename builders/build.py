@@ -37,7 +37,6 @@ from builders.source import ParquetSource
 from builders.stats import BuildStats
 from builders.stream import Stream, StreamStats
 from builders.timings import Timings
-from builders.vocab import Vocab
 
 LIBRARIES = ("numpy", "pyarrow", "tokenizers", "fastokens", "transformers", "huggingface_hub", "jinja2", "datasets",
              "PyYAML", "matplotlib")
@@ -82,7 +81,7 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
         remove_stale_temporaries(out_dir, manifest.name)
         with staged(out_dir / f"{manifest.name}.parquet") as parquet:
             with timings.stage("build_s"), parallel.encoding(encoder, workers) as encoding:
-                figures, stats = _write_rows(manifest, encoder.vocab, stream.encoded_with(encoding),
+                figures, stats = _write_rows(manifest, encoder, stream.encoded_with(encoding),
                                              parquet.temporary, reporter)
                 engines.finish(encoder.engine)  # the last cross-checks, before anything is kept
             with timings.stage("hash_s"):
@@ -139,12 +138,13 @@ def _rows(conversations: Iterable[EncodedConversation], packer: Packer, stats: B
         yield from packer.cut(ids, mask, conversation.index, conversation.id)
 
 
-def _write_rows(manifest: Manifest, vocab: Vocab, conversations: Iterable[EncodedConversation], path: Path,
-                reporter: Reporter) -> tuple[RowFigures, BuildStats]:
+def _write_rows(manifest: Manifest, encoder: ConversationEncoder, conversations: Iterable[EncodedConversation],
+                path: Path, reporter: Reporter) -> tuple[RowFigures, BuildStats]:
     """Write the first ``manifest.rows`` rows of the stream to ``path``; fail if the source has fewer."""
-    packer = Packer(manifest.row_tokens, vocab.eos_id, manifest.contract)
+    packer = Packer(manifest.row_tokens, encoder.eos_id, manifest.contract)
     figures = RowFigures(manifest.row_tokens, manifest.contract.hash)
-    stats = BuildStats(manifest.row_tokens, stop_ids=vocab.stop_ids)
+    stop_ids = np.array([encoder.vocab.token_id(t, encoder.format.name) for t in encoder.format.stop_tokens], np.int64)
+    stats = BuildStats(manifest.row_tokens, stop_ids=stop_ids)
     writer = RowWriter(path)
     try:
         with reporter.progress("building rows", total=manifest.rows, unit="rows") as progress:

@@ -84,6 +84,11 @@ class ChatFormat(ABC):
     def class_mask(self, contract: Contract) -> np.ndarray:
         """The mask value of each class under ``contract``."""
 
+    @property
+    def stop_tokens(self) -> tuple[str, ...]:
+        """The tokens that end an answer (none where the format names none)."""
+        return ()
+
     def appended_stop(self) -> str | None:
         """The stop token ``final: append-stop`` appends after a final answer (None: it does not apply)."""
         return None

@@ -32,6 +32,10 @@ class Glm5Format(ChatFormat):
         self._offsets_from_bytes = vocab.offsets_are_spans()
 
     @property
+    def stop_tokens(self) -> tuple[str, ...]:
+        return glm5.STOP_TOKENS
+
+    @property
     def eos(self) -> str:
         return glm5.EOS
 

@@ -58,6 +58,10 @@ class TurnsFormat(ChatFormat):
     def check_inputs(cls, spec, tokenizer) -> None:
         check_spec(spec, tokenizer)
 
+    @property
+    def stop_tokens(self) -> tuple[str, ...]:
+        return self.stops
+
     def class_mask(self, contract: Contract) -> np.ndarray:
         return np.array([0, 1, contract.stop == "supervised"], dtype=np.uint8)
 
