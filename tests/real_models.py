@@ -279,12 +279,24 @@ def hard_conversations() -> list[list[dict]]:
 
 
 def lay_out_turns(hf_home: Path, rows: list[dict], model: Model, *, name: str, seed: int = 7, row_tokens: int = 128,
-                  build_rows: int = 12, shards: int = 2) -> Path:
-    """Lay out ``rows`` and ``model``'s tokenizer repo in ``hf_home``; return the ``turns`` manifest naming them."""
+                  build_rows: int = 12, shards: int = 2, inferred: bool = False) -> Path:
+    """Lay out ``rows`` (as Tulu-shaped parquet shards, or, ``inferred``, as one parquet file whose message
+    type pyarrow infers from the rows: other message fields) and ``model``'s tokenizer repo in ``hf_home``;
+    return the ``turns`` manifest naming them."""
     from builders.fixture.hf_cache import MESSAGE_WITH_REASONING, parquet_shards, put_snapshot
 
-    dataset = put_snapshot(hf_home, f"someone/{name}-chat", "dataset",
-                           parquet_shards(rows, shards=shards, row_group_rows=8, message_type=MESSAGE_WITH_REASONING))
+    if inferred:
+        import io
+
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        buffer = io.BytesIO()
+        pq.write_table(pa.Table.from_pylist(rows), buffer)
+        files = {"data/train-00000-of-00001.parquet": buffer.getvalue()}
+    else:
+        files = parquet_shards(rows, shards=shards, row_group_rows=8, message_type=MESSAGE_WITH_REASONING)
+    dataset = put_snapshot(hf_home, f"someone/{name}-chat", "dataset", files)
     tokenizer = put_snapshot(hf_home, f"someone/{name}-tokenizer", "model", model.files)
     manifest = hf_home / f"{name}.yaml"
     manifest.write_text(manifest_yaml(name, model, f"someone/{name}-chat", dataset, tokenizer, seed, row_tokens,

@@ -229,10 +229,10 @@ class TurnsReference:
             end = own[0][0] if own else (min(p[0] for p in later) if later else len(text))
             start = max([p[1] for p in prints if p[1] <= end] + [previous_header_end])
             header = None
-            for prompt in sorted(set(self.prompts), key=len, reverse=True):
-                at = text.find(prompt, start, end)
-                if at >= 0:
-                    header = (at, at + len(prompt))
+            for length in sorted({len(p) for p in self.prompts}, reverse=True):
+                found = [at for p in self.prompts if len(p) == length for at in [text.find(p, start, end)] if at >= 0]
+                if found:
+                    header = (min(found), min(found) + length)
                     break
             if header is None:
                 raise Undefined(f"assistant message {j} has no generation prompt in its search region "

@@ -24,7 +24,7 @@ from builders.manifest import load_manifest
 from builders.pinned import Hub
 from helpers import NEEDS_SHARED, file_rows, run_cli
 from reference import Reference, rows_sha256
-from reference_turns import TurnsReference, Undefined
+from reference_turns import TurnsReference, Undefined, checked
 
 TWO_ANSWERS_IN_A_ROW = 3
 MODELS = {
@@ -228,3 +228,29 @@ def test_a_refusal_exits_4_from_the_command_line(tmp_path):
     done = run_cli("--manifest", str(manifest), "--out", str(tmp_path / "out"), hf_home=tmp_path / "hf")
     assert done.returncode == SourceDataError.exit_code == 4, done.stderr
     assert_names_the_conversation(done.stderr, 1, "e1", message_index=2)
+
+
+SHAPES_REFUSED = {
+    "tool calls": {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+                                                                       "function": {"name": "f", "arguments": "{}"}}]},
+    "another field": {"role": "user", "content": "hi", "name": "someone"},
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES_REFUSED))
+def test_a_message_with_tool_calls_or_other_fields_is_refused_by_name(shape, tmp_path):
+    conversation = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"},
+                    SHAPES_REFUSED[shape]]
+    with pytest.raises(Undefined):
+        checked(conversation)
+    m = real_models.qwen25()
+    manifest = real_models.lay_out_turns(tmp_path, rows_of([HARD[0], conversation, HARD[1]], "s"), m, name="shapes",
+                                         build_rows=1000, inferred=True)
+    with pytest.raises(SourceDataError) as refusal:
+        turns_build(manifest, tmp_path)
+    assert re.search(r"\b1\b", str(refusal.value)) or "s1" in str(refusal.value), str(refusal.value)
+
+
+def test_list_content_is_refused():
+    with pytest.raises(Undefined):
+        checked([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
