@@ -275,6 +275,11 @@ def hard_conversations() -> list[list[dict]]:
         [u("hello"), a("hi"), u("unanswered")],
         [u("東京の天気は？ 🙂"), a("晴れです 😀 — naïve café́")],
         [s("Be brief."), u("one"), a("1"), u("two"), a("2"), u("three"), a("3")],
+        # the corners where ROWS.md says turns and glm5 part on the GLM template
+        [u("an empty answer, then another"), a(""), a("the second")],
+        [u("an answer, then an empty one"), a("the first"), a("")],
+        [u("reasoning only, then a system message"), a("", "just thinking"), s("Now answer."), u("ok"), a("done")],
+        [u("an answer, then a blank system message"), a("the answer"), s("  "), u("next"), a("fine")],
     ]
 
 

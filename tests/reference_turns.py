@@ -225,8 +225,11 @@ class TurnsReference:
         previous_header_end = 0
         for j in answers:
             own = [p for p in prints if p[2] == j]
-            later = [p for p in prints if p[2] > j]
-            end = own[0][0] if own else (min(p[0] for p in later) if later else len(text))
+            # j printing nothing: the next printed text is the first of a later message after what came
+            # before j (a template may move a later text in front, as DeepSeek does with system messages)
+            floor = max([p[1] for p in prints if p[2] < j] + [previous_header_end])
+            later = [p[0] for p in prints if p[2] > j and p[0] >= floor]
+            end = own[0][0] if own else min(later, default=len(text))
             start = max([p[1] for p in prints if p[1] <= end] + [previous_header_end])
             header = None
             for length in sorted({len(p) for p in self.prompts}, reverse=True):
@@ -236,7 +239,7 @@ class TurnsReference:
                     break
             if header is None:
                 raise Undefined(f"assistant message {j} has no generation prompt in its search region "
-                                f"(characters {start}..{end})", message=j, character=start)
+                                f"(characters {start}..{end})", message=j)
             headers[j] = header
             previous_header_end = header[1]
         for j in answers:

@@ -26,7 +26,7 @@ from helpers import NEEDS_SHARED, file_rows, run_cli
 from reference import Reference, rows_sha256
 from reference_turns import TurnsReference, Undefined, checked
 
-TWO_ANSWERS_IN_A_ROW = 3
+TWO_ANSWERS_IN_A_ROW, EMPTY_THEN_ANSWER, ANSWER_THEN_EMPTY, SYSTEM_AFTER_REASONING, BLANK_SYSTEM = 3, 16, 17, 18, 19
 MODELS = {
     "qwen2.5": real_models.qwen25,
     "qwen3": real_models.qwen3,
@@ -34,10 +34,16 @@ MODELS = {
     "llama3.1": lambda: real_models.llama3("3.1"),
     "llama3.2": lambda: real_models.llama3("3.2"),
     "sentencepiece-gemma3": lambda: real_models.gemma_style(gemma_corpus()),
+    "glm-4.7-flash": lambda: glm_pinned(),
 }
-# what ROWS.md leaves undefined among the hard conversations, per model: DeepSeek-V3.1 prints no
-# header before an answer that follows an answer; Gemma 3's template raises on it
-REFUSED = {"deepseek-v3.1": {TWO_ANSWERS_IN_A_ROW}, "sentencepiece-gemma3": {TWO_ANSWERS_IN_A_ROW}}
+# what ROWS.md leaves undefined among the hard conversations, per model. DeepSeek-V3.1 prints no
+# header before an answer that follows an answer. Qwen3: an empty answer before another one finds
+# the second's longer generation prompt (the empty think block) in its search region. Gemma 3's
+# template raises where the roles do not alternate user/assistant.
+REFUSED = {"deepseek-v3.1": {TWO_ANSWERS_IN_A_ROW, EMPTY_THEN_ANSWER, ANSWER_THEN_EMPTY},
+           "qwen3": {EMPTY_THEN_ANSWER},
+           "sentencepiece-gemma3": {TWO_ANSWERS_IN_A_ROW, EMPTY_THEN_ANSWER, ANSWER_THEN_EMPTY, SYSTEM_AFTER_REASONING,
+                                    BLANK_SYSTEM}}
 HARD = real_models.hard_conversations()
 
 
@@ -45,6 +51,18 @@ def gemma_corpus() -> list[str]:
     """ASCII text to train the SentencePiece-style tokenizer on: other characters take its byte fallback."""
     texts = [m["content"] for c in HARD + tools_free(synthetic(5, 40)) for m in c]
     return [t.encode("ascii", "ignore").decode() for t in texts] * 4
+
+
+def glm_pinned() -> real_models.Model:
+    """The fixture's GLM-shaped tokenizer with the pinned GLM-4.7-Flash template, as issue 17 configures turns for it."""
+    from builders.fixture.make import shared_dir
+
+    if shared_dir() is None:
+        pytest.skip("needs ../shared (the pinned GLM-4.7-Flash template)")
+    return real_models.Model("glm-4.7-flash", {"tokenizer.json": tokenizer_json(),
+                                               "chat_template.jinja": (shared_dir() / PINNED_TEMPLATE).read_bytes()},
+                             {"eos": "<|endoftext|>", "stop": ["<|endoftext|>", "<|user|>", "<|observation|>"],
+                              "prefills": [{}, {"enable_thinking": False}]})
 
 
 def tools_free(conversations):
@@ -91,6 +109,13 @@ def test_the_reference_supervises_what_rows_md_says(model):
     """ROWS.md's worked examples: an answer and its stop token, not the markup after it; an EOS
     supervised only where the answer's markup runs to the end without a stop token."""
     m, _, reference = model
+    if m.name == "glm-4.7-flash":  # glm5's examples: the EOS ends a final answer; the next <|user|> an earlier one
+        assert supervised_text(reference, HARD[0]) == ("Hi! How can I help?", 1)
+        assert supervised_text(reference, HARD[13]) == ("hi<|user|>", 0)
+        # ROWS.md's corners where turns parts from glm5
+        assert supervised_text(reference, HARD[ANSWER_THEN_EMPTY]) == ("the first<|assistant|></think>", 1)
+        assert supervised_text(reference, HARD[BLANK_SYSTEM])[0] == "the answer<|system|>  <|user|>fine"
+        return
     stop_after = {"qwen2.5": "<|im_end|>", "qwen3": "<|im_end|>", "deepseek-v3.1": "<｜end▁of▁sentence｜>",
                   "llama3.1": "<|eot_id|>", "llama3.2": "<|eot_id|>", "sentencepiece-gemma3": "<end_of_turn>"}[m.name]
     assert supervised_text(reference, HARD[0]) == ("Hi! How can I help?" + stop_after, 0)
@@ -102,6 +127,8 @@ def test_the_reference_supervises_what_rows_md_says(model):
         assert "<think>" not in supervised_text(reference, HARD[5])[0]
     if m.name == "llama3.2":
         assert "Today Date: 09 Feb 2025" in reference.render(HARD[0])
+    if m.name == "deepseek-v3.1":  # the system message the template moves to the front does not end the search
+        assert supervised_text(reference, HARD[SYSTEM_AFTER_REASONING])[0] == (stop_after + "done" + stop_after)
 
 
 @NEEDS_SHARED
@@ -158,20 +185,25 @@ def refused_cases():
 
 @pytest.mark.parametrize("name,case", refused_cases())
 def test_the_builder_refuses_what_the_reference_refuses(name, case, tmp_path):
+    """Exit 4 (a SourceDataError), naming the source row and, as the reference does, the message and character."""
     m = MODELS[name]()
-    conversations = [HARD[0], HARD[1], HARD[case], HARD[5]]
-    manifest = real_models.lay_out_turns(tmp_path, rows_of(conversations, "r"), m, name="refusal", build_rows=1000,
-                                         shards=1)
+    for file, data in m.files.items():
+        (tmp_path / file).write_bytes(data)
+    refused = outcome(TurnsReference(tmp_path, {"sha256": dict.fromkeys(m.files), **m.fields}), HARD[case])
+    manifest = real_models.lay_out_turns(tmp_path / "hf", rows_of([HARD[0], HARD[1], HARD[case], HARD[5]], "r"), m,
+                                         name="refusal", build_rows=1000, shards=1)
     with pytest.raises(SourceDataError) as refusal:
         turns_build(manifest, tmp_path)
-    assert_names_the_conversation(str(refusal.value), 2, "r2")
+    assert_names_the_conversation(str(refusal.value), 2, "r2", refused.message, refused.character is not None)
 
 
-def assert_names_the_conversation(message: str, index: int, row_id: str, message_index: int | None = None):
+def assert_names_the_conversation(message: str, index: int, row_id: str, message_index: int | None = None,
+                                  character: bool = True):
     assert re.search(rf"\b{index}\b", message) or row_id in message, message
-    assert "message" in message and "character" in message, message
     if message_index is not None:
         assert re.search(rf"message {message_index}\b", message), message
+    if character:
+        assert "character" in message, message
 
 
 def truncating_qwen25() -> real_models.Model:
