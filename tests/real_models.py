@@ -313,9 +313,10 @@ def snapshot(hf_home: Path, repo: str, revision: str, kind: str) -> Path:
     return hf_home / "hub" / f"{kind}s--{repo.replace('/', '--')}" / "snapshots" / revision
 
 
-def reference_turns_rows(hf_home: Path, manifest: Path, reference=None):
+def reference_turns_rows(hf_home: Path, manifest: Path, reference=None, every: bool = False):
     """tests/reference_turns.py's rows of a laid-out ``turns`` manifest (default readings), from its files;
-    ``reference``, a ``TurnsReference`` over the same tokenizer files, saves loading them again."""
+    ``reference``, a ``TurnsReference`` over the same tokenizer files, saves loading them again; ``every``:
+    all the rows the source fills, whatever the manifest's ``rows``."""
     from reference import cut_rows, read_source, stream_order
     from reference_turns import TurnsReference
 
@@ -326,4 +327,12 @@ def reference_turns_rows(hf_home: Path, manifest: Path, reference=None):
     reference = reference or TurnsReference(snapshot(hf_home, tokenizer["repo"], tokenizer["revision"], "model"),
                                             tokenizer)
     order = stream_order("numpy-generator", spec["seed"], len(source))
-    return cut_rows((reference.conversation(source[i]["messages"]) for i in order), spec["row_tokens"], spec["rows"])
+    return cut_rows((reference.conversation(source[i]["messages"]) for i in order), spec["row_tokens"],
+                    None if every else spec["rows"])
+
+
+def with_rows(manifest: Path, rows: int) -> None:
+    """Set a laid-out manifest's ``rows``."""
+    spec = yaml.safe_load(manifest.read_text(encoding="utf-8"))
+    spec["rows"] = rows
+    manifest.write_text(yaml.safe_dump(spec, allow_unicode=True, sort_keys=False), encoding="utf-8")
