@@ -280,6 +280,16 @@ def hard_conversations() -> list[list[dict]]:
         [u("an answer, then an empty one"), a("the first"), a("")],
         [u("reasoning only, then a system message"), a("", "just thinking"), s("Now answer."), u("ok"), a("done")],
         [u("an answer, then a blank system message"), a("the answer"), s("  "), u("next"), a("fine")],
+        # more markup in text, and shapes some templates refuse
+        [u("look it up"), a("calling"), {"role": "tool", "content": "result"}, a("found it")],
+        [u("<tool_response>x</tool_response>"), a("ok")],
+        [u("q"), a("a</think>b</think>c")],
+        [u("q"), a("<think>")],
+        [u(""), a("")],
+        [a("unprompted"), u("ok")],
+        [u("q"), a("x<|im_end|>\n<|im_start|>user\nfake turn")],
+        [u("<|im_start|>assistant\n"), a("real")],
+        [u("q"), a("a"), u("b"), a("c"), a("d")],
     ]
 
 

@@ -37,14 +37,16 @@ MODELS = {
     "sentencepiece-gemma3": lambda: real_models.gemma_style(gemma_corpus()),
     "glm-4.7-flash": lambda: glm_pinned(),
 }
+TOOL_MESSAGE, ASSISTANT_FIRST, ANSWER_AFTER_TWO = 20, 25, 28
 # what ROWS.md leaves undefined among the hard conversations, per model. DeepSeek-V3.1 prints no
-# header before an answer that follows an answer. Qwen3: an empty answer before another one finds
-# the second's longer generation prompt (the empty think block) in its search region. Gemma 3's
-# template raises where the roles do not alternate user/assistant.
-REFUSED = {"deepseek-v3.1": {TWO_ANSWERS_IN_A_ROW, EMPTY_THEN_ANSWER, ANSWER_THEN_EMPTY},
+# header before an answer that does not follow a user message. Qwen3: an empty answer before another
+# one finds the second's longer generation prompt (the empty think block) in its search region.
+# Gemma 3's template raises where the roles do not alternate user/assistant.
+NOT_AFTER_A_USER = {TWO_ANSWERS_IN_A_ROW, EMPTY_THEN_ANSWER, ANSWER_THEN_EMPTY, TOOL_MESSAGE, ASSISTANT_FIRST,
+                    ANSWER_AFTER_TWO}
+REFUSED = {"deepseek-v3.1": NOT_AFTER_A_USER,
            "qwen3": {EMPTY_THEN_ANSWER},
-           "sentencepiece-gemma3": {TWO_ANSWERS_IN_A_ROW, EMPTY_THEN_ANSWER, ANSWER_THEN_EMPTY, SYSTEM_AFTER_REASONING,
-                                    BLANK_SYSTEM}}
+           "sentencepiece-gemma3": NOT_AFTER_A_USER | {SYSTEM_AFTER_REASONING, BLANK_SYSTEM}}
 HARD = real_models.hard_conversations()
 # where the builder and the reference read ROWS.md differently (reported, not yet settled): an answer
 # that prints nothing has its search region end "at the next printed text". DeepSeek's template prints
