@@ -251,11 +251,11 @@ class TurnsReference:
             following = [p for p in prints if p[0] >= answer_end and p[2] != j]
             next_print = min(following) if following else None
             markup_end = next_print[0] if next_print else len(text)
-            stops = [(text.find(s, answer_end, markup_end), -len(s)) for s in self.stops]
-            stops = [(at, -negative) for at, negative in stops if at >= 0]
+            # the first stop token; of two starting at one character the longer (the one the tokenizer matches)
+            stops = [(at, -len(s)) for s in self.stops if (at := text.find(s, answer_end, markup_end)) >= 0]
             if stops:
-                at, length = min(stops)
-                supervised.mark(answer_end, at + length)
+                at, negative_length = min(stops)
+                supervised.mark(answer_end, at - negative_length)
             elif next_print is None:
                 supervised.mark(answer_end, len(text))
                 supervised.eos = supervised.eos or self.eos in self.stops
