@@ -168,17 +168,27 @@ def turns_build(manifest, tmp_path):
     return build(loaded(manifest), tmp_path / "out", Hub(manifest.parent / "hub", offline=True), card=False)
 
 
-@pytest.fixture(scope="module")
-def builder_encoder(model, tmp_path_factory):
-    """The builder's encoder of ``model``'s laid-out tokenizer repo, as a build makes it."""
+def encoder_of(m: real_models.Model, hf_home):
+    """The builder's encoder of ``m``'s tokenizer repo laid out in ``hf_home``, as a build makes it."""
     from builders.encode import ConversationEncoder
     from builders.pinned import pinned_inputs
 
-    m, _, _ = model
-    hf_home = tmp_path_factory.mktemp(f"{m.name}-encoder")
     manifest = real_models.lay_out_turns(hf_home, rows_of([HARD[0]], "e"), m, name="encoder", shards=1)
     pinned, _ = pinned_inputs(loaded(manifest), Hub(hf_home / "hub", offline=True))
     return ConversationEncoder(pinned.tokenizer, pinned.spec)
+
+
+def builder_outcome(encoder, conversation) -> tuple[list[int], list[int]]:
+    """The builder's ids and mask of one conversation, the EOS after them; raises its SourceDataError."""
+    encoded = encoder.encode([{"index": 0, "id": "one", "source": "turns-test", "messages": conversation}])[0]
+    ids, mask = with_eos(encoded.ids, encoded.mask, encoded.ends_with_answer, encoder.eos_id)
+    return ids.tolist(), mask.tolist()
+
+
+@pytest.fixture(scope="module")
+def builder_encoder(model, tmp_path_factory):
+    m, _, _ = model
+    return encoder_of(m, tmp_path_factory.mktemp(f"{m.name}-encoder"))
 
 
 def test_every_hard_conversation_encodes_as_the_reference_says(model, builder_encoder):
@@ -324,3 +334,28 @@ def test_a_message_with_tool_calls_or_other_fields_is_refused_by_name(shape, tmp
 def test_list_content_is_refused():
     with pytest.raises(Undefined):
         checked([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
+
+
+def replacing_gemma() -> real_models.Model:
+    """Gemma 3 with its system text passed through Jinja's ``replace`` filter, as TRL's muse_glimmer template
+    rewrites 'Reasoning effort' in system prompts: the filter's first argument is a markup literal too."""
+    m = MODELS["sentencepiece-gemma3"]()
+    template = m.files["chat_template.jinja"].decode()
+    prefix = "{%- set first_user_prefix = messages[0]['content'] + '"
+    assert prefix in template
+    m.files["chat_template.jinja"] = template.replace(prefix, "{%- set first_user_prefix = (messages[0]['content'] "
+                                                              "| replace('Reasoning effort', 'Reasoning strength')) + '"
+                                                      ).encode()
+    return m
+
+
+@pytest.mark.xfail(strict=True, reason="reported to i17a: the builder reads the markup literals of method calls "
+                                       "only, not of the replace filter, so it refuses this conversation")
+def test_the_replace_filter_cuts_text_as_the_replace_method_does(tmp_path):
+    m = replacing_gemma()
+    for file, data in m.files.items():
+        (tmp_path / file).write_bytes(data)
+    conversation = [{"role": "system", "content": "Use Reasoning effort: high"}, {"role": "user", "content": "q"},
+                    {"role": "assistant", "content": "x"}]
+    expected = TurnsReference(tmp_path, {"sha256": dict.fromkeys(m.files), **m.fields}).conversation(conversation)
+    assert builder_outcome(encoder_of(m, tmp_path / "hf"), conversation) == expected
