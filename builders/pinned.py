@@ -5,7 +5,8 @@
 Each repo is asked for exactly the files a build reads (``PinnedRepo.patterns``), so online a
 build fetches nothing else, and ``download`` fetches the same. The tokenizer files are read
 once, as bytes, and hashed before anything parses them: what is parsed is exactly what was
-checked.
+checked. The source files, too large to read twice before a build, are hashed in a thread beside
+it (``hashed_files``) and checked against the sha256 that names them before its output is kept.
 """
 
 from __future__ import annotations
@@ -302,8 +303,8 @@ def hashed_files(files: list[PinnedFile]) -> Iterator[FileHashes]:
     """Hash ``files`` in a thread while the block runs (hashlib reads and hashes without the GIL).
 
     A build that fails otherwise (a conversation it cannot render, say) first waits for the hashes:
-    a file that is not what names it is the cause to report. Interrupted, the block waits for at
-    most the file being read.
+    a file that is not what names it is the cause to report. Otherwise the block's end does not wait:
+    the thread stops after the file it is reading.
     """
     reader = ThreadPoolExecutor(1, thread_name_prefix="input-hashes")
     hashes = FileHashes(files, [reader.submit(file_digest, file.path) for file in files])
