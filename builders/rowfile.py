@@ -60,9 +60,9 @@ class RowWriter:
 
     Row groups are written in order by one thread (pyarrow compresses without the GIL), at most
     ``IN_FLIGHT`` of them waiting. A write error of that thread (a full disk) is raised, as the
-    OSError it is, by the next ``write`` or by ``close``, and nothing more is written (pyarrow has
-    closed the file). As a context manager: the block's end closes the file (``close``), an
-    exception out of it abandons the file (``abandon``).
+    OSError it is, by a later ``write`` or by ``close``; pyarrow has then closed the file, so the
+    writer is abandoned, not closed again. As a context manager: the block's end closes the file
+    (``close``), an exception out of it abandons it (``abandon``).
     """
 
     IN_FLIGHT = 2
