@@ -86,8 +86,7 @@ class Outputs:
             yield
         except OSError as err:
             reason = os.strerror(err.errno) if err.errno else str(err)
-            raise OutputError(f"cannot write the build output {path}: {reason}; nothing of this build was left "
-                              f"in {self.folder}") from err
+            raise OutputError(f"cannot write {path}: {reason}; nothing was put in {self.folder}") from err
 
 
 @contextmanager
@@ -98,6 +97,13 @@ def outputs(folder: Path) -> Iterator[Outputs]:
         yield files
     finally:
         files.remove_temporaries()
+
+
+def write_atomic(path: Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` whole or not at all (a failure is an OutputError naming it)."""
+    with outputs(path.parent) as files:
+        files.commit(last=files.write(path.name, data))
+    return path
 
 
 def _sync(path: Path) -> None:

@@ -3,13 +3,14 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from builders.atomic import outputs, remove_stale_temporaries
-from builders.errors import OutputError
+from builders.atomic import outputs, remove_stale_temporaries, write_atomic
 from builders.build import build
 from builders.card import PLOTS
+from builders.errors import OutputError
 from builders.manifest import load_manifest
 from helpers import MANIFESTS, SELF_CONTAINED
 
@@ -74,4 +75,14 @@ def test_a_commit_that_fails_half_way_removes_what_it_put_in_place(tmp_path, mon
         last = files.write("last.bin", b"last")
         files.write("first.bin", b"first")
         files.commit(last=last)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_write_atomic_fails_as_an_output_error_naming_the_file(tmp_path, monkeypatch):
+    def write_bytes(path, data):
+        raise OSError(28, os.strerror(28))
+
+    monkeypatch.setattr(Path, "write_bytes", write_bytes)
+    with pytest.raises(OutputError, match=r"cannot write .*manifest\.yaml: No space left on device"):
+        write_atomic(tmp_path / "manifest.yaml", b"name: x\n")
     assert list(tmp_path.iterdir()) == []
