@@ -37,7 +37,6 @@ from builders.source import Source
 from builders.stats import BuildStats
 from builders.stream import Stream, StreamStats
 from builders.timings import Timings
-from builders.vocab import Vocab
 
 LIBRARIES = ("numpy", "pyarrow", "tokenizers", "fastokens", "transformers", "huggingface_hub", "jinja2", "datasets",
              "PyYAML", "matplotlib")
@@ -84,7 +83,7 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
         remove_stale_temporaries(out_dir, manifest.name)
         with staged(out_dir / f"{manifest.name}.parquet") as parquet:
             with timings.stage("build_s"), parallel.encoding(encoder, workers) as encoding:
-                figures, stats = _write_rows(manifest, source, encoder.vocab, stream.encoded_with(encoding),
+                figures, stats = _write_rows(manifest, source, encoder, stream.encoded_with(encoding),
                                              parquet.temporary, reporter)
                 engines.finish(encoder.engine)  # the last cross-checks, before anything is kept
             with timings.stage("hash_s"):
@@ -153,13 +152,14 @@ def _rows(conversations: Iterable[EncodedConversation], packer: Packer, stats: B
         yield from packer.cut(ids, mask, conversation.index, conversation.id)
 
 
-def _write_rows(manifest: Manifest, source: Source, vocab: Vocab, conversations: Iterable[EncodedConversation],
-                path: Path, reporter: Reporter) -> tuple[RowFigures, BuildStats]:
+def _write_rows(manifest: Manifest, source: Source, encoder: ConversationEncoder,
+                conversations: Iterable[EncodedConversation], path: Path,
+                reporter: Reporter) -> tuple[RowFigures, BuildStats]:
     """Write the first ``manifest.rows`` rows of the stream to ``path``; fail if the source has fewer."""
-    packer = Packer(manifest.row_tokens, vocab.eos_id, manifest.contract)
+    packer = Packer(manifest.row_tokens, encoder.eos_id, manifest.contract)
     figures = RowFigures(manifest.row_tokens, manifest.contract.hash)
     stats = BuildStats(manifest.row_tokens, [f"{pin.repo} ({pin.pattern})" for pin in manifest.datasets],
-                       stop_ids=vocab.stop_ids)
+                       stop_ids=_stop_ids(encoder))
     writer = RowWriter(path)
     try:
         with reporter.progress("building rows", total=manifest.rows, unit="rows") as progress:
@@ -179,6 +179,14 @@ def _write_rows(manifest: Manifest, source: Source, vocab: Vocab, conversations:
                   f"token); conversations training only stop tokens (every answer empty): {stats.only_stop_tokens}, "
                   f"nothing at all: {stats.unsupervised}")
     return figures, stats
+
+
+def _stop_ids(encoder: ConversationEncoder) -> np.ndarray:
+    """The tokens that end an answer under the encoder's chat format (glm5 keeps their ids; turns, their text)."""
+    chat_format = encoder.format
+    if hasattr(chat_format, "stop_ids"):
+        return chat_format.stop_ids
+    return np.array([encoder.vocab.token_id(token, chat_format.name) for token in chat_format.stops], dtype=np.int64)
 
 
 def _report(manifest: Manifest, final: Path, computed: dict, verification: Verification, stats: BuildStats,
