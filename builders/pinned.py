@@ -228,7 +228,8 @@ def pinned_inputs(manifest: Manifest, hub: Hub) -> tuple[PinnedTokenizer, Source
 
 def pinned_tokenizer(manifest: Manifest, hub: Hub) -> PinnedTokenizer:
     """The manifest's tokenizer alone, resolved and checked (what decodes a built file's ids)."""
-    return load_pinned_tokenizer(manifest.tokenizer, resolve(manifest, hub, dataset=False).tokenizer)
+    return load_pinned_tokenizer(manifest.tokenizer, resolve(manifest, hub, dataset=False).tokenizer,
+                                 manifest.loss_mask)
 
 
 def open_source(manifest: Manifest, snapshots: Snapshots) -> Source:
