@@ -15,6 +15,7 @@ answer: supervised unless the reading ``stop: unsupervised``).
 
 from __future__ import annotations
 
+import functools
 import re
 
 import jinja2
@@ -340,12 +341,15 @@ def _token_classes(classes: np.ndarray, text_chars: np.ndarray, spans: np.ndarra
 def markup_literals(template: str) -> tuple[str, ...]:
     """The string constants the template tests a value against or cuts it by: the left side of ``in`` /
     ``not in``, the first argument of ``split``, ``rsplit``, ``startswith``, ``endswith`` (a string or a
-    tuple of them), ``replace``, ``find``."""
+    tuple of them), ``replace`` (the method or the filter), ``find``."""
     found = set()
-    for node in _parse(template).find_all((nodes.Compare, nodes.Call)):
+    for node in _parse(template).find_all((nodes.Compare, nodes.Call, nodes.Filter)):
         if isinstance(node, nodes.Compare):
             if any(op.op in ("in", "notin") for op in node.ops[:1]):
                 found.update(_strings(node.expr))
+        elif isinstance(node, nodes.Filter):
+            if node.name == "replace" and node.args:  # the filter cuts text as the method does
+                found.update(_strings(node.args[0]))
         elif isinstance(node.node, nodes.Getattr) and node.node.attr in CUTTING_METHODS and node.args:
             found.update(_strings(node.args[0]))  # the separator, prefix, suffix or needle: what the text is cut by
     return tuple(sorted(s for s in found if s))
@@ -363,6 +367,7 @@ def _strings(node) -> list[str]:
     return []
 
 
+@functools.lru_cache(maxsize=8)
 def _parse(template: str) -> nodes.Template:
     return ChatRenderer(template).environment().parse(template)
 
