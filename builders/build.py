@@ -9,6 +9,7 @@ when one differs, so a file at the final path is always one that verified.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 from collections.abc import Iterable, Iterator
@@ -54,12 +55,14 @@ class BuildResult:
 
 
 def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporter = Reporter.silent(),
-          card: bool = True, workers: int = 1, engine: str = "auto") -> BuildResult:
+          card: bool = True, workers: int | str = "auto", engine: str = "auto") -> BuildResult:
     """Build ``manifest`` into ``out_dir``: the parquet, its JSON report and (with ``card``) its data card.
 
-    ``workers`` processes render and tokenize (1: this process); ``engine`` encodes (``auto``:
-    fastokens where it agrees with tokenizers, see ``builders.engines``). The rows depend on neither.
+    ``workers`` processes decode, render and tokenize (1: this process; ``auto``: see
+    ``parallel.worker_count``); ``engine`` encodes (``auto``: fastokens where it agrees with
+    tokenizers, see ``builders.engines``). The rows depend on neither.
     """
+    requested, workers = str(workers), parallel.worker_count(workers)
     timings = Timings()
     with timings.stage("resolve_inputs_s"):
         pinned, source = pinned_inputs(manifest, hub)
@@ -80,7 +83,7 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
         out_dir.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(out_dir, manifest.name)
         with staged(out_dir / f"{manifest.name}.parquet") as parquet:
-            with timings.stage("build_s"), parallel.encoding(encoder, workers) as encoding:
+            with timings.stage("build_s"), parallel.encoding(encoder, workers, source.files) as encoding:
                 figures, stats = _write_rows(manifest, encoder.eos_id, stream.encoded_with(encoding),
                                              parquet.temporary, reporter)
                 engines.finish(encoder.engine)  # the last cross-checks, before anything is kept
@@ -90,8 +93,8 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
                                  "bytes": path.stat().st_size} for path in source.files]
             verification = verify(computed, manifest)
             final = out_dir / f"{manifest.name}{'' if verification.verified else '.unverified'}.parquet"
-            document = _report(manifest, final, computed, verification, stats, workers, source_files, chosen,
-                               stream.stats)
+            document = _report(manifest, final, computed, verification, stats, (requested, workers), source_files,
+                               chosen, stream.stats)
             if card:
                 with timings.stage("card_s"):
                     write_card(out_dir, manifest, document, stats)
@@ -164,7 +167,7 @@ def _write_rows(manifest: Manifest, eos_id: int, conversations: Iterable[Encoded
 
 
 def _report(manifest: Manifest, final: Path, computed: dict, verification: Verification, stats: BuildStats,
-            workers: int, source_files: list[dict], chosen: engines.Choice, stream: StreamStats) -> dict:
+            workers: tuple[str, int], source_files: list[dict], chosen: engines.Choice, stream: StreamStats) -> dict:
     """What the report records (its timings are added last); the data card is made from it too."""
     return {
         "name": manifest.name,
@@ -179,7 +182,8 @@ def _report(manifest: Manifest, final: Path, computed: dict, verification: Verif
         "stats": stats.summary(),
         "source_reading": stream.as_dict(),
         "versions": toolchain(),
-        "workers": workers,
+        "workers": workers[1],  # the processes that encoded; what --workers asked, and the cores it could use:
+        "workers_requested": workers[0], "cores": len(os.sched_getaffinity(0)),
         "engine": {"name": chosen.engine.name, "version": chosen.engine.version, "requested": chosen.requested,
                    "note": chosen.note, "conversations_cross_checked": stats.cross_checked},
         "argv": sys.argv,

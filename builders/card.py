@@ -38,6 +38,11 @@ def write_card(out_dir: Path, manifest: Manifest, report: dict, stats: BuildStat
     return written
 
 
+def _workers(report: dict) -> str:
+    count = report["workers"]
+    return "the building process itself" if count == 1 else f"{count} worker processes"
+
+
 def front_matter(manifest: Manifest) -> str:
     """The card's YAML metadata block, emitted by a YAML writer so any manifest text stays valid YAML."""
     license_id = LICENSE_IDS.get((manifest.dataset.license or "").lower(), "other")
@@ -115,6 +120,8 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         + (f", {engine['conversations_cross_checked']:,} conversations also encoded by tokenizers (the reference), "
            f"which agreed" if engine["name"] != "tokenizers" else " (the reference engine)")
         + (f"; {engine['note']}" if engine["note"] else ""),
+        f"- encoded in {_workers(report)} (`--workers {report['workers_requested']}`, {report['cores']} cores "
+        f"available; the rows are the same for any number)",
         "",
         "### Sources",
         "",
