@@ -83,7 +83,8 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
         out_dir.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(out_dir, manifest.name)
         with staged(out_dir / f"{manifest.name}.parquet") as parquet:
-            with timings.stage("build_s"), parallel.encoding(encoder, workers, source.files) as encoding:
+            encoding = parallel.encoding(encoder, workers, pinned.tokenizer_json, source.files)
+            with timings.stage("build_s"), encoding:
                 figures, stats = _write_rows(manifest, encoder.eos_id, stream.encoded_with(encoding),
                                              parquet.temporary, reporter)
                 engines.finish(encoder.engine)  # the last cross-checks, before anything is kept
