@@ -38,6 +38,7 @@ from builders.source import ParquetSource
 from builders.stats import BuildStats
 from builders.stream import Stream, StreamStats
 from builders.timings import Timings
+from builders.vocab import Vocab
 
 LIBRARIES = ("numpy", "pyarrow", "tokenizers", "fastokens", "transformers", "huggingface_hub", "jinja2", "datasets",
              "PyYAML", "matplotlib")
@@ -85,14 +86,14 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
         with staged(out_dir / f"{manifest.name}.parquet") as parquet:
             encoding = parallel.encoding(encoder, workers, pinned.tokenizer_json, source.files)
             with timings.stage("build_s"), encoding:
-                figures, stats = _write_rows(manifest, encoder.eos_id, stream.encoded_with(encoding),
+                figures, stats = _write_rows(manifest, encoder.vocab, stream.encoded_with(encoding),
                                              parquet.temporary, reporter)
                 engines.finish(encoder.engine)  # the last cross-checks, before anything is kept
             with timings.stage("hash_s"):
                 computed = {**figures.as_dict(), **file_hash(parquet.temporary)}
                 source_files = [{"name": f"data/{path.name}", "lfs_sha256": lfs_sha256(path),
                                  "bytes": path.stat().st_size} for path in source.files]
-            verification = verify(computed, manifest)
+            verification = verify(computed, manifest, built_from=manifest.recipe())
             final = out_dir / f"{manifest.name}{'' if verification.verified else '.unverified'}.parquet"
             document = _report(manifest, final, computed, verification, stats, (requested, workers), source_files,
                                chosen, stream.stats)
@@ -142,12 +143,12 @@ def _rows(conversations: Iterable[EncodedConversation], packer: Packer, stats: B
         yield from packer.cut(ids, mask, conversation.index, conversation.id)
 
 
-def _write_rows(manifest: Manifest, eos_id: int, conversations: Iterable[EncodedConversation], path: Path,
+def _write_rows(manifest: Manifest, vocab: Vocab, conversations: Iterable[EncodedConversation], path: Path,
                 reporter: Reporter) -> tuple[RowFigures, BuildStats]:
     """Write the first ``manifest.rows`` rows of the stream to ``path``; fail if the source has fewer."""
-    packer = Packer(manifest.row_tokens, eos_id, manifest.contract)
+    packer = Packer(manifest.row_tokens, vocab.eos_id, manifest.contract)
     figures = RowFigures(manifest.row_tokens, manifest.contract.hash)
-    stats = BuildStats(manifest.row_tokens)
+    stats = BuildStats(manifest.row_tokens, stop_ids=vocab.stop_ids)
     writer = RowWriter(path)
     try:
         with reporter.progress("building rows", total=manifest.rows, unit="rows") as progress:
@@ -162,8 +163,10 @@ def _write_rows(manifest: Manifest, eos_id: int, conversations: Iterable[Encoded
         raise SourceDataError(f"the source ran out after {len(stats.sources)} conversations: "
                               f"{figures.rows} of {manifest.rows} rows of {manifest.row_tokens} tokens")
     stats.windows_skipped = packer.windows_skipped
-    reporter.info(f"{figures.rows} rows from {len(stats.sources)} conversations "
-                  f"({packer.windows_skipped} windows skipped)")
+    reporter.info(f"{figures.rows} rows from {len(stats.sources)} conversations ({packer.windows_skipped} windows "
+                  f"skipped: {manifest.row_tokens}-token stretches of the stream, cut as rows are, with no supervised "
+                  f"token); conversations training only stop tokens (every answer empty): {stats.only_stop_tokens}, "
+                  f"nothing at all: {stats.unsupervised}")
     return figures, stats
 
 
@@ -176,6 +179,7 @@ def _report(manifest: Manifest, final: Path, computed: dict, verification: Verif
         "parquet": final.name,
         "verified": verification.verified,
         "contract": manifest.contract.as_dict(),
+        "recipe": manifest.recipe(),  # what the rows were built from, checked against the manifest
         "figures": computed,
         "checks": [asdict(check) for check in verification.checks],
         "notes": verification.notes,

@@ -13,7 +13,7 @@ import numpy as np
 import yaml
 
 from builders.atomic import write_atomic
-from builders.manifest import Manifest
+from builders.manifest import Manifest, is_shipped
 from builders.stats import BuildStats
 
 LICENSE_IDS = {"odc-by 1.0": "odc-by", "odc-by": "odc-by", "cc0-1.0 (generated)": "cc0-1.0", "cc0-1.0": "cc0-1.0",
@@ -76,7 +76,8 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         f"`loss_mask` marks the {manifest.loss_mask} training targets: the assistant's answers and the stop "
         f"tokens that end them.",
         "",
-        f"**{'Verified' if verified else 'NOT verified'}** against `manifests/{name}.yaml`.",
+        f"**{'Verified' if verified else 'NOT verified'}** against "
+        + (f"`manifests/{name}.yaml` (shipped with fixed-sft)." if is_shipped(manifest) else f"`{manifest.path}`."),
         "",
         "## Hashes",
         "",
@@ -112,7 +113,12 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         f"row's token 0, which a next-token loss cannot predict)",
         f"- source conversations consumed: {summary['conversations_consumed']:,} "
         f"({summary['stream_tokens_consumed']:,} tokens with their EOS; the last one may be cut)",
-        f"- windows skipped for having no supervised token: {summary['windows_skipped']:,}",
+        f"- windows skipped for having no supervised token: {summary['windows_skipped']:,} (a window is a "
+        f"row-length stretch of the stream: {manifest.row_tokens:,} tokens)",
+        f"- conversations that train nothing but the stop tokens that end their answers (every answer empty): "
+        f"{summary['conversations_training_only_stop_tokens']:,}",
+        f"- conversations with no supervised token at all (no answer, or none trained): "
+        f"{summary['conversations_unsupervised']:,}",
         *([f"- conversations left out by the mask rule (no answer header found): {summary['conversations_left_out']:,}"]
           if summary["conversations_left_out"] else []),
         f"- padding tokens: {figures['padding_tokens']}",

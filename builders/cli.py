@@ -247,7 +247,7 @@ def _hub(args, manifest):
 
 
 def _manifest(args, file: Path | None = None):
-    from builders.manifest import load_manifest, shipped_manifests
+    from builders.manifest import load_manifest, shipped_manifest
 
     if args.manifest is not None:
         return load_manifest(args.manifest)
@@ -258,12 +258,7 @@ def _manifest(args, file: Path | None = None):
         raise UsageError("which manifest? give --build NAME or --manifest FILE (see --help)")
     if Path(name).name != name or name in ("", ".", ".."):
         raise UsageError(f"--build takes a manifest name, not a path: {name!r}")
-    folder = args.manifests or shipped_manifests()
-    candidate = folder / f"{name}.yaml"
-    if not candidate.is_file():
-        known = sorted(p.stem for p in folder.glob("*.yaml"))
-        raise UsageError(f"no manifest {candidate} (known: {', '.join(known) or 'none'})")
-    return load_manifest(candidate)
+    return shipped_manifest(name, args.manifests)
 
 
 def _workers(text: str) -> str | int:
@@ -291,13 +286,13 @@ def _build(args) -> int:
 def _verify(args) -> int:
     from dataclasses import asdict
 
-    from builders.figures import file_figures, verify
+    from builders.figures import file_figures, recorded_recipe, verify
     from builders.rowfile import check_row_file
 
     check_row_file(args.file)
     manifest = _manifest(args, args.file)
     figures = file_figures(args.file, manifest.row_tokens, manifest.contract.hash)
-    verification = verify(figures, manifest)
+    verification = verify(figures, manifest, recorded_recipe(args.file, figures["parquet_sha256"]))
     if args.json:
         print(json.dumps({"file": str(args.file), "manifest": str(manifest.path), "verified": verification.verified,
                           "figures": figures, "checks": [asdict(c) for c in verification.checks],
@@ -310,7 +305,7 @@ def _verify(args) -> int:
 
 def _outcome(verification) -> str:
     if not verification.verified:
-        return "NOT verified"
+        return f"NOT verified ({verification.summary()})"
     return "built, nothing pinned to verify" if verification.nothing_pinned else "verified"
 
 
@@ -333,8 +328,11 @@ def _inspect(args) -> int:
         view = inspect_source(manifest, hub, args.source_index)
     else:
         view = inspect_row(manifest, hub, args.file, args.row)
-    color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
-    print(view.as_terminal(color), end="")
+    if args.json:
+        print(json.dumps(view.as_dict(), indent=2, sort_keys=True, ensure_ascii=False))
+    else:
+        color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
+        print(view.as_terminal(color), end="")
     if args.html:
         args.html.write_text(view.as_html(), encoding="utf-8")
         print(f"HTML view: {args.html}", file=sys.stderr)
@@ -352,14 +350,44 @@ def _diff(args) -> int:
         if path is not None:
             check_row_file(path)
     if args.b is not None:
-        result, b = diff_files(args.a, args.b), args.b
+        manifest = _manifest(args) if args.name or args.manifest else _manifest_named_like(args, args.a)
+        result, b = diff_files(args.a, args.b, _decoder(args, manifest)), args.b
     else:
         manifest = _manifest(args, None)
+        hub = _hub(args, manifest)
         with tempfile.TemporaryDirectory() as folder:
-            built = build(manifest, Path(folder), _hub(args, manifest), _reporter(args), card=False)
-            result, b = diff_files(args.a, built.parquet), Path(f"(a fresh build of {manifest.name})")
-    print(json.dumps(result.as_dict(), indent=2, sort_keys=True) if args.json else describe(result, args.a, b))
+            built = build(manifest, Path(folder), hub, _reporter(args), card=False)
+            result = diff_files(args.a, built.parquet, _decoder(args, manifest, hub))
+            b = Path(f"(a fresh build of {manifest.name})")
+    print(json.dumps(result.as_dict(), indent=2, sort_keys=True, ensure_ascii=False) if args.json
+          else describe(result, args.a, b))
     return 0 if result.identical else FILES_DIFFER
+
+
+def _manifest_named_like(args, file: Path):
+    """The manifest a built file's name names (NAME.parquet → NAME), where there is one; else None."""
+    try:
+        return _manifest(args, file)
+    except UsageError:
+        return None
+
+
+def _decoder(args, manifest, hub=None):
+    """The manifest's pinned tokenizer's decode (special tokens kept), or None, saying why, where it cannot load."""
+    from builders.errors import PinnedInputError
+    from builders.pinned import pinned_tokenizer
+
+    if manifest is None:
+        reason = "no manifest is named like A; give --build NAME or --manifest FILE to decode with its tokenizer"
+    else:
+        try:
+            tokenizer = pinned_tokenizer(manifest, hub or _hub(args, manifest)).tokenizer
+            return lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
+        except PinnedInputError as err:
+            reason = f"the tokenizer of {manifest.name} cannot be loaded: {err}"
+    if not args.quiet:
+        print(f"note: no decoded text ({reason})", file=sys.stderr)
+    return None
 
 
 def _download(args) -> int:
@@ -499,10 +527,10 @@ def _print_notes(notes, args) -> None:
 
 def _print_checks(verification) -> None:
     for check in verification.checks:
-        if verification.nothing_pinned:
-            print(f"  {check.figure}: {check.got}")
-        elif check.status == "differs":
+        if check.status == "differs":
             print(f"  DIFFERS     {check.figure}: expected {check.expected}, got {check.got}")
+        elif verification.nothing_pinned:
+            print(f"  {check.figure}: {check.got}")
         elif check.status == "ok":
             print(f"  ok          {check.figure}: {check.got}")
         else:

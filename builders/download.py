@@ -43,8 +43,9 @@ def describe(fetched: list[Fetched], manifest: Manifest, hub: Hub) -> str:
         names += f", … ({len(f.files)} files)" if len(f.files) > 3 else ""
         lines.append(f"  {f.repo.repo_type} {f.repo.repo} at {f.repo.revision[:12]}: {names} ({_size(f.bytes)})")
     home = shlex.quote(str(hub.cache_dir.parent if hub.cache_dir else constants.HF_HOME))
-    lines.append(f"build offline from it (here, or where this cache is copied to HF_HOME/hub):\n"
-                 f"  HF_HUB_OFFLINE=1 HF_HOME={home} {cli_command('build', manifest)}")
+    lines.append(f"build offline from it, here or where this cache is copied to (as HF_HOME/hub), with fixed-sft "
+                 f"(or python -m builders in a checkout):\n"
+                 f"  HF_HUB_OFFLINE=1 HF_HOME={home} {cli_command('build', manifest, portable=True)}")
     return "\n".join(lines)
 
 

@@ -8,6 +8,7 @@ computes the other layouts a builder might have hashed).
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,8 +148,13 @@ class Verification:
         return "; ".join(f"{c.figure} expected {c.expected}, got {c.got}" for c in self.differing) or "matches"
 
 
-def verify(figures: dict, manifest: Manifest) -> Verification:
-    """Compare computed figures with the manifest's ``rows`` and ``expect``."""
+def verify(figures: dict, manifest: Manifest, built_from: dict | None = None) -> Verification:
+    """Compare computed figures with the manifest's ``rows`` and ``expect``.
+
+    ``built_from`` is the recipe (``Manifest.recipe``) the rows were built from, where it is known:
+    a build's own, or the one the report beside a verified file records. The notes then say whether
+    rows that differ come from other inputs (which) or, from the pinned inputs, from a reading.
+    """
     expect = manifest.expect
     checks = [Check("rows", manifest.rows, figures["rows"], "ok" if figures["rows"] == manifest.rows else "differs")]
     for name in PINNED_FIGURES:
@@ -160,12 +166,22 @@ def verify(figures: dict, manifest: Manifest) -> Verification:
                                 "ok" if expected.matches(got) else "differs"))
         else:
             checks.append(Check(name, expected, got, "ok" if expected == got else "differs"))
-    return Verification(checks, _notes(checks, manifest))
+    return Verification(checks, _notes(checks, manifest, built_from))
 
 
-def _notes(checks: list[Check], manifest: Manifest) -> list[str]:
+def recorded_recipe(path: Path, parquet_sha256: str) -> dict | None:
+    """The recipe that the build report beside a row file records, if that report is of this very file."""
+    report = path.with_name(f"{path.name.removesuffix('.parquet').removesuffix('.unverified')}.report.json")
+    try:
+        document = json.loads(report.read_text(encoding="utf-8"))
+        return document["recipe"] if document["figures"]["parquet_sha256"] == parquet_sha256 else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _notes(checks: list[Check], manifest: Manifest, built_from: dict | None) -> list[str]:
     """What to make of a difference: the writer's version, rows that match in a file that does not,
-    and how to find the reading of the row contract that makes pinned rows we do not."""
+    and for rows that differ, the inputs they were built from or the reading of the row contract."""
     expect, out = manifest.expect, []
     running = writer_version()
     if expect.writer is not None and expect.writer != running:
@@ -180,7 +196,25 @@ def _notes(checks: list[Check], manifest: Manifest) -> list[str]:
                    f"(builders/rowfile.py: zstd level 3, {ROW_GROUP_ROWS} rows per row group) with {running}; "
                    f"to find how the pinned file was written, run `{explain} --writer`")
     elif status.get("rows_sha256") == "differs":
-        out.append(f"the rows are not the pinned rows; to find which reading of the row contract (ROWS.md) makes "
-                   f"them, run `{explain}` with the same input options (it searches the readings "
-                   f"the recipe card leaves open, nearest first)")
+        out.append(_rows_differ(manifest, built_from, explain))
     return out
+
+
+def _rows_differ(manifest: Manifest, built_from: dict | None, explain: str) -> str:
+    """Why the rows may not be the pinned rows: other inputs (named), or, from the pinned inputs, a reading."""
+    build = cli_command("build", manifest)
+    if built_from is None:
+        return (f"the rows are not the pinned rows, and what this file was built from is not known here (no build "
+                f"report of it beside it): rows built from other inputs than the manifest pins differ for that "
+                f"reason alone. `{build}` builds from the pinned inputs, checked; if its rows differ too, run "
+                f"`{explain}` to find which reading of the row contract (ROWS.md) makes the pinned rows")
+    pinned = manifest.recipe()
+    other = [f"{key} {built_from.get(key)!r} (the manifest: {value!r})" for key, value in pinned.items()
+             if built_from.get(key) != value]
+    if other:
+        return (f"the rows are not the pinned rows because they were built from something else than the manifest "
+                f"pins: {'; '.join(other)}. Build from the pinned inputs: `{build}`")
+    return (f"the rows are not the pinned rows, though they were built from exactly what the manifest pins (the "
+            f"inputs resolved at their commits and checked, the same seed, row length and contract): a reading of "
+            f"the row contract (ROWS.md) differs. To find which makes the pinned rows, run `{explain}` with the same "
+            f"input options (it searches the readings the recipe card leaves open, nearest first)")

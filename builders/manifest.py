@@ -84,6 +84,18 @@ class Manifest:
     contract: Contract = DEFAULT
     path: Path | None = None
 
+    def recipe(self) -> dict:
+        """Everything the manifest says that the rows depend on, by field name (``dataset.revision``, ...):
+        a build records it in its report, so that a file's rows can be told from its inputs later."""
+        return {
+            "dataset.repo": self.dataset.repo, "dataset.revision": self.dataset.revision,
+            "dataset.split": self.dataset.split, "tokenizer.repo": self.tokenizer.repo,
+            "tokenizer.revision": self.tokenizer.revision,
+            **{f"tokenizer.sha256.{name}": digest for name, digest in sorted(self.tokenizer.sha256.items())},
+            "loss_mask": self.loss_mask, "seed": self.seed, "row_tokens": self.row_tokens, "rows": self.rows,
+            **{f"contract.{key}": value for key, value in self.contract.as_dict().items()},
+        }
+
 
 class _FloatText(float):
     """A YAML float that remembers how it was written (``0.670`` stays three decimals)."""
@@ -104,11 +116,17 @@ def _float_text(loader: YamlLoader, node: yaml.ScalarNode) -> _FloatText:
 YamlLoader.add_constructor("tag:yaml.org,2002:float", _float_text)
 
 
-def cli_command(command: str, manifest: Manifest) -> str:
-    """This project's command line for ``command`` on ``manifest``, as it runs in this environment."""
-    shipped = manifest.path is None or manifest.path.parent.resolve() == shipped_manifests().resolve()
-    which = f"--build {manifest.name}" if shipped else f"--manifest {shlex.quote(str(manifest.path))}"
-    return f"{shlex.quote(sys.executable)} -m builders {command} {which}"
+def cli_command(command: str, manifest: Manifest, portable: bool = False) -> str:
+    """This project's command line for ``command`` on ``manifest``: as it runs in this environment
+    (this Python), or, ``portable``, as it runs wherever fixed-sft is installed (``fixed-sft``)."""
+    which = f"--build {manifest.name}" if is_shipped(manifest) else f"--manifest {shlex.quote(str(manifest.path))}"
+    program = "fixed-sft" if portable else f"{shlex.quote(sys.executable)} -m builders"
+    return f"{program} {command} {which}"
+
+
+def is_shipped(manifest: Manifest) -> bool:
+    """Whether ``manifest`` is one of the manifests that come with this install (or has no file)."""
+    return manifest.path is None or manifest.path.parent.resolve() == shipped_manifests().resolve()
 
 
 def shipped_manifests() -> Path:
@@ -117,6 +135,23 @@ def shipped_manifests() -> Path:
     package = Path(__file__).resolve().parent
     inside = package / "manifests"
     return inside if inside.is_dir() else package.parent / "manifests"
+
+
+def shipped_manifest(name: str, folder: str | Path | None = None) -> Manifest:
+    """The manifest called ``name`` (``NAME.yaml``) among those shipped with fixed-sft, or in ``folder``.
+
+    Works the same from a checkout and from an installed wheel, whatever the working directory:
+    ``RowReader(path, shipped_manifest("glm47flash-tulu3-fixed8192-v1"), verify=True)``.
+    """
+    if not isinstance(name, str) or Path(name).name != name or name in ("", ".", "..") or name.endswith(".yaml"):
+        raise ManifestError(f"a manifest name is a plain name such as 'fixture-synthetic-v1', not {name!r} "
+                            f"(load a manifest file with load_manifest(path))")
+    folder = Path(folder) if folder is not None else shipped_manifests()
+    path = folder / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in folder.glob("*.yaml"))
+        raise ManifestError(f"no manifest {path} (known: {', '.join(known) or 'none'})")
+    return load_manifest(path)
 
 
 def safe_load_yaml(text: str, loader_class: type[YamlLoader] = YamlLoader):

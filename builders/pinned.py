@@ -14,12 +14,13 @@ import hashlib
 import os
 import re
 import shlex
-import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from huggingface_hub import snapshot_download
+import httpx2
+from huggingface_hub import constants, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+from huggingface_hub.utils import get_session
 from tokenizers import Tokenizer
 
 from builders.errors import PinnedInputError
@@ -47,12 +48,10 @@ class PinnedRepo:
     patterns: tuple[str, ...]
 
     def hf_download_command(self) -> str:
-        """The ``hf download`` line that fetches exactly these files (with the ``hf`` of this environment)."""
-        hf = Path(sys.executable).with_name("hf")
+        """The ``hf download`` line (huggingface_hub's command) that fetches exactly these files, on any machine."""
         type_option = f" --repo-type {self.repo_type}" if self.repo_type != "model" else ""
         include = " ".join(shlex.quote(p) for p in self.patterns)
-        return (f"{shlex.quote(str(hf))} download {self.repo}{type_option} --revision {self.revision} "
-                f"--include {include}")
+        return f"hf download {self.repo}{type_option} --revision {self.revision} --include {include}"
 
 
 @dataclass(frozen=True)
@@ -60,7 +59,7 @@ class Snapshots:
     """The local folders of a manifest's pinned repos."""
 
     tokenizer: Path
-    dataset: Path
+    dataset: Path | None  # None where only the tokenizer was asked for
 
 
 @dataclass(frozen=True)
@@ -79,14 +78,24 @@ def dataset_repo(pin: DatasetPin) -> PinnedRepo:
     return PinnedRepo(pin.repo, "dataset", pin.revision, (f"data/{pin.split}-*.parquet",))
 
 
-def resolve(manifest: Manifest, hub: Hub) -> Snapshots:
-    """Resolve (online: download) every pinned repo of ``manifest``.
+HUB_PROBE_TIMEOUT_S = 10
 
-    A repo that is neither in the cache nor reachable is an error that lists every such repo of
-    the manifest at once, with the command that fetches them.
+
+def resolve(manifest: Manifest, hub: Hub, dataset: bool = True) -> Snapshots:
+    """Resolve (online: download) every pinned repo of ``manifest`` (``dataset=False``: the tokenizer's only).
+
+    Online, the Hub is asked once, without retries, whether it answers; when it does not, the
+    repos are read from the cache alone (huggingface_hub would retry each request for about
+    23 s before it fell back to the cache). A repo that is neither in the cache nor reachable is
+    an error that lists every such repo of the manifest at once, with the commands that fetch them.
     """
+    unreachable = hub_unreachable(hub)
+    if unreachable:
+        hub = replace(hub, offline=True)
     repos = {"tokenizer": tokenizer_repo(manifest.tokenizer), "dataset": dataset_repo(manifest.dataset)}
-    folders, missing = {}, []
+    if not dataset:
+        del repos["dataset"]
+    folders, missing = {"dataset": None}, []
     for part, repo in repos.items():
         try:
             folders[part] = resolve_snapshot(repo, hub)
@@ -100,14 +109,29 @@ def resolve(manifest: Manifest, hub: Hub) -> Snapshots:
             raise PinnedInputError(f"these pinned inputs are not in the HF cache{where}:\n" + "\n".join(lines)
                                    + f"\n{manifest.name} is made of fixtures this project lays out, not Hub repos: "
                                      "add --fixture-cache DIR") from missing[0][1]
+        why = (f"the Hub cannot be reached from here ({unreachable})" if unreachable
+               else "offline (HF_HUB_OFFLINE=1)" if hub.offline or constants.HF_HUB_OFFLINE
+               else "the Hub did not answer")
         commands = [f"  {repo.hf_download_command()}" for repo, _ in missing]
         raise PinnedInputError(
-            f"these pinned inputs are not in the HF cache{where} and cannot be downloaded here (offline, or the Hub "
-            "is out of reach):\n" + "\n".join(lines)
-            + "\nfetch them into the same HF cache on a machine that reaches the Hub, with\n  "
-            + cli_command("download", manifest) + "\nor\n" + "\n".join(commands)
-            + "\nthen build with HF_HUB_OFFLINE=1") from missing[0][1]
+            f"these pinned inputs are not in the HF cache{where} and cannot be downloaded here: {why}\n"
+            + "\n".join(lines)
+            + "\nfetch them into an HF cache on a machine that reaches the Hub, with fixed-sft (or python -m builders "
+              "in a checkout):\n  " + cli_command("download", manifest, portable=True)
+            + "\nor with huggingface_hub's hf command:\n" + "\n".join(commands)
+            + "\nthen copy that cache here (HF_HOME) and build with HF_HUB_OFFLINE=1") from missing[0][1]
     return Snapshots(**folders)
+
+
+def hub_unreachable(hub: Hub) -> str | None:
+    """Why the Hub does not answer (one request, no retries), or None: it answers, or the build is offline."""
+    if hub.offline or constants.HF_HUB_OFFLINE:
+        return None
+    try:
+        get_session().head(constants.ENDPOINT, timeout=HUB_PROBE_TIMEOUT_S)
+    except httpx2.TransportError as err:
+        return f"{constants.ENDPOINT}: {type(err).__name__}: {err}"
+    return None
 
 
 class _NotInCache(PinnedInputError):
@@ -150,6 +174,11 @@ def pinned_inputs(manifest: Manifest, hub: Hub) -> tuple[PinnedTokenizer, Parque
     snapshots = resolve(manifest, hub)
     pinned = load_pinned_tokenizer(manifest.tokenizer, snapshots.tokenizer)
     return pinned, ParquetSource(dataset_files(manifest.dataset, snapshots.dataset))
+
+
+def pinned_tokenizer(manifest: Manifest, hub: Hub) -> PinnedTokenizer:
+    """The manifest's tokenizer alone, resolved and checked (what decodes a built file's ids)."""
+    return load_pinned_tokenizer(manifest.tokenizer, resolve(manifest, hub, dataset=False).tokenizer)
 
 
 def dataset_files(pin: DatasetPin, snapshot: Path) -> list[Path]:

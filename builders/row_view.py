@@ -39,6 +39,13 @@ class View:
     spans: list[Span]
     continues: bool  # the last conversation goes on past the end of the row
 
+    def as_dict(self) -> dict:
+        """The view for ``--json``: its title, conversation labels, spans (decoded text, supervised,
+        literal special-token text, which conversation) and whether the row ends inside a conversation."""
+        return {"title": self.title, "labels": self.labels, "continues": self.continues,
+                "spans": [{"conversation": s.conversation, "supervised": s.supervised, "literal": s.literal,
+                           "text": s.text} for s in self.spans]}
+
     def as_terminal(self, color: bool) -> str:
         """Supervised text on green (or between ⟦ ⟧), literal special-token text underlined (or between « »)."""
         def dim(text: str) -> str:

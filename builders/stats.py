@@ -19,15 +19,24 @@ class BuildStats:
     conversation_tokens: list = field(default_factory=list)  # each with its EOS
     conversation_supervised: list = field(default_factory=list)
     row_supervised: list = field(default_factory=list)
+    stop_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # tokens that end an answer
     windows_skipped: int = 0
     left_out: int = 0  # conversations a slime mask rule leaves out (no answer header found)
     cross_checked: int = 0  # conversations the reference engine encoded too
+    only_stop_tokens: int = 0  # conversations whose supervised tokens are all stop tokens: every answer empty
+    unsupervised: int = 0  # conversations with no supervised token at all
 
     def add_conversation(self, source: str | None, ids: np.ndarray, mask: np.ndarray) -> None:
         """One conversation's part of the stream (its tokens and the EOS after them)."""
+        supervised = mask != 0
+        count = int(np.count_nonzero(supervised))
         self.sources.append(source or "(none)")
         self.conversation_tokens.append(len(ids))
-        self.conversation_supervised.append(int(np.count_nonzero(mask)))
+        self.conversation_supervised.append(count)
+        if count == 0:
+            self.unsupervised += 1
+        elif np.isin(ids[supervised], self.stop_ids).all():
+            self.only_stop_tokens += 1
 
     def add_row(self, row: Row) -> None:
         self.row_supervised.append(int(np.count_nonzero(row.loss_mask)))
@@ -50,6 +59,8 @@ class BuildStats:
             "stream_tokens_consumed": int(lengths.sum()),
             "windows_skipped": self.windows_skipped,
             "conversations_left_out": self.left_out,
+            "conversations_training_only_stop_tokens": self.only_stop_tokens,
+            "conversations_unsupervised": self.unsupervised,
             "conversation_tokens_percentiles": {
                 f"p{p}": int(np.percentile(lengths, p, method="inverted_cdf")) for p in PERCENTILES
             } if lengths.size else {},

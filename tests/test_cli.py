@@ -1,6 +1,7 @@
 """The command line as users run it: offline from HF_HOME, exit codes, what is left on disk."""
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -10,7 +11,8 @@ import yaml
 
 from builders.card import PLOTS
 from builders.fixture.make import TOKENIZER_REPO
-from helpers import MANIFESTS, SELF_CONTAINED, run_cli
+from builders.fixture.make import synthetic_rows
+from helpers import MANIFESTS, REPO, SELF_CONTAINED, lay_out_build, run_cli
 
 
 def manifest_copy(tmp_path, name=SELF_CONTAINED, **changes):
@@ -72,7 +74,7 @@ def test_unknown_revision_offline_fails_clearly(fixture_cache, tmp_path):
     assert done.returncode == 3
     assert f"dataset someone/chat at {'0' * 40}: data/train-*.parquet" in done.stderr
     assert f"download someone/chat --repo-type dataset --revision {'0' * 40} --include 'data/train-*.parquet'" \
-        in done.stderr and f"-m builders download --manifest {manifest}" in done.stderr
+        in done.stderr and f"\n  fixed-sft download --manifest {manifest}\n" in done.stderr
     assert "HF_HUB_OFFLINE" in done.stderr and "Traceback" not in done.stderr
     assert not out.exists()
 
@@ -84,10 +86,32 @@ def test_an_empty_cache_offline_lists_every_missing_repo(tmp_path):
     assert "model zai-org/GLM-4.7-Flash at 7dd20894a642a0aa287e9827cb1a1f7f91386b67: tokenizer.json, " \
            "chat_template.jinja" in done.stderr
     assert "dataset allenai/tulu-3-sft-mixture at b14afda60f1bbebe55d5d2fa1e4df5042f97f8be" in done.stderr
-    assert "-m builders download --build glm47flash-tulu3-fixed8192-v1" in done.stderr
-    hf = str(Path(sys.executable).with_name("hf"))
-    assert f"{hf} download zai-org/GLM-4.7-Flash --revision 7dd20894a642a0aa287e9827cb1a1f7f91386b67 --include " \
-           "tokenizer.json chat_template.jinja" in done.stderr
+    # commands for the machine that reaches the Hub: nothing of this environment's paths
+    assert "\n  fixed-sft download --build glm47flash-tulu3-fixed8192-v1\n" in done.stderr
+    assert "\n  hf download zai-org/GLM-4.7-Flash --revision 7dd20894a642a0aa287e9827cb1a1f7f91386b67 --include " \
+           "tokenizer.json chat_template.jinja\n" in done.stderr
+    assert str(Path(sys.executable).parent) not in done.stderr and "offline (HF_HUB_OFFLINE=1)" in done.stderr
+
+
+UNREACHABLE_HUB = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing listens on port 9
+
+
+def test_a_hub_out_of_reach_is_said_at_once(tmp_path):
+    """Online, with no cache and no Hub, the first failed request ends it (huggingface_hub's retries took 46 s)."""
+    done = run_cli("--build", "glm47flash-tulu3-fixed8192-v1", "--out", str(tmp_path / "out"),
+                   hf_home=tmp_path / "empty", env=UNREACHABLE_HUB, timeout=20)
+    assert done.returncode == 3, done.stderr
+    assert "the Hub cannot be reached from here (http://127.0.0.1:9: ConnectError" in done.stderr
+    assert "Retrying" not in done.stderr and "\n  fixed-sft download --build" in done.stderr
+
+
+def test_a_filled_cache_builds_at_once_when_the_hub_is_out_of_reach(tmp_path):
+    rows = synthetic_rows(seed=2, count=40)
+    manifest = lay_out_build(tmp_path / "hf", rows, build_rows=5)
+    done = run_cli("--manifest", str(manifest), "--out", str(tmp_path / "out"), "--no-card", hf_home=tmp_path / "hf",
+                   env=UNREACHABLE_HUB, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert "Retrying" not in done.stderr
 
 
 def test_a_fixture_build_without_the_fixture_cache_says_what_to_add(tmp_path):
@@ -112,6 +136,45 @@ def test_figure_mismatch_keeps_file_unverified(fixture_cache, tmp_path):
     assert not (out / f"{SELF_CONTAINED}.parquet").exists()
     assert (out / f"{SELF_CONTAINED}.unverified.parquet").exists()
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
+    # built from exactly the pinned inputs: the note sends to explain, saying why
+    assert "built from exactly what the manifest pins" in done.stderr and " explain --manifest " in done.stderr
+    # the card names the manifest the build was given
+    card = (out / f"{SELF_CONTAINED}.md").read_text(encoding="utf-8")
+    assert f"**NOT verified** against `{manifest}`." in card and "manifests/" not in card
+    # what data/README.md asks users to send back is what such a build writes
+    data_readme = (REPO / "data" / "README.md").read_text(encoding="utf-8")
+    send_back = data_readme.split("Send back", 1)[1].split(" and `pip freeze`")[0]
+    asked = re.findall(r"`out/(NAME[^`]*)`", send_back)
+    assert asked and all((out / name.replace("NAME", SELF_CONTAINED)).is_file() for name in asked), asked
+
+
+def test_verify_says_why_a_file_is_not_verified(two_builds, tmp_path):
+    """A manifest that pins no hash, and a file with another row count: the reason is printed."""
+    _, b, _ = two_builds
+    manifest = manifest_copy(tmp_path, row_tokens=256, rows=21, expect=None)
+    done = run_cli("--verify", str(b), "--manifest", str(manifest))
+    assert done.returncode == 5
+    assert "  DIFFERS     rows: expected 21, got 20" in done.stdout
+    assert f"NOT verified (rows expected 21, got 20): {b}" in done.stdout
+
+
+def test_rows_built_from_other_inputs_name_them_not_explain(fixture_cache, tmp_path):
+    """--verify of rows built with another seed: the report beside the file names the difference;
+    without that report, both causes are given."""
+    out = tmp_path / "out"
+    built = run_cli("--manifest", str(manifest_copy(tmp_path, seed=7, expect=None)), "--out", str(out), "--no-card",
+                    "-q", hf_home=fixture_cache)
+    assert built.returncode == 0, built.stderr
+    done = run_cli("--verify", str(out / f"{SELF_CONTAINED}.parquet"))  # against the shipped manifest, by name
+    assert done.returncode == 5 and "DIFFERS     rows_sha256" in done.stdout
+    assert "built from something else than the manifest pins: seed 7 (the manifest: 42)" in done.stderr
+    assert "explain" not in done.stderr and f"build --build {SELF_CONTAINED}" in done.stderr
+    alone = tmp_path / "alone" / f"{SELF_CONTAINED}.parquet"
+    alone.parent.mkdir()
+    shutil.copy(out / f"{SELF_CONTAINED}.parquet", alone)
+    done = run_cli("--verify", str(alone))
+    assert done.returncode == 5 and "what this file was built from is not known here" in done.stderr
+    assert f"build --build {SELF_CONTAINED}" in done.stderr and f"explain --build {SELF_CONTAINED}" in done.stderr
 
 
 def test_source_too_small_fails_and_writes_nothing(fixture_cache, tmp_path):

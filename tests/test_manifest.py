@@ -2,7 +2,7 @@ import pytest
 import yaml
 
 from builders.errors import ManifestError
-from builders.manifest import load_manifest, parse_manifest
+from builders.manifest import load_manifest, parse_manifest, shipped_manifest
 from helpers import MANIFESTS
 
 
@@ -20,6 +20,17 @@ def test_shipped_manifests_load():
     assert real.expect.supervised_token_ratio.decimals == 3
     for path in MANIFESTS.glob("*.yaml"):
         assert load_manifest(path).name == path.stem
+
+
+def test_a_shipped_manifest_loads_by_name_from_any_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    real = shipped_manifest("glm47flash-tulu3-fixed8192-v1")
+    assert real == load_manifest(MANIFESTS / "glm47flash-tulu3-fixed8192-v1.yaml")
+    with pytest.raises(ManifestError, match="no manifest .*/glm47.yaml \\(known: .*fixture-synthetic-v1"):
+        shipped_manifest("glm47")
+    for not_a_name in ("manifests/fixture-synthetic-v1.yaml", "fixture-synthetic-v1.yaml", ".."):
+        with pytest.raises(ManifestError, match="load_manifest"):
+            shipped_manifest(not_a_name)
 
 
 def mutate(path: str, value):

@@ -102,6 +102,19 @@ def test_verify_refuses_a_file_that_differs(rows_file, tmp_path):
         RowReader(tmp_path / "short.parquet", load_manifest(MANIFESTS / f"{SELF_CONTAINED}.yaml"), verify=True)
 
 
+def test_the_docs_reader_snippet_runs_from_any_folder(rows_file, tmp_path):
+    """docs/training.md's snippet names its manifest, not a path into a checkout: it runs from any folder
+    (and from an installed package: .ci/run runs this file in a virtualenv with fixed-sft installed)."""
+    readme = (REPO / "docs" / "training.md").read_text(encoding="utf-8")
+    snippet = readme.split("```python\n", 1)[1].split("row = reader[17]")[0]
+    snippet = snippet.replace('"out/glm47flash-tulu3-fixed8192-v1.parquet"', repr(str(rows_file)))
+    snippet = snippet.replace('"glm47flash-tulu3-fixed8192-v1"', repr(SELF_CONTAINED))
+    done = subprocess.run([sys.executable, "-c", snippet + "print(len(reader), reader[3]['index'])"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["48", "3"]
+
+
 def test_torch_dataset(rows_file):
     torch = pytest.importorskip("torch", reason="torch is optional and not installed")
     from builders.rows import torch_dataset

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 
 from builders.build import build
 from builders.card import PLOTS
-from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows, tokenizer_json
+from builders.fixture.make import FIXTURE_TEMPLATE, edited_rows, synthetic_rows, tokenizer_json
 from builders.glm5 import EOS
 from builders.manifest import load_manifest
 from builders.order import permutation
@@ -35,6 +35,15 @@ def test_plain_progress_lines_when_not_on_a_terminal(cli_build):
     lines = [line for line in done.stderr.splitlines() if line.startswith("building rows:")]
     assert lines and lines[-1].startswith("building rows: 48/48 rows (100%)")
     assert "\r" not in done.stderr
+
+
+def test_the_readme_quotes_the_builds_summary_line(cli_build):
+    """The README shows the line a build of the self-contained fixture ends its log with, saying what a window is."""
+    _, done = cli_build
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    quoted = readme.split("```text\n", 1)[1].split("\n```", 1)[0]
+    assert "windows skipped: 512-token stretches of the stream" in quoted
+    assert quoted in done.stderr.splitlines()
 
 
 def test_log_lines_come_at_a_steady_pace_with_the_wall_time_rate():
@@ -119,6 +128,32 @@ def test_report_and_card_say_how_many_workers_encoded(cli_build, fixture_cache, 
     assert refused.returncode == 2 and "--workers: a number of at least 1, or auto, not '0'" in refused.stderr
 
 
+def test_conversations_that_train_nothing_are_counted(tmp_path):
+    """Empty answers train only their stop tokens, a conversation without an answer trains nothing:
+    the report, the card and the log line count both, over the conversations the build consumed."""
+    def chat(*turns):
+        return [{"role": role, "content": text} for role, text in zip(("user", "assistant") * 3, turns)]
+
+    kinds = [chat("What is 2 + 2?", "4."), chat("Say nothing.", ""), chat("And again?", "  ", "Still?", ""),
+             chat("Only a question."), chat("Hi", "", "Now answer.", "Here it is.")]
+    rows = [{"id": f"c{k}", "source": f"kind{k % len(kinds)}", "messages": kinds[k % len(kinds)]} for k in range(60)]
+    manifest = lay_out_build(tmp_path / "hf", rows, row_tokens=64, build_rows=12)
+    done = run_cli("--manifest", str(manifest), "--out", str(tmp_path / "out"), hf_home=tmp_path / "hf")
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "out" / "custom.report.json").read_text())["stats"]
+    consumed = [rows[i] for i in permutation(3, len(rows))[:report["conversations_consumed"]]]
+    answers = [[m["content"].strip() for m in r["messages"] if m["role"] == "assistant"] for r in consumed]
+    only_stops = sum(1 for a in answers if a and not any(a))
+    nothing = sum(1 for a in answers if not a)
+    assert only_stops > 0 and nothing > 0
+    assert (report["conversations_training_only_stop_tokens"], report["conversations_unsupervised"]) == \
+           (only_stops, nothing)
+    card = (tmp_path / "out" / "custom.md").read_text(encoding="utf-8")
+    assert f"every answer empty): {only_stops:,}" in card and f"(no answer, or none trained): {nothing:,}" in card
+    assert f"conversations training only stop tokens (every answer empty): {only_stops}, nothing at all: " \
+           f"{nothing}" in done.stderr
+
+
 def test_card_and_plots_are_deterministic(cli_build, fixture_cache, tmp_path):
     out, _ = cli_build
     again = run_cli("--build", SELF_CONTAINED, "--out", str(tmp_path), hf_home=fixture_cache,
@@ -165,6 +200,24 @@ def test_inspect_a_row(cli_build, fixture_cache, tmp_path):
     assert done.stdout.splitlines()[1].startswith("legend: ⟦…⟧ supervised")
     page = html_path.read_text(encoding="utf-8")
     assert page.startswith("<!doctype html>") and 'class="sup"' in page
+
+
+def test_inspect_json_gives_the_view(cli_build, fixture_cache):
+    out, _ = cli_build
+    path = out / f"{SELF_CONTAINED}.parquet"
+    done = run_cli("inspect", str(path), "--row", "3", "--json", "--fixture-cache", str(fixture_cache))
+    assert done.returncode == 0, done.stderr
+    view = json.loads(done.stdout)
+    row = pq.read_table(path).slice(3, 1).to_pylist()[0]
+    assert view["title"].startswith("row 3: 512 tokens") and view["continues"] is True
+    assert view["labels"] == [f"source row {i} (id {d})" + (" (continued from an earlier row)" if k == 0 else "")
+                              for k, (i, d) in enumerate(zip(row["metadata"]["source_index"],
+                                                             row["metadata"]["source_id"]))]
+    tokenizer = Tokenizer.from_str(tokenizer_json().decode())
+    ids, mask = np.array(row["input_ids"]), np.array(row["loss_mask"])
+    supervised = tokenizer.decode(ids[mask == 1].tolist(), skip_special_tokens=False)
+    assert "".join(s["text"] for s in view["spans"] if s["supervised"]) == supervised
+    assert "".join(s["text"] for s in view["spans"]) == tokenizer.decode(ids.tolist(), skip_special_tokens=False)
 
 
 def test_inspect_a_source_conversation(fixture_cache):
@@ -239,6 +292,23 @@ def test_diff_the_edited_fixture_as_the_readme_shows(cli_build, fixture_cache, t
     victim = int(permutation(42, len(rows))[5])
     assert done.returncode == 8
     assert f"from source row {victim} (id {rows[victim]['id']})" in done.stdout
+    # with the tokenizer at hand (A's name names its manifest), the text around the difference
+    decoded = run_cli("diff", str(out / f"{SELF_CONTAINED}.parquet"), str(tmp_path / f"{EDITED}.parquet"),
+                      hf_home=fixture_cache)
+    assert decoded.returncode == 8, decoded.stderr
+    lines = decoded.stdout.splitlines()
+    a_text, b_text = (lines[lines.index(next(x for x in lines if x.startswith(f"  {side}:"))) + 1]
+                      for side in "AB")
+    assert a_text.startswith("     text: ") and b_text.startswith("     text: ")
+    edited = [m for m in edited_rows()[victim]["messages"] if m["role"] == "assistant"][-1]["content"]
+    original = [m for m in rows[victim]["messages"] if m["role"] == "assistant"][-1]["content"]
+    before, rest = b_text.split("⟨", 1)
+    assert before == a_text.split("⟨", 1)[0]  # the same text up to the difference
+    token, after = rest.split("⟩", 1)
+    assert edited.startswith(token + after[:10]) and not original.startswith(token + after[:10])
+    report = json.loads(run_cli("diff", str(out / f"{SELF_CONTAINED}.parquet"), str(tmp_path / f"{EDITED}.parquet"),
+                                "--json", hf_home=fixture_cache).stdout)
+    assert report["first"]["b"]["text"]["token"] == token
 
 
 def test_card_front_matter_stays_yaml_for_any_manifest_text():
