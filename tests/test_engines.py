@@ -143,3 +143,24 @@ def test_a_worker_process_engine_leaves_its_samples_to_the_main_process():
     main.check(sample[0], [np.append(sample[1][0], 7)], sample[2])
     with pytest.raises(EngineDisagreement, match="source row 64"):
         main.finish()
+
+
+def test_a_worker_whose_fast_engine_differs_stops_the_build(fixture_cache, tmp_path):
+    """Each worker's cross-check samples travel back with its batch and are compared in the main
+    process: samples that differ from tokenizers' encoding (altered in the workers only) stop the
+    build with exit 9."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sys\n"
+        "if any('builders.worker' in a for a in sys.orig_argv):\n"
+        "    import numpy as np\n"
+        "    from builders import engines\n"
+        "    real = engines.take_deferred\n"  # the samples' ids, as the worker's fast engine gave them, altered
+        "    engines.take_deferred = lambda engine: [(texts, [np.append(i, 0) for i in ids], indices)\n"
+        "                                            for texts, ids, indices in real(engine)]\n")
+    out = tmp_path / "out"
+    done = run_cli("--build", SELF_CONTAINED, "--out", str(out), "--workers", "2", "--engine", "fastokens",
+                   hf_home=fixture_cache, env={"PYTHONPATH": str(site)})
+    assert done.returncode == 9 and "the fastokens engine's tokens differ from tokenizers'" in done.stderr, done.stderr
+    assert not (out / f"{SELF_CONTAINED}.parquet").exists()
