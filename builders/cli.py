@@ -53,7 +53,7 @@ exit codes:
       explain: no reading of the row contract reproduces the pinned rows_sha256;
       check-recipe: a figure on the card differs from the manifest's, or the --rows file's
   6   the output cannot be written (disk full, no permission)
-  7   a worker process died (killed, or out of memory)
+  7   a worker process died (killed, or out of memory) or could not start
   8   diff: the two files' rows differ
   9   the fastokens engine encoded a text otherwise than tokenizers (rebuild with --engine tokenizers)
   130 interrupted (SIGINT or SIGTERM); temporary files are removed

@@ -2,51 +2,52 @@
 
 Both take batches of source rows with their stream positions and leave each encoded
 conversation (or the error that names it) at its position; the stream takes them back in
-order. Each worker holds its own copy of the tokenizer, template, contract and engine and runs
-the same ``ConversationEncoder``, so the rows do not depend on the number of workers. At most
-``2 × workers`` batches are in flight in the pool: memory stays bounded. A guarded engine's
-cross-check samples come back with each batch and are compared in the main process, beside the
-build, so no worker waits for them.
+order. Each worker (``builders.worker``) holds its own copy of the tokenizer, template, contract
+and engine and runs the same ``ConversationEncoder``, so the rows do not depend on the number of
+workers. A pool's workers also decode the source's row groups themselves (``submit_group``) and
+cross-check their own samples: what scales with the source runs in them, and the main process
+only orders, cuts and writes. At most ``2 × workers`` tasks are in flight: memory stays bounded.
+
+``--workers auto`` (``worker_count``) is one process where the machine has at most
+``IN_PROCESS_UP_TO`` cores (the engine's own threads use them; measured fastest there, see
+docs/performance.md), else a worker for each core the process may use.
+
+The pool waits on every worker's own channel at once: a worker that dies, at any moment, ends
+its channel, and the build stops with ``WorkerError`` (exit 7); the other workers are ended and
+reaped as the pool closes, on any way out (an error, Ctrl-C or SIGTERM). Nothing is respawned.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import signal
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
+from collections.abc import Callable
+from multiprocessing.connection import wait
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-from tokenizers import Tokenizer
 
-from builders import engines
-from builders.contract import Contract
 from builders.encode import ConversationEncoder
-from builders.errors import SourceDataError, WorkerError
+from builders.errors import SourceDataError
 from builders.records import EncodedConversation
+from builders.worker import Worker, encode_rows
 
 Encoded = dict  # stream position → EncodedConversation, or the SourceDataError of that conversation
+IN_PROCESS_UP_TO = 2  # cores on which --workers auto encodes in this process
 
 
-def encode_rows(encoder: ConversationEncoder, rows: list[dict], positions) -> list[tuple[int, object]]:
-    """Each row's encoded conversation (or its SourceDataError), with its position."""
-    positions = [int(p) for p in positions]
-    try:
-        return list(zip(positions, encoder.encode(rows)))
-    except SourceDataError:  # which of them: one at a time
-        out = []
-        for row, position in zip(rows, positions):
-            try:
-                out.append((position, encoder.encode([row])[0]))
-            except SourceDataError as err:
-                out.append((position, err))
-        return out
+def worker_count(requested: str | int) -> int:
+    """The worker processes ``--workers`` asks for: a number, or ``auto`` for this machine."""
+    if requested != "auto":
+        return int(requested)
+    cores = len(os.sched_getaffinity(0))
+    return 1 if cores <= IN_PROCESS_UP_TO else cores
 
 
 class InProcess:
     """Encodes in this process, at once (the engine's own threads use the cores)."""
+
+    decodes_groups = False  # the stream decodes the source here
 
     def __init__(self, encoder: ConversationEncoder):
         self.encoder = encoder
@@ -68,81 +69,88 @@ class InProcess:
 
 
 class Pool(InProcess):
-    """Encodes in ``workers`` processes (spawned), each with its own encoder."""
+    """Encodes in ``workers`` processes, each with its own encoder (from ``tokenizer_json``, the pinned
+    file's text) and the source's ``files``; they start when the pool is entered."""
 
-    def __init__(self, encoder: ConversationEncoder, workers: int):
+    decodes_groups = True  # the stream hands row groups to the workers (``submit_group``)
+
+    def __init__(self, encoder: ConversationEncoder, workers: int, tokenizer_json: str, files: list[Path]):
         super().__init__(encoder)
-        self.depth = 2 * workers
-        self.executor = ProcessPoolExecutor(
-            max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
-            initargs=(encoder.tokenizer.to_str(), encoder.renderer.chat_template, encoder.contract,
-                      encoder.engine.name))
-        self.pending: set = set()
+        self.count, self.depth = workers, 2 * workers
+        self.tokenizer_json, self.files = tokenizer_json, files
+        self.workers: list[Worker] = []
+        self.hold: Callable[[pa.Table, np.ndarray], None] | None = None  # takes the rows a group sends back
+
+    def __enter__(self):
+        try:
+            for _ in range(self.count):  # all start at once; each then reads its start-up message
+                self.workers.append(Worker())
+            for worker in self.workers:
+                worker.send_start_up(self.encoder, self.tokenizer_json, self.files)
+        except BaseException:
+            self._stop()
+            raise
+        return self
 
     def __exit__(self, *exc):
-        self.executor.shutdown(wait=True, cancel_futures=True)
+        self._stop()
         return False
 
     def submit(self, table: pa.Table, positions: np.ndarray, encoded: Encoded) -> None:
-        while len(self.pending) >= self.depth:
-            self._collect(encoded)
-        self.pending.add(self.executor.submit(_encode, portable(table), positions))
+        self._least_busy(encoded).send_batch(table, positions)
+
+    def submit_group(self, group: int, rows: np.ndarray, positions: np.ndarray, eager: int, encoded: Encoded,
+                     hold: Callable[[pa.Table, np.ndarray], None]) -> None:
+        """Have a worker decode row group ``group``, encode its ``rows`` at ``positions`` before ``eager``
+        and send back the others, which go to ``hold`` (rows, positions)."""
+        self.hold = hold
+        self._least_busy(encoded).send_group(group, rows, positions, eager)
+
+    def wait_all(self, encoded: Encoded) -> None:
+        """Take every answer still on its way (so each group's held-back rows are held)."""
+        while any(worker.in_flight for worker in self.workers):
+            self._collect(encoded, block=True)
 
     def ready(self, encoded: Encoded, position: int) -> bool:
-        if position not in encoded and any(future.done() for future in self.pending):
-            self._collect(encoded)
+        if position not in encoded:
+            self._collect(encoded, block=False)
         return position in encoded
 
     def take(self, encoded: Encoded, position: int) -> EncodedConversation:
         while position not in encoded:
-            if not self.pending:
+            if not any(worker.in_flight for worker in self.workers):
                 raise RuntimeError(f"stream position {position} was never submitted for encoding")
-            self._collect(encoded)
+            self._collect(encoded, block=True)
         return _unwrap(encoded.pop(position))
 
-    def _collect(self, encoded: Encoded) -> None:
-        done, self.pending = wait(self.pending, return_when=FIRST_COMPLETED)
-        for future in done:
-            try:
-                batch, samples = future.result()
-            except BrokenProcessPool as err:
-                raise WorkerError("a tokenizing worker process died before returning its batch (killed, or out of "
-                                  "memory); nothing was left at the final path") from err
+    def _collect(self, encoded: Encoded, block: bool) -> None:
+        """Take what the workers have sent (waiting for something when ``block``); a worker that
+        failed or died raises here."""
+        by_channel = {worker.channel: worker for worker in self.workers}
+        for channel in wait(list(by_channel), timeout=None if block else 0):
+            batch, later = by_channel[channel].receive()
             encoded.update(batch)
-            for sample in samples:  # the worker's cross-check samples, compared here beside the build
-                self.encoder.engine.check(*sample)
+            if later is not None:
+                self.hold(later.drop_columns(["position"]), later.column("position").to_numpy())
+
+    def _least_busy(self, encoded: Encoded) -> Worker:
+        while sum(worker.in_flight for worker in self.workers) >= self.depth:
+            self._collect(encoded, block=True)
+        return min(self.workers, key=lambda worker: worker.in_flight)
+
+    def _stop(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+        self.workers = []
 
 
-def portable(table: pa.Table) -> pa.Table:
-    """``table`` as it should travel to a worker: a slice is serialized with its parent's whole
-    buffers, a copy of its rows with only theirs."""
-    return table.take(np.arange(table.num_rows))
-
-
-def encoding(encoder: ConversationEncoder, workers: int) -> InProcess:
-    """This process when ``workers`` is 1 (the engine then uses all cores itself), else a pool."""
-    return InProcess(encoder) if workers <= 1 else Pool(encoder, workers)
+def encoding(encoder: ConversationEncoder, workers: int, tokenizer_json: str, files: list[Path]) -> InProcess:
+    """This process when ``workers`` is 1 (the engine then uses all cores itself), else a pool of
+    workers that load ``tokenizer_json`` and read the source ``files`` themselves."""
+    return InProcess(encoder) if workers <= 1 else Pool(encoder, workers, tokenizer_json, files)
 
 
 def _unwrap(item) -> EncodedConversation:
     if isinstance(item, SourceDataError):
         raise item
     return item
-
-
-_ENCODER: ConversationEncoder | None = None
-
-
-def _start_worker(tokenizer_json: str, chat_template: str, contract: Contract, engine: str) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and shuts workers down
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
-    os.environ["RAYON_NUM_THREADS"] = "1"
-    global _ENCODER
-    tokenizer = Tokenizer.from_str(tokenizer_json)
-    _ENCODER = ConversationEncoder(tokenizer, chat_template, contract, engines.named(engine, tokenizer, tokenizer_json))
-
-
-def _encode(table: pa.Table, positions: np.ndarray) -> tuple[list[tuple[int, object]], list[tuple]]:
-    """A batch encoded in a worker, and its cross-check samples for the main process."""
-    encoded = encode_rows(_ENCODER, table.to_pylist(), positions)  # converted here: Arrow travels cheaper
-    return encoded, engines.take_deferred(_ENCODER.engine)

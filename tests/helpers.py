@@ -75,10 +75,10 @@ def run_cli(*args: str, hf_home: Path | None = None, env: dict | None = None, cw
                           env=cli_env(hf_home, env, cwd), cwd=cwd or REPO, timeout=timeout, **run)
 
 
-def start_cli(*args: str, hf_home: Path | None = None, env: dict | None = None) -> subprocess.Popen:
+def start_cli(*args: str, hf_home: Path | None = None, env: dict | None = None, **popen) -> subprocess.Popen:
     """``run_cli`` without waiting: the process, its output piped."""
     return subprocess.Popen([sys.executable, str(CLI), *args], env=cli_env(hf_home, env), cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 
 
 def lay_out_build(hf_home: Path, rows: list[dict], *, name: str = "custom", seed: int = 3, row_tokens: int = 200,

@@ -2,6 +2,7 @@
 at the final path (issue: bad input, faults and tampering)."""
 
 import os
+import random
 import resource
 import signal
 import time
@@ -30,8 +31,8 @@ def big_build(tmp_path_factory):
     return hf_home, manifest, (out / "big.parquet").read_bytes()
 
 
-def start_build(hf_home, manifest, out, *more):
-    return start_cli("--manifest", str(manifest), "--out", str(out), *more, hf_home=hf_home)
+def start_build(hf_home, manifest, out, *more, **popen):
+    return start_cli("--manifest", str(manifest), "--out", str(out), *more, hf_home=hf_home, **popen)
 
 
 def wait_for(predicate, timeout=60.0):
@@ -69,22 +70,115 @@ def test_interrupted_build_leaves_no_file_and_a_rerun_is_identical(big_build, tm
 
 
 def worker_pids(pid: int) -> list[int]:
-    """The build's worker processes (multiprocessing's spawned children, not its resource tracker)."""
+    """The build's worker processes (started as ``python -c ... builders.worker ...``)."""
     children = Path(f"/proc/{pid}/task/{pid}/children")
     pids = [int(p) for p in children.read_text().split()] if children.exists() else []
-    return [p for p in pids if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    return [p for p in pids if _is_worker(p)]
 
 
-def test_a_killed_worker_fails_the_build_clearly(big_build, tmp_path):
+def _is_worker(pid: int) -> bool:
+    try:
+        return b"builders.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # it has exited
+        return False
+
+
+def gone(pids: list[int]) -> bool:
+    """Whether these processes have exited and been reaped (no zombie left)."""
+    return not any(Path(f"/proc/{pid}").exists() and _is_worker(pid) for pid in pids)
+
+
+def temporaries_and_outputs(out: Path) -> list[Path]:
+    return [p for p in out.iterdir() if p.suffix in (".tmp", ".parquet")] if out.exists() else []
+
+
+# moments a worker is killed: as it starts (its interpreter still loading), or mid-build, a random
+# time after the build starts writing (seeded, so a failure names a moment that can be tried again)
+KILL_MOMENTS = ["starting", *(f"writing+{random.Random(seed).uniform(0, 0.5):.2f}s" for seed in range(3))]
+
+
+@pytest.mark.parametrize("moment", KILL_MOMENTS)
+def test_a_killed_worker_fails_the_build_clearly(big_build, tmp_path, moment):
+    """SIGKILL (as the out-of-memory killer sends it) of one worker at any moment: exit 7 within
+    seconds, the documented message, the other worker ended and reaped, nothing left."""
     hf_home, manifest, _ = big_build
     out = tmp_path / "out"
-    process = start_build(hf_home, manifest, out, "--workers", "2")
-    assert wait_for(lambda: out.exists() and any(p.suffix == ".tmp" for p in out.iterdir())
-                    and len(worker_pids(process.pid)) >= 2), "no workers seen"
-    os.kill(worker_pids(process.pid)[-1], signal.SIGKILL)
-    _, stderr = process.communicate(timeout=120)
+    process = start_build(hf_home, manifest, out, "--workers", "2", "-q")
+    if moment == "starting":
+        assert wait_for(lambda: worker_pids(process.pid)), "no worker seen"
+    else:
+        assert wait_for(lambda: any(p.suffix == ".tmp" for p in temporaries_and_outputs(out))
+                        and len(worker_pids(process.pid)) >= 2), "no workers seen"
+        time.sleep(float(moment.removeprefix("writing+").removesuffix("s")))
+    workers = worker_pids(process.pid)
+    if process.poll() is not None or not workers:
+        pytest.fail(f"the build ended before the kill at {moment}: make the build longer")
+    os.kill(workers[-1], signal.SIGKILL)
+    killed = time.monotonic()
+    _, stderr = process.communicate(timeout=60)
+    assert time.monotonic() - killed < 10, "the build took more than 10 s to notice"
     assert process.returncode == 7 and "worker process died" in stderr, stderr
-    assert not [p for p in out.iterdir() if p.suffix in (".tmp", ".parquet")]
+    assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
+    assert gone(workers), "a worker outlived the build"
+    assert not temporaries_and_outputs(out)
+
+
+def worker_fault(tmp_path: Path, fault: str) -> dict:
+    """An environment whose worker processes (only they) meet ``fault`` as their interpreter starts."""
+    folder = tmp_path / "fault"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(f"""\
+import os, signal, sys
+if any("builders.worker" in a for a in sys.orig_argv):
+    if {fault!r} == "killed":
+        os.kill(os.getpid(), signal.SIGKILL)
+    else:
+        sys.path.insert(0, {str(REPO)!r})
+        import builders.encode
+        def refuse(*args, **kwargs):
+            raise RuntimeError("injected start-up failure")
+        builders.encode.ConversationEncoder.__init__ = refuse
+""")
+    return {"PYTHONPATH": str(folder)}
+
+
+@pytest.mark.parametrize("fault, message", [
+    ("killed", "worker process died while starting (killed by SIGKILL"),
+    ("init raises", "worker process could not start: RuntimeError: injected start-up failure"),
+])
+def test_a_worker_that_cannot_start_fails_the_build_at_once(big_build, tmp_path, fault, message):
+    hf_home, manifest, _ = big_build
+    out = tmp_path / "out"
+    process = start_build(hf_home, manifest, out, "--workers", "2", "-q", env=worker_fault(tmp_path, fault))
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 7 and message in stderr, stderr
+    assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
+    assert not temporaries_and_outputs(out)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("moment", ["workers starting", "writing"])
+def test_interrupting_a_build_with_workers_prints_one_line(big_build, tmp_path, signum, moment):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) or SIGTERM to the build:
+    exit 130, one line, no worker's traceback, the workers reaped, nothing left."""
+    hf_home, manifest, _ = big_build
+    out = tmp_path / "out"
+    process = start_build(hf_home, manifest, out, "--workers", "2", "-q", start_new_session=True)
+    if moment == "workers starting":
+        assert wait_for(lambda: len(worker_pids(process.pid)) >= 2), "no workers seen"
+    else:
+        assert wait_for(lambda: any(p.suffix == ".tmp" for p in temporaries_and_outputs(out))
+                        and len(worker_pids(process.pid)) >= 2), "no workers seen"
+    workers = worker_pids(process.pid)
+    if signum == signal.SIGINT:
+        os.killpg(process.pid, signum)
+    else:
+        process.send_signal(signum)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert stderr.strip().splitlines() == ["error: interrupted; nothing was left at the final path"], stderr
+    assert gone(workers), "a worker outlived the build"
+    assert not temporaries_and_outputs(out)
 
 
 def test_two_builds_into_one_folder_at_once(big_build, tmp_path):

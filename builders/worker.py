@@ -1,0 +1,292 @@
+"""A tokenizing worker process, and everything that travels between it and the build.
+
+The build starts each worker as a fresh interpreter (``python -c``, so the caller's main module
+is never re-imported) in a session of its own (a terminal's Ctrl-C reaches only the
+build), with one end of a socket pair that no other process holds, as its only channel. A dead
+worker therefore closes its channel at once: the build sees the end of it, or a broken pipe, and
+no lock or pipe shared with other processes can be left blocked. Nothing travels as Python objects; on the channel:
+
+- build → worker: the start-up message (contract, engine name, chat template and the source's
+  files, as JSON), the tokenizer's JSON text, then tasks, each a JSON header and an Arrow IPC
+  stream: ``{}`` and source rows with a ``position`` column (their stream positions), or
+  ``{"group": G, "eager": E}`` and the rows of source row group G the pass wants (``row`` in the
+  group, ``position``): the worker decodes the group itself, encodes the rows before position E
+  and sends the others back undecoded-to-Python (Arrow) for the build to hold. Closing the
+  channel ends the worker.
+- worker → build: a JSON header for each message: ``ready`` once it has loaded what it encodes
+  with; for each task ``batch`` (with the conversations the contract cannot encode, by position
+  and message), followed by an Arrow IPC stream of the encoded conversations and, for a group,
+  one of the rows held back; or ``failed`` with the reason (and, for an error the user can
+  cause, its class), after which it exits.
+
+A guarded engine's cross-check runs in the worker, on its own samples, and a batch is sent only
+once its comparisons passed: the build never re-encodes anything.
+
+A worker reads its channel in a thread of its own, so the build's sends never wait for an
+encoding to finish, and it exits quietly when the channel ends (the build finished, or died).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import traceback
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+from tokenizers import Tokenizer
+
+from builders import engines
+from builders.contract import Contract
+from builders.encode import ConversationEncoder
+from builders import errors
+from builders.errors import BuildError, SourceDataError, WorkerError
+from builders.records import EncodedConversation
+from builders.source import ParquetSource
+
+ROOT = Path(__file__).resolve().parents[1]  # the folder that holds this package: workers run the same code
+BOOTSTRAP = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); sys.path.insert(0, sys.argv[1]); "
+             "from builders.worker import serve; serve(int(sys.argv[2]))")
+NOTHING_LEFT = "nothing was left at the final path"
+
+
+class Worker:
+    """The build's handle on one worker process: its channel, and the batches it holds."""
+
+    def __init__(self):
+        ours, theirs = socket.socketpair()
+        environment = {**os.environ, "TOKENIZERS_PARALLELISM": "false",  # one thread each: the workers are
+                       "RAYON_NUM_THREADS": "1"}                          # the parallelism
+        with theirs:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", BOOTSTRAP, str(ROOT), str(theirs.fileno())], pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL, env=environment, start_new_session=True)
+        self.channel = Connection(ours.detach())
+        self.started = False  # it said ready
+        self.in_flight = 0  # batches sent, not yet returned
+
+    def send_start_up(self, encoder: ConversationEncoder, tokenizer_json: str, source_files: list[Path]) -> None:
+        """What the worker encodes with (``tokenizer_json``: the pinned file's text, which ``encoder``'s
+        tokenizer was loaded from) and the source files it decodes."""
+        self._send(json.dumps({"contract": encoder.contract.as_dict(), "engine": encoder.engine.name,
+                               "chat_template": encoder.renderer.chat_template,
+                               "source_files": [str(path) for path in source_files]}).encode("utf-8"))
+        self._send(tokenizer_json.encode("utf-8"))
+
+    def send_batch(self, table: pa.Table, positions: np.ndarray) -> None:
+        """Source rows to encode, with their stream positions."""
+        self._send_task({}, batch_message(table, positions))
+
+    def send_group(self, group: int, rows: np.ndarray, positions: np.ndarray, eager: int) -> None:
+        """Row group ``group`` to decode there: its ``rows`` (in the group) at ``positions``; those
+        before ``eager`` encoded, the others sent back as they are."""
+        self._send_task({"group": group, "eager": eager}, _ipc(pa.table(
+            {"row": pa.array(rows, pa.int64()), "position": pa.array(positions, pa.int64())})))
+
+    def receive(self) -> tuple[list[tuple[int, object]], pa.Table | None]:
+        """The next message: for a task, each position's EncodedConversation or SourceDataError, and
+        for a group the rows held back (with their ``position``); nothing for ``ready``. A worker
+        that died raises WorkerError; one that failed, the user's error it met, or RuntimeError
+        (a fault in the builder)."""
+        try:
+            header = json.loads(self.channel.recv_bytes())
+            if "batch" in header:
+                results = _read(self.channel.recv_bytes())
+                later = _read(self.channel.recv_bytes()) if header["later"] else None
+        except (EOFError, OSError):
+            raise self._died() from None
+        if "failed" in header:
+            if header.get("error"):  # the user's error, as it would be without workers
+                raise getattr(errors, header["error"])(header["message"])
+            if self.started:  # a fault in the builder, as it would be without workers
+                raise RuntimeError(f"a tokenizing worker failed while encoding a batch:\n{header['traceback']}")
+            raise WorkerError(f"a tokenizing worker process could not start: {header['failed']}; {NOTHING_LEFT}")
+        if "ready" in header:
+            self.started = True
+            return [], None
+        self.in_flight -= 1
+        failed = [(position, SourceDataError(message)) for position, message in header["errors"]]
+        return _conversations(results) + failed, later
+
+    def stop(self) -> None:
+        """Close the channel, end the process and reap it (it holds nothing worth a goodbye)."""
+        self.channel.close()
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+    def _send_task(self, header: dict, body: pa.Buffer) -> None:
+        self._send(json.dumps(header).encode("utf-8"))
+        self._send(body)
+        self.in_flight += 1
+
+    def _send(self, data) -> None:
+        try:
+            self.channel.send_bytes(data)
+        except OSError:
+            raise self._died() from None
+
+    def _died(self) -> WorkerError:
+        self.channel.close()
+        try:
+            code = self.process.wait(timeout=5)  # its channel is closed: it has exited, or is exiting
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is not None and code < 0:
+            status = f"killed by {signal.Signals(-code).name}: killed, or out of memory"
+        else:
+            status = f"exit code {code}; what it printed, if anything, is above" if code is not None else \
+                "its channel closed, but it did not exit"
+        when = "while starting" if not self.started else "before returning its batch"
+        return WorkerError(f"a tokenizing worker process died {when} ({status}); {NOTHING_LEFT}")
+
+
+def serve(fd: int) -> None:
+    """A worker's life: start up, then do each task the build sends until the channel ends."""
+    channel = Connection(fd)
+    tasks: queue.SimpleQueue = queue.SimpleQueue()
+    try:
+        start_up = json.loads(channel.recv_bytes())
+        tokenizer_json = channel.recv_bytes().decode("utf-8")
+        threading.Thread(target=_receive, args=(channel, tasks), daemon=True).start()
+        tokenizer = Tokenizer.from_str(tokenizer_json)
+        engine = engines.named(start_up["engine"], tokenizer, tokenizer_json)
+        encoder = ConversationEncoder(tokenizer, start_up["chat_template"], Contract(**start_up["contract"]), engine)
+        files = [Path(path) for path in start_up["source_files"]]
+    except (EOFError, OSError):
+        return  # the build is gone
+    except Exception as err:  # noqa: BLE001 (reported to the build, which names it)
+        _fail(channel, err)
+        return
+    try:
+        channel.send_bytes(json.dumps({"ready": True}).encode("utf-8"))
+        source = None  # opened at the first group
+        for header, body in iter(tasks.get, None):
+            try:
+                table = _read(body)
+                later = None
+                if "group" in header:
+                    source = source or ParquetSource(files)
+                    table, later = _group_rows(source, header["group"], table, header["eager"])
+                results = encode_rows(encoder, table.drop_columns(["position"]).to_pylist(),
+                                      table.column("position").to_numpy())
+                engines.finish(encoder.engine)  # its cross-checks passed before it is sent
+            except Exception as err:  # noqa: BLE001 (the user's error, or a fault in the builder: the build raises it)
+                _fail(channel, err)
+                return
+            failed = [(position, str(item)) for position, item in results if isinstance(item, SourceDataError)]
+            channel.send_bytes(json.dumps({"batch": len(results), "errors": failed,
+                                           "later": later is not None}).encode("utf-8"))
+            channel.send_bytes(_ipc(_conversations_table(
+                [(p, c) for p, c in results if isinstance(c, EncodedConversation)])))
+            if later is not None:
+                channel.send_bytes(_ipc(later))
+    except OSError:
+        return  # the build is gone
+
+
+def batch_message(table: pa.Table, positions: np.ndarray) -> pa.Buffer:
+    """Source rows and their stream positions as they travel to a worker: Arrow IPC, which
+    carries a slice's own rows only."""
+    return _ipc(table.append_column("position", pa.array(positions, pa.int64())))
+
+
+def _group_rows(source: ParquetSource, group: int, wanted: pa.Table, eager: int) -> tuple[pa.Table, pa.Table]:
+    """The wanted rows of ``group``, decoded, with their ``position``: those before ``eager`` in stream
+    order (to encode), and the others (to send back)."""
+    positions = wanted.column("position").to_numpy()
+    rows = source.read_group(group).take(wanted.column("row")).append_column("position", wanted.column("position"))
+    now = np.flatnonzero(positions < eager)
+    now = now[np.argsort(positions[now], kind="stable")]
+    return rows.take(pa.array(now)), rows.filter(pa.array(positions >= eager))
+
+
+def encode_rows(encoder: ConversationEncoder, rows: list[dict], positions) -> list[tuple[int, object]]:
+    """Each row's encoded conversation (or its SourceDataError), with its position."""
+    positions = [int(p) for p in positions]
+    try:
+        return list(zip(positions, encoder.encode(rows)))
+    except SourceDataError:  # which of them: one at a time
+        out = []
+        for row, position in zip(rows, positions):
+            try:
+                out.append((position, encoder.encode([row])[0]))
+            except SourceDataError as err:
+                out.append((position, err))
+        return out
+
+
+def _receive(channel: Connection, tasks: queue.SimpleQueue) -> None:
+    try:
+        while True:
+            tasks.put((json.loads(channel.recv_bytes()), channel.recv_bytes()))
+    except (EOFError, OSError):
+        tasks.put(None)
+
+
+def _fail(channel: Connection, err: Exception) -> None:
+    user = isinstance(err, BuildError) and getattr(errors, type(err).__name__, None) is type(err)
+    try:
+        channel.send_bytes(json.dumps({"failed": f"{type(err).__name__}: {err}", "message": str(err),
+                                       "error": type(err).__name__ if user else None,
+                                       "traceback": "".join(traceback.format_exception(err))}).encode("utf-8"))
+    except OSError:
+        pass  # the build is gone
+
+
+def _ipc(table: pa.Table) -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+def _read(data: bytes) -> pa.Table:
+    return pa.ipc.open_stream(data).read_all()
+
+
+def _lists(arrays: list[np.ndarray], dtype) -> pa.Array:
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+    np.cumsum([len(a) for a in arrays], out=offsets[1:])
+    values = np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype)
+    return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
+
+
+def _split(column: pa.ChunkedArray, dtype) -> list[np.ndarray]:
+    lists = column.combine_chunks()
+    offsets = (lists.offsets.to_numpy() - lists.offsets[0].as_py()).tolist()
+    values = lists.flatten().to_numpy().astype(dtype)  # a copy of its own, writable
+    return [values[start:end] for start, end in zip(offsets[:-1], offsets[1:])]
+
+
+def _conversations_table(results: list[tuple[int, EncodedConversation]]) -> pa.Table:
+    conversations = [c for _, c in results]
+    return pa.table({
+        "position": pa.array([p for p, _ in results], pa.int64()),
+        "index": pa.array([c.index for c in conversations], pa.int64()),
+        "id": pa.array([c.id for c in conversations], pa.string()),
+        "source": pa.array([c.source for c in conversations], pa.string()),
+        "ids": _lists([c.ids for c in conversations], np.int32),
+        "mask": _lists([c.mask for c in conversations], np.uint8),
+        "ends_with_answer": pa.array([c.ends_with_answer for c in conversations], pa.bool_()),
+        "left_out": pa.array([c.left_out for c in conversations], pa.bool_()),
+        "cross_checked": pa.array([c.cross_checked for c in conversations], pa.bool_()),
+    })
+
+
+def _conversations(table: pa.Table) -> list[tuple[int, EncodedConversation]]:
+    columns = {name: table.column(name).to_numpy().tolist() for name in
+               ("position", "index", "ends_with_answer", "left_out", "cross_checked")}
+    columns |= {name: table.column(name).to_pylist() for name in ("id", "source")}
+    ids, mask = _split(table.column("ids"), np.int32), _split(table.column("mask"), np.uint8)
+    return [(columns["position"][k], EncodedConversation(
+        columns["index"][k], columns["id"][k], columns["source"][k], ids[k], mask[k], columns["ends_with_answer"][k],
+        left_out=columns["left_out"][k], cross_checked=columns["cross_checked"][k])) for k in range(table.num_rows)]
