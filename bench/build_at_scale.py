@@ -59,10 +59,10 @@ from builders.pinned import Hub, dataset_files, load_pinned_tokenizer, resolve
 from builders.source import ParquetSource
 manifest = load_manifest(sys.argv[1])
 snapshots = resolve(manifest, Hub())
-pinned = load_pinned_tokenizer(manifest.tokenizer, snapshots.tokenizer)
+pinned = load_pinned_tokenizer(manifest.tokenizer, snapshots.tokenizer, manifest.loss_mask)
 source = ParquetSource(dataset_files(manifest.dataset, snapshots.dataset))
 rows = source.take(permutation(manifest.seed, source.num_rows)[:int(sys.argv[2])]).to_pylist()
-renderer = ChatRenderer(pinned.chat_template)
+renderer = ChatRenderer(pinned.chat_template, pinned.spec.render_date)
 texts = [renderer.render(normalize_messages(row["messages"])) for row in rows]
 started = time.perf_counter()
 encodings = pinned.tokenizer.encode_batch_fast(texts, add_special_tokens=False)

@@ -1,4 +1,4 @@
-"""Build a manifest's rows end to end: pinned inputs → glm5 rows → parquet → verified figures.
+"""Build a manifest's rows end to end: pinned inputs → rows of its chat format → parquet → verified figures.
 
 Nothing is written before every pinned input has been resolved and checked. The parquet is
 written under a temporary name in the output folder and renamed last, after its report and
@@ -38,7 +38,6 @@ from builders.source import ParquetSource
 from builders.stats import BuildStats
 from builders.stream import Stream, StreamStats
 from builders.timings import Timings
-from builders.vocab import Vocab
 
 LIBRARIES = ("numpy", "pyarrow", "tokenizers", "fastokens", "transformers", "huggingface_hub", "jinja2", "datasets",
              "PyYAML", "matplotlib")
@@ -71,7 +70,7 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
             choice = loader.submit(engines.choose, engine, pinned.tokenizer, pinned.tokenizer_json,
                                    pinned.chat_template)
             order = _checked_order(manifest, source)
-            reference = ConversationEncoder(pinned.tokenizer, pinned.chat_template, manifest.contract)
+            reference = ConversationEncoder(pinned.tokenizer, pinned.spec, manifest.contract)
             stream = Stream(source, order, manifest.rows * manifest.row_tokens)
             stream.plan(reference)
             chosen = choice.result()
@@ -86,7 +85,7 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
         with staged(out_dir / f"{manifest.name}.parquet") as parquet:
             encoding = parallel.encoding(encoder, workers, pinned.tokenizer_json, source.files)
             with timings.stage("build_s"), encoding:
-                figures, stats = _write_rows(manifest, encoder.vocab, stream.encoded_with(encoding),
+                figures, stats = _write_rows(manifest, encoder, stream.encoded_with(encoding),
                                              parquet.temporary, reporter)
                 engines.finish(encoder.engine)  # the last cross-checks, before anything is kept
             with timings.stage("hash_s"):
@@ -96,7 +95,7 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
             verification = verify(computed, manifest, built_from=manifest.recipe())
             final = out_dir / f"{manifest.name}{'' if verification.verified else '.unverified'}.parquet"
             document = _report(manifest, final, computed, verification, stats, (requested, workers), source_files,
-                               chosen, stream.stats)
+                               chosen, stream.stats, encoder.format.describe())
             if card:
                 with timings.stage("card_s"):
                     write_card(out_dir, manifest, document, stats)
@@ -143,12 +142,13 @@ def _rows(conversations: Iterable[EncodedConversation], packer: Packer, stats: B
         yield from packer.cut(ids, mask, conversation.index, conversation.id)
 
 
-def _write_rows(manifest: Manifest, vocab: Vocab, conversations: Iterable[EncodedConversation], path: Path,
-                reporter: Reporter) -> tuple[RowFigures, BuildStats]:
+def _write_rows(manifest: Manifest, encoder: ConversationEncoder, conversations: Iterable[EncodedConversation],
+                path: Path, reporter: Reporter) -> tuple[RowFigures, BuildStats]:
     """Write the first ``manifest.rows`` rows of the stream to ``path``; fail if the source has fewer."""
-    packer = Packer(manifest.row_tokens, vocab.eos_id, manifest.contract)
+    packer = Packer(manifest.row_tokens, encoder.eos_id, manifest.contract)
     figures = RowFigures(manifest.row_tokens, manifest.contract.hash)
-    stats = BuildStats(manifest.row_tokens, stop_ids=vocab.stop_ids)
+    stop_ids = np.array([encoder.vocab.token_id(t, encoder.format.name) for t in encoder.format.stop_tokens], np.int64)
+    stats = BuildStats(manifest.row_tokens, stop_ids=stop_ids)
     writer = RowWriter(path)
     try:
         with reporter.progress("building rows", total=manifest.rows, unit="rows") as progress:
@@ -171,7 +171,8 @@ def _write_rows(manifest: Manifest, vocab: Vocab, conversations: Iterable[Encode
 
 
 def _report(manifest: Manifest, final: Path, computed: dict, verification: Verification, stats: BuildStats,
-            workers: tuple[str, int], source_files: list[dict], chosen: engines.Choice, stream: StreamStats) -> dict:
+            workers: tuple[str, int], source_files: list[dict], chosen: engines.Choice, stream: StreamStats,
+            chat_format: dict) -> dict:
     """What the report records (its timings are added last); the data card is made from it too."""
     return {
         "name": manifest.name,
@@ -180,6 +181,7 @@ def _report(manifest: Manifest, final: Path, computed: dict, verification: Verif
         "verified": verification.verified,
         "contract": manifest.contract.as_dict(),
         "recipe": manifest.recipe(),  # what the rows were built from, checked against the manifest
+        "chat_format": chat_format,
         "figures": computed,
         "checks": [asdict(check) for check in verification.checks],
         "notes": verification.notes,

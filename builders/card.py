@@ -7,6 +7,7 @@ dates), so the same build gives the same card, byte for byte, plots included.
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import numpy as np
@@ -97,9 +98,17 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
           f"`{f['lfs_sha256']}` (LFS object id) |" for f in report["source_files"]],
         *[f"| `{file}` | `{tok.repo}` | `{tok.revision}` | `{digest}` |" for file, digest in tok.sha256.items()],
         "",
+        "## Chat format",
+        "",
+        f"`loss_mask: {manifest.loss_mask}` (data/ROWS.md): the chat format's mask rule and its inputs.",
+        "",
+        "| field | value |",
+        "|---|---|",
+        *[f"| `{key}` | `{_fmt_value(value)}` |" for key, value in report["chat_format"].items()],
+        "",
         "## Contract",
         "",
-        "The readings of the row contract this build used (ROWS.md, \"Readings the recipe card leaves open\"):",
+        "The readings of the row contract this build used (data/ROWS.md, \"Readings the recipe card leaves open\"):",
         "",
         "| key | reading | |",
         "|---|---|---|",
@@ -163,6 +172,11 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _fmt_value(value) -> str:
+    """A chat-format value in a table cell: text as it is, anything else as JSON."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
 def _fmt(value) -> str:

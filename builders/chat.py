@@ -1,22 +1,41 @@
 """Conversations as the chat template sees them: validation and rendering.
 
-Rendering is transformers' own (``render_jinja_template``: sandboxed Jinja with ``trim_blocks``
-and ``lstrip_blocks``), called the way ``apply_chat_template(messages, tokenize=False,
-add_generation_prompt=False)`` calls it, with no tools and no extra variables.
+Rendering is transformers' own (the steps of ``render_jinja_template``: sandboxed Jinja with
+``trim_blocks`` and ``lstrip_blocks``), as ``apply_chat_template(messages, tokenize=False)``
+renders, with no tools; a chat format passes the variables it pins.
 """
 
 from __future__ import annotations
 
 import os
+from datetime import datetime
 
 # transformers advises at import that "PyTorch was not found": rendering a template needs no torch
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-from transformers.utils.chat_template_utils import render_jinja_template  # noqa: E402
+from transformers.utils.chat_template_utils import (  # noqa: E402
+    _alias_reasoning_fields,
+    _cached_compile_jinja_template,
+    _plain_template_data,
+)
 
 from builders.errors import ConversationError
 
 ROLES = ("system", "user", "assistant", "tool")
 MESSAGE_KEYS = ("role", "content", "reasoning_content")
+STEP_LOSS_MASK = "step_loss_mask"  # miles' per-message field: an answer whose value is not 1 is not supervised
+
+
+def split_step_loss_mask(messages) -> tuple[list, frozenset[int]]:
+    """``messages`` without miles' ``step_loss_mask`` fields, and the positions of the answers it unsupervises.
+
+    The template never sees the field; a null one is absent (as a parquet struct column's is).
+    """
+    if not isinstance(messages, list) or not any(isinstance(m, dict) and STEP_LOSS_MASK in m for m in messages):
+        return messages, frozenset()
+    untrained = frozenset(i for i, m in enumerate(messages)
+                          if isinstance(m, dict) and m.get(STEP_LOSS_MASK) not in (None, 1))
+    return [{k: v for k, v in m.items() if k != STEP_LOSS_MASK} if isinstance(m, dict) else m
+            for m in messages], untrained
 
 
 def normalize_messages(messages) -> list[dict]:
@@ -55,17 +74,38 @@ def normalize_messages(messages) -> list[dict]:
 
 
 class ChatRenderer:
-    """Renders conversations with one chat template."""
+    """Renders conversations with one chat template, as ``apply_chat_template`` does.
 
-    def __init__(self, chat_template: str):
+    The template is compiled by transformers into an environment of its own, so that
+    ``strftime_now`` can print ``render_date`` (ISO text) instead of the clock; without one it
+    is transformers' own. Variables (special-token strings, a manifest's ``template_vars``)
+    reach the template as ``apply_chat_template``'s keyword arguments do.
+    """
+
+    def __init__(self, chat_template: str, render_date: str | None = None):
         self.chat_template = chat_template
+        self.render_date = render_date
+        self._compiled = None
+
+    def environment(self):
+        return self._template().environment
+
+    def _template(self):
+        if self._compiled is None:
+            compiled = _cached_compile_jinja_template(self.chat_template)  # uncached: a fresh environment
+            if self.render_date is not None:
+                compiled.globals["strftime_now"] = datetime.fromisoformat(self.render_date).strftime
+            self._compiled = compiled
+        return self._compiled
 
     def render(self, messages: list[dict]) -> str:
         return self.render_all([messages])[0]
 
-    def render_all(self, conversations: list[list[dict]]) -> list[str]:
-        """Several conversations in one call (transformers renders them one by one, without the per-call cost)."""
-        rendered, _ = render_jinja_template(
-            conversations=conversations, chat_template=self.chat_template, add_generation_prompt=False
-        )
-        return rendered
+    def render_all(self, conversations: list[list[dict]], variables: dict | None = None,
+                   add_generation_prompt: bool = False) -> list[str]:
+        """Several conversations, each as ``render_jinja_template`` renders it with no tools or documents."""
+        template = self._template()
+        kwargs = _plain_template_data(variables or {})
+        return [template.render(messages=_alias_reasoning_fields(_plain_template_data(chat)), tools=None,
+                                documents=None, add_generation_prompt=add_generation_prompt, **kwargs)
+                for chat in conversations]

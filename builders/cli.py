@@ -33,7 +33,7 @@ examples:
   %(prog)s download --build glm47flash-tulu3-fixed8192-v1  # fetch the pinned inputs, then build offline
   %(prog)s inspect out/fixture-synthetic-v1.parquet --row 3 --fixture-cache .fixture-cache
   %(prog)s diff out/a/NAME.parquet out/b/NAME.parquet
-  %(prog)s explain --build glm47flash-tulu3-fixed8192-v1  # which reading of ROWS.md makes the pinned rows
+  %(prog)s explain --build glm47flash-tulu3-fixed8192-v1  # which reading of data/ROWS.md makes the pinned rows
   %(prog)s manifest --from-recipe CARD.yaml -o my.yaml    # the manifest an OpenRecipes recipe card implies
   %(prog)s check-recipe CARD.yaml --rows out/NAME.parquet # CI: the card's figures = its manifest's (and the file's)
 
@@ -111,7 +111,7 @@ def parser() -> argparse.ArgumentParser:
     _manifest_options(dl)
     _hub_options(dl)
 
-    e = command("explain", "search the readings of the row contract (ROWS.md) for those that reproduce the "
+    e = command("explain", "search the readings of the row contract (data/ROWS.md) for those that reproduce the "
                            "manifest's pinned rows_sha256, from the default outward")
     _manifest_options(e)
     e.add_argument("--all", dest="everything", action="store_true",
@@ -349,6 +349,7 @@ def _diff(args) -> int:
     for path in (args.a, args.b):
         if path is not None:
             check_row_file(path)
+    chat_format = None  # of the fresh build, when there is one
     if args.b is not None:
         manifest = _manifest(args) if args.name or args.manifest else _manifest_named_like(args, args.a)
         result, b = diff_files(args.a, args.b, _decoder(args, manifest)), args.b
@@ -357,10 +358,18 @@ def _diff(args) -> int:
         hub = _hub(args, manifest)
         with tempfile.TemporaryDirectory() as folder:
             built = build(manifest, Path(folder), hub, _reporter(args), card=False)
+            chat_format = json.loads(built.report.read_text(encoding="utf-8"))["chat_format"]
             result = diff_files(args.a, built.parquet, _decoder(args, manifest, hub))
             b = Path(f"(a fresh build of {manifest.name})")
-    print(json.dumps(result.as_dict(), indent=2, sort_keys=True, ensure_ascii=False) if args.json
-          else describe(result, args.a, b))
+    if args.json:
+        print(json.dumps({**result.as_dict(), **({"chat_format": chat_format} if chat_format else {})}, indent=2,
+                         sort_keys=True, ensure_ascii=False))
+    else:
+        if chat_format:
+            from builders.row_view import format_line
+
+            print(f"b built with {format_line(chat_format)}")
+        print(describe(result, args.a, b))
     return 0 if result.identical else FILES_DIFFER
 
 

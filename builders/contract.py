@@ -1,6 +1,6 @@
 """The readings of the row contract that the recipe card leaves open, and the one a build uses.
 
-ROWS.md names nine choices ("Readings the recipe card leaves open"), each with a default (the
+data/ROWS.md names nine choices ("Readings the recipe card leaves open"), each with a default (the
 rule the contract states) and the alternatives a careful builder might have chosen. A manifest
 selects alternatives with an optional ``contract:`` mapping; absent keys take the default, so
 a manifest without one builds what it always built.
@@ -13,9 +13,7 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
-from builders import glm5
-
-# key: (default, alternatives), as ROWS.md names them
+# key: (default, alternatives), as data/ROWS.md names them
 READINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "order": ("numpy-generator", ("numpy-legacy", "python-random", "torch", "source")),
     "encode": ("plain", ("add-special",)),
@@ -32,7 +30,7 @@ SLIME_RULES = ("slime-pr1844", "slime-pr1824")
 
 @dataclass(frozen=True)
 class Contract:
-    """One reading of each open choice; the defaults are the rules ROWS.md states."""
+    """One reading of each open choice; the defaults are the rules data/ROWS.md states."""
 
     order: str = READINGS["order"][0]
     encode: str = READINGS["encode"][0]
@@ -63,15 +61,27 @@ class Contract:
         return self.mask_rule == "structure"
 
     @functools.cache  # noqa: B019 (contracts are few and live as long as the process)
-    def class_mask(self) -> np.ndarray:
-        """Mask value of each glm5 token class under this reading (structure rule); not to be changed."""
-        values = np.zeros(glm5.CLASSES, dtype=np.uint8)
-        values[glm5.ROLE] = self.prefill == "whole-piece"
-        values[glm5.PREFILL_THINK] = self.prefill in ("after-role", "whole-piece")
-        values[glm5.ANSWER] = 1
-        values[glm5.STOP_AFTER] = self.stop == "supervised"
-        values[glm5.APPENDED_STOP] = 1
-        return values
+    def table(self, class_values: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """The mask value of each code, and whether its tokens are kept in the stream, under this reading.
+
+        Codes ``0 .. len(class_values) - 1`` are a chat format's token classes (``class_values``: their
+        mask values, from ``ChatFormat.class_mask``); the four after them are the tokens a reading may
+        add around a conversation's own (``EOS_AFTER_ANSWER`` .. ``WRAP``). Not to be changed.
+        """
+        base = len(class_values)
+        values, keep = np.zeros(base + EXTRA_CODES, np.uint8), np.ones(base + EXTRA_CODES, bool)
+        values[:base] = class_values
+        values[base + APPENDED] = 1
+        keep[base + APPENDED] = self.final == "append-stop"
+        values[base + EOS_AFTER_ANSWER] = self.eos_mask(True) or 0
+        values[base + EOS_AFTER_OTHER] = self.eos_mask(False) or 0
+        keep[base + EOS_AFTER_ANSWER] = keep[base + EOS_AFTER_OTHER] = self.eos != "none"
+        keep[base + WRAP] = self.encode == "add-special"
+        return values, keep
+
+    @property
+    def keeps_unsupervised_windows(self) -> bool:
+        return self.skip == "keep-all"
 
     def eos_mask(self, ends_with_answer: bool) -> int | None:
         """The mask value of the EOS after a conversation, or None when no EOS follows it."""
@@ -79,6 +89,11 @@ class Contract:
             return None
         return int(self.eos == "supervised" or (self.eos == "after-answer" and ends_with_answer))
 
+
+# the codes past a format's classes (see Contract.table): the EOS after a conversation that ends with an
+# answer, the EOS after any other, the stop token final: append-stop appends, the encode: add-special wrap
+EOS_AFTER_ANSWER, EOS_AFTER_OTHER, APPENDED, WRAP = range(4)
+EXTRA_CODES = 4
 
 DEFAULT = Contract()
 KEYS = tuple(f.name for f in fields(Contract))

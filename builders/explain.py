@@ -1,6 +1,6 @@
 """explain: which readings of the row contract reproduce a manifest's pinned figures.
 
-ROWS.md names the choices the recipe card leaves open (``builders.contract``). A build whose
+data/ROWS.md names the choices the recipe card leaves open (``builders.contract``). A build whose
 ``rows_sha256`` differs from the published one was made under some other reading; ``explain``
 searches them, from the default outward (single deviations, then pairs, then the rest), and
 names the readings that reproduce the pinned ``rows_sha256``, or, when none does, those whose
@@ -25,10 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-from builders import engines, glm5
+from builders import engines
 from builders.build import build, check_source_rows
 from builders.contract import DEFAULT, KEYS, READINGS, SLIME_RULES, Contract
-from builders.encode import Annotated, ConversationEncoder
+from builders.encode import ConversationEncoder
+from builders.formats.base import Annotated
 from builders.errors import PinnedInputError, UsageError
 from builders.figures import RowHash
 from builders.manifest import Expect, Manifest
@@ -41,7 +42,6 @@ from builders.writers import Written, try_writers
 
 ROW_KEYS = tuple(key for key in KEYS if key != "hash")  # the readings that change the rows; hash only names them
 HASHES = (READINGS["hash"][0], *READINGS["hash"][1])
-STRUCTURE_ONLY = ("prefill", "stop", "final")  # do not apply under the slime rules
 ENCODE_BATCH = 256  # conversations rendered and tokenized at a time
 MARGIN = 1.3  # conversations cached past the estimate of what a reading consumes
 
@@ -72,16 +72,16 @@ class Explanation:
                 "tried": self.tried, "readings": self.readings, "notes": self.notes}
 
 
-def row_readings(orders: list[str], encodes: list[str]) -> list[Contract]:
-    """Every reading that changes the rows, from the default outward (by number of deviations)."""
+def row_readings(orders: list[str], encodes: list[str], chat_format) -> list[Contract]:
+    """Every reading that changes the rows and applies to ``chat_format``, from the default outward (by
+    number of deviations)."""
     choices = [orders if key == "order" else encodes if key == "encode" else
                [READINGS[key][0], *READINGS[key][1]] for key in ROW_KEYS]
     readings = []
     for values in itertools.product(*choices):
         contract = Contract(**dict(zip(ROW_KEYS, values)))
-        if not contract.structure_rule and any(getattr(contract, key) != READINGS[key][0] for key in STRUCTURE_ONLY):
-            continue  # the same rows as the slime rule's own reading
-        readings.append(contract)
+        if chat_format.refusal(contract) is None and not chat_format.redundant(contract):
+            readings.append(contract)
     return sorted(readings, key=lambda c: len(c.deviations()))  # stable: the table's order within each count
 
 
@@ -105,7 +105,14 @@ class Search:
         if expect.rows_sha256 is None and expect.supervised_token_ratio is None:
             raise UsageError(f"explain: {self.manifest.name} pins neither rows_sha256 nor supervised_token_ratio: "
                              f"nothing to explain")
-        readings = row_readings(self._orders(), self._encodes())
+        chat_format = self.encoder.format
+        readings = row_readings(self._orders(), self._encodes(), chat_format)
+        not_applying = [key for key in ROW_KEYS if any(chat_format.refusal(replace(DEFAULT, **{key: value}))
+                                                       for value in READINGS[key][1])]
+        if not_applying:
+            self.notes.append(f"loss_mask {chat_format.name}: {', '.join(not_applying)} "
+                              f"{'does' if len(not_applying) == 1 else 'do'} not apply in full (only the readings "
+                              f"that mean something for it were tried)")
         found = Explanation(notes=self.notes, readings=len(readings) * len(HASHES))
         with self.reporter.progress("readings tried", total=len(readings), unit="readings") as progress:
             for _, level in itertools.groupby(readings, key=lambda c: len(c.deviations())):
@@ -156,11 +163,11 @@ class Search:
 
     def _rows(self, contract: Contract, template: Template) -> tuple[np.ndarray, np.ndarray] | None:
         """The first ``manifest.rows`` rows of ``contract``'s stream, or None if the template holds too few."""
-        ids, mask = template.stream(contract)
+        ids, mask = template.stream(contract, self.encoder.class_values(contract))
         width = self.manifest.row_tokens
         windows = len(ids) // width
         ids, mask = ids[:windows * width].reshape(windows, width), mask[:windows * width].reshape(windows, width)
-        if contract.skip != "keep-all":
+        if not contract.keeps_unsupervised_windows:
             kept = mask.any(axis=1)
             ids, mask = ids[kept], mask[kept]
         if len(ids) < self.manifest.rows:
@@ -177,10 +184,8 @@ class Search:
                 for first in range(0, len(rows), ENCODE_BATCH):
                     batch = rows[first:first + ENCODE_BATCH]
                     for row, record in zip(batch, self.encoder.annotate(batch, SLIME_RULES)):
-                        # the mask needs only the token classes: the rest of the placement is not kept
-                        self.cache[row["index"]] = Annotated(record.ids, glm5.Placement(record.placement.classes,
-                                                                                        None),
-                                                             record.ends_with_answer, slime=record.slime)
+                        # the mask needs only the token classes: which tokens are message text is not kept
+                        self.cache[row["index"]] = replace(record, message_text=None)
         return [self.cache[i] for i in indices.tolist()]
 
     def _estimate(self, needed_tokens: int) -> int:
@@ -219,8 +224,6 @@ class Search:
         return [READINGS["encode"][0], *READINGS["encode"][1]]
 
 
-# the tokens a template holds past the message tokens' codes, which a reading keeps or drops and masks
-EOS_AFTER_ANSWER, EOS_AFTER_OTHER, APPENDED, WRAP = range(4)
 HASH_BLOCK = 64  # rows hashed at a time
 
 
@@ -228,71 +231,29 @@ HASH_BLOCK = 64  # rows hashed at a time
 class Template:
     """The stream of some conversations in one order under one mask rule, holding every token any
     reading of the other choices may put in it (the ``encode: add-special`` wrap, the stop token
-    ``final: append-stop`` appends, the EOS), each coded so that a reading's ids and mask are a table
-    lookup and a selection away. Message tokens are coded by their glm5 class (the structure rule)
-    or by their mask (the slime rules, which fix it); the other tokens by a code past those.
+    ``final: append-stop`` appends, the EOS), each coded (``ConversationEncoder.stream_codes``) so that a
+    reading's ids and mask are a table lookup (``Contract.table``) and a selection away.
     """
 
-    rule: str
     ids: np.ndarray  # int32
     codes: np.ndarray  # uint8
 
-    @property
-    def base(self) -> int:
-        return _message_codes(self.rule)
-
     @classmethod
-    def of(cls, records: list[Annotated], rule: str, wrap: tuple[np.ndarray, np.ndarray], encoder) -> Template:
-        base = _message_codes(rule)
-        before, after = wrap
-        before_codes, after_codes = (np.full(len(w), base + WRAP, np.uint8) for w in wrap)
-        eos, stop = (np.array([token], np.int32) for token in (encoder.eos_id, encoder.vocab.token_id("<|user|>")))
-        eos_codes = {True: np.array([base + EOS_AFTER_ANSWER], np.uint8),
-                     False: np.array([base + EOS_AFTER_OTHER], np.uint8)}
-        appended_code = np.array([base + APPENDED], np.uint8)
-        ids, codes = [], []
-        for record in records:
-            if rule == "structure":
-                middle = [(record.ids, record.placement.classes)]
-                if record.ends_with_answer:
-                    middle.append((stop, appended_code))
-            elif (entry := record.slime[rule]) is None:
-                continue  # the rule leaves the conversation out
-            else:
-                appended, mask = entry
-                own = record.ids if appended is None else np.append(record.ids, np.int32(appended))
-                middle = [(own, mask)]
-            for piece_ids, piece_codes in [(before, before_codes), *middle, (after, after_codes),
-                                           (eos, eos_codes[record.ends_with_answer])]:
-                ids.append(piece_ids)
-                codes.append(piece_codes)
-        return cls(rule, np.concatenate(ids).astype(np.int32, copy=False),
-                   np.concatenate(codes).astype(np.uint8, copy=False))
+    def of(cls, records: list[Annotated], rule: str, wrap: tuple[np.ndarray, np.ndarray],
+           encoder: ConversationEncoder) -> Template:
+        coded = [c for record in records if (c := encoder.stream_codes(record, rule, wrap, eos=True)) is not None]
+        ids = np.concatenate([c[0] for c in coded]) if coded else np.zeros(0, np.int32)
+        codes = np.concatenate([c[1] for c in coded]) if coded else np.zeros(0, np.uint8)
+        return cls(ids.astype(np.int32, copy=False), codes.astype(np.uint8, copy=False))
 
-    def stream(self, contract: Contract) -> tuple[np.ndarray, np.ndarray]:
+    def stream(self, contract: Contract, class_values: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
         """The ids and mask of the stream under ``contract`` (whose mask rule is this template's)."""
-        base = self.base
-        values, keep = np.zeros(base + 4, np.uint8), np.ones(base + 4, bool)
-        if self.rule == "structure":
-            values[:base] = contract.class_mask()
-            values[base + APPENDED] = contract.class_mask()[glm5.APPENDED_STOP]
-            keep[base + APPENDED] = contract.final == "append-stop"
-        else:
-            values[:base] = (0, 1)
-        values[base + EOS_AFTER_ANSWER] = contract.eos_mask(True) or 0
-        values[base + EOS_AFTER_OTHER] = contract.eos_mask(False) or 0
-        keep[base + EOS_AFTER_ANSWER] = keep[base + EOS_AFTER_OTHER] = contract.eos != "none"
-        keep[base + WRAP] = contract.encode == "add-special"
+        values, keep = contract.table(class_values)
         mask = values[self.codes]
         if keep.all():
             return self.ids, mask
         selected = keep[self.codes]
         return self.ids[selected], mask[selected]
-
-
-def _message_codes(rule: str) -> int:
-    """How many codes a template's message tokens take: the glm5 classes, or a slime rule's mask values."""
-    return glm5.CLASSES if rule == "structure" else 2
 
 
 def hash_layouts(ids: np.ndarray, mask: np.ndarray) -> dict[str, str]:
@@ -313,7 +274,7 @@ def explain(manifest: Manifest, hub, reporter, everything: bool = False, engine:
     pinned, source = pinned_inputs(manifest, hub)
     check_source_rows(manifest, source)
     chosen = engines.choose(engine, pinned.tokenizer, pinned.tokenizer_json, pinned.chat_template)
-    encoder = ConversationEncoder(pinned.tokenizer, pinned.chat_template, engine=chosen.engine)
+    encoder = ConversationEncoder(pinned.tokenizer, pinned.spec, engine=chosen.engine)
     reporter.info(chosen.describe())
     explanation = Search(manifest, source, encoder, reporter).run(stop_at_first=not everything)
     engines.finish(encoder.engine)  # a disagreement found by the guard's cross-check is raised here

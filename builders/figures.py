@@ -207,7 +207,7 @@ def _rows_differ(manifest: Manifest, built_from: dict | None, explain: str) -> s
         return (f"the rows are not the pinned rows, and what this file was built from is not known here (no build "
                 f"report of it beside it): rows built from other inputs than the manifest pins differ for that "
                 f"reason alone. `{build}` builds from the pinned inputs, checked; if its rows differ too, run "
-                f"`{explain}` to find which reading of the row contract (ROWS.md) makes the pinned rows")
+                f"`{explain}` to find which reading of the row contract (data/ROWS.md) makes the pinned rows")
     pinned = manifest.recipe()
     other = [f"{key} {built_from.get(key)!r} (the manifest: {value!r})" for key, value in pinned.items()
              if built_from.get(key) != value]
@@ -216,5 +216,5 @@ def _rows_differ(manifest: Manifest, built_from: dict | None, explain: str) -> s
                 f"pins: {'; '.join(other)}. Build from the pinned inputs: `{build}`")
     return (f"the rows are not the pinned rows, though they were built from exactly what the manifest pins (the "
             f"inputs resolved at their commits and checked, the same seed, row length and contract): a reading of "
-            f"the row contract (ROWS.md) differs. To find which makes the pinned rows, run `{explain}` with the same "
+            f"the row contract (data/ROWS.md) differs. To find which makes the pinned rows, run `{explain}` with the same "
             f"input options (it searches the readings the recipe card leaves open, nearest first)")

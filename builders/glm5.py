@@ -9,7 +9,7 @@ refused rather than masked wrongly.
 
 Each token gets a class: what it is under the structure rule (the answer's role token, its
 prefill think tag, the rest of the answer, the stop token after an answer, anything else).
-A contract reading turns classes into mask values (``builders.contract``), so one layout
+A contract reading turns classes into mask values (``builders.formats.glm5``), so one layout
 serves every reading. A token belongs to the part its bytes fall in; token byte offsets come
 from the tokens' own byte lengths (of the text as the tokenizer sees it: normalized, for a
 tokenizer with a normalizer), so they are exact whatever offsets a tokenizer would report.
@@ -37,8 +37,7 @@ ROLE = 1  # an answer's <|assistant|>
 PREFILL_THINK = 2  # the </think> or <think> right after it: with the role token, the prefill
 ANSWER = 3  # the rest of an answer: reasoning and its </think>, the stripped content
 STOP_AFTER = 4  # the token right after an answer when it is <|user|> or <|observation|>
-APPENDED_STOP = 5  # a stop token appended after a final answer (contract reading final: append-stop)
-CLASSES = 6
+CLASSES = 5
 
 
 class Part(NamedTuple):

@@ -11,6 +11,7 @@ import re
 import shlex
 import sys
 from dataclasses import dataclass, field
+from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
@@ -18,9 +19,12 @@ import yaml
 
 from builders.contract import DEFAULT, KEYS, Contract, valid
 from builders.errors import ManifestError
+from builders.formats import FORMATS, format_class
 
-LOSS_MASKS = ("glm5",)
-TOKENIZER_FILES = ("tokenizer.json", "chat_template.jinja")
+LOSS_MASKS = tuple(FORMATS)
+TEMPLATE_FILES = ("chat_template.jinja", "tokenizer_config.json")  # where the chat template may come from
+TOKENIZER_FILES = ("tokenizer.json", *TEMPLATE_FILES)  # the files a build may read from the tokenizer repo
+FORMAT_FIELDS = ("eos", "stop", "prefills", "template_vars", "render_date", "chat_template_name")
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -42,9 +46,22 @@ class DatasetPin:
 
 @dataclass(frozen=True)
 class TokenizerPin:
+    """The tokenizer repo, its pinned files, and what a chat format other than glm5 is told of them."""
+
     repo: str
     revision: str
-    sha256: dict[str, str]
+    sha256: dict[str, str]  # file name -> sha256: tokenizer.json, and chat_template.jinja and/or tokenizer_config.json
+    eos: str | None = None  # the token joined after every conversation
+    stop: tuple[str, ...] = ()  # the tokens that end an answer
+    prefills: tuple[dict, ...] = ({},)  # template variables whose generation prompts can start an answer
+    template_vars: dict = field(default_factory=dict)  # variables every render gets
+    render_date: str | None = None  # what strftime_now sees (ISO date)
+    chat_template_name: str | None = None  # which of tokenizer_config.json's named templates
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """The pinned files, in a fixed order."""
+        return tuple(name for name in TOKENIZER_FILES if name in self.sha256)
 
 
 @dataclass(frozen=True)
@@ -184,14 +201,20 @@ def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = No
                         optional=("expect", "contract"))
     ds = check.mapping(top["dataset"], "dataset", required=("repo", "revision", "split"),
                        optional=("license", "rows", "permutation_sha256"))
-    tok = check.mapping(top["tokenizer"], "tokenizer", required=("repo", "revision", "sha256"))
-    sha = check.mapping(tok["sha256"], "tokenizer.sha256", required=TOKENIZER_FILES)
+    tok = check.mapping(top["tokenizer"], "tokenizer", required=("repo", "revision", "sha256"), optional=FORMAT_FIELDS)
+    sha = check.mapping(tok["sha256"], "tokenizer.sha256", required=("tokenizer.json",), optional=TEMPLATE_FILES)
+    if not any(name in sha for name in TEMPLATE_FILES):
+        check.fail("tokenizer.sha256.chat_template.jinja", "missing: pin chat_template.jinja, or tokenizer_config.json "
+                                                           "(whose chat_template is then the template)")
     exp = check.mapping(top.get("expect") or {}, "expect",
                         optional=("rows_sha256", "parquet_sha256", "parquet_bytes", "supervised_token_ratio",
                                   "padding_tokens", "writer"))
     loss_mask = check.string(top["loss_mask"], "loss_mask")
     if loss_mask not in LOSS_MASKS:
         check.fail("loss_mask", f"unknown loss mask {loss_mask!r} (known: {', '.join(LOSS_MASKS)})")
+    contract = check.contract(top.get("contract"))
+    if (refused := format_class(loss_mask).refusal(contract)) is not None:
+        check.fail(*refused)
     return Manifest(
         name=check.plain_name(top["name"], "name"),
         dataset=DatasetPin(
@@ -205,7 +228,9 @@ def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = No
         tokenizer=TokenizerPin(
             repo=check.repo_id(tok["repo"], "tokenizer.repo"),
             revision=check.commit(tok["revision"], "tokenizer.revision"),
-            sha256={name: check.sha256(sha[name], f"tokenizer.sha256.{name}") for name in TOKENIZER_FILES},
+            sha256={name: check.sha256(sha[name], f"tokenizer.sha256.{name}") for name in TOKENIZER_FILES
+                    if name in sha},
+            **check.format_fields(tok, loss_mask),
         ),
         loss_mask=loss_mask,
         seed=check.non_negative_int(top["seed"], "seed"),
@@ -221,7 +246,7 @@ def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = No
             writer=check.optional(exp, "writer", "expect.writer",
                                   lambda v, f: check.pattern(v, f, _WRITER, "'pyarrow X.Y.Z'")),
         ),
-        contract=check.contract(top.get("contract")),
+        contract=contract,
         path=path,
     )
 
@@ -287,7 +312,7 @@ class FieldChecker:
         return value
 
     def contract(self, value) -> Contract:
-        """The ``contract:`` mapping: keys and values exactly as ROWS.md names them; absent keys take the default."""
+        """The ``contract:`` mapping: keys and values exactly as data/ROWS.md names them; absent keys take the default."""
         if value is None:
             return DEFAULT
         readings = self.mapping(value, "contract", optional=KEYS)
@@ -295,6 +320,63 @@ class FieldChecker:
             if reading not in valid(key):
                 self.fail(f"contract.{key}", f"unknown reading {reading!r} (valid: {', '.join(valid(key))})")
         return Contract(**readings)
+
+    def format_fields(self, tok: dict, loss_mask: str) -> dict:
+        """The chat-format fields of ``tokenizer:``: none for glm5 (it fixes its tokens and renders with no
+        variables); ``eos`` and ``stop`` required for the others."""
+        given = [key for key in FORMAT_FIELDS if key in tok]
+        if loss_mask == "glm5":
+            if given:
+                self.fail(f"tokenizer.{given[0]}", "loss_mask glm5 fixes its tokens and renders with no variables; "
+                                                  "this field is for the other chat formats (loss_mask: turns)")
+            return {}
+        for key in ("eos", "stop"):
+            if key not in tok:
+                self.fail(f"tokenizer.{key}", f"missing (loss_mask {loss_mask} needs it)")
+        fields = {"eos": self.string(tok["eos"], "tokenizer.eos"), "stop": self.strings(tok["stop"], "tokenizer.stop")}
+        if "prefills" in tok:
+            prefills = tok["prefills"]
+            if not isinstance(prefills, list) or not prefills:
+                self.fail("tokenizer.prefills", f"expected a non-empty list of mappings, got {_kind(prefills)}")
+            fields["prefills"] = tuple(self.variables(v, f"tokenizer.prefills[{k}]") for k, v in enumerate(prefills))
+        if "template_vars" in tok:
+            fields["template_vars"] = self.variables(tok["template_vars"], "tokenizer.template_vars")
+        if tok.get("render_date") is not None:
+            fields["render_date"] = self.date(tok["render_date"], "tokenizer.render_date")
+        if tok.get("chat_template_name") is not None:
+            fields["chat_template_name"] = self.string(tok["chat_template_name"], "tokenizer.chat_template_name")
+        return fields
+
+    def strings(self, value, name: str) -> tuple[str, ...]:
+        if not isinstance(value, list) or not value:
+            self.fail(name, f"expected a non-empty list of strings, got {_kind(value)}")
+        return tuple(self.string(v, f"{name}[{k}]") for k, v in enumerate(value))
+
+    def variables(self, value, name: str) -> dict:
+        """Template variables: a mapping of names to YAML data, a YAML date (``2024-07-26`` unquoted) as its
+        ISO text, since a template sees plain JSON data only."""
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            self.fail(name, f"expected a mapping of variable names to values, got {_kind(value)}")
+
+        def plain(item):
+            if isinstance(item, (date, datetime)):
+                return item.isoformat()
+            if isinstance(item, dict):
+                return {k: plain(v) for k, v in item.items()}
+            return [plain(v) for v in item] if isinstance(item, list) else item
+
+        return plain(dict(value))
+
+    def date(self, value, name: str) -> str:
+        if isinstance(value, (date, datetime)):
+            return value.isoformat()
+        text = self.string(value, name)
+        for parse in (date.fromisoformat, datetime.fromisoformat):
+            try:
+                return parse(text).isoformat()
+            except ValueError:
+                pass
+        self.fail(name, f"expected a date (YYYY-MM-DD) or date and time (ISO 8601), got {value!r}")
 
     def ratio(self, value, name: str) -> Ratio:
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):

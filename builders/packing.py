@@ -59,7 +59,7 @@ class Packer:
             taken += n
             if self._fill == self.row_tokens:
                 segments, self._segments, self._fill = self._segments, [], 0
-                if self._mask.any() or self.contract.skip == "keep-all":
+                if self._mask.any() or self.contract.keeps_unsupervised_windows:
                     yield Row(self._ids.copy(), self._mask.copy(), [s[0] for s in segments], [s[1] for s in segments],
                               [s[2] for s in segments])
                 else:

@@ -11,6 +11,7 @@ checked.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shlex
@@ -24,7 +25,8 @@ from huggingface_hub.utils import get_session
 from tokenizers import Tokenizer
 
 from builders.errors import PinnedInputError
-from builders.manifest import TOKENIZER_FILES, DatasetPin, Manifest, TokenizerPin, cli_command
+from builders.formats import FormatSpec, format_class
+from builders.manifest import DatasetPin, Manifest, TokenizerPin, cli_command
 from builders.source import ParquetSource
 
 
@@ -66,12 +68,16 @@ class Snapshots:
 class PinnedTokenizer:
     tokenizer: Tokenizer
     tokenizer_json: str  # the checked text it was parsed from (another engine loads the same)
-    chat_template: str
+    spec: FormatSpec  # the chat format: the manifest's loss_mask and its inputs, the pinned template
     snapshot: Path
+
+    @property
+    def chat_template(self) -> str:
+        return self.spec.chat_template
 
 
 def tokenizer_repo(pin: TokenizerPin) -> PinnedRepo:
-    return PinnedRepo(pin.repo, "model", pin.revision, TOKENIZER_FILES)
+    return PinnedRepo(pin.repo, "model", pin.revision, pin.files)
 
 
 def dataset_repo(pin: DatasetPin) -> PinnedRepo:
@@ -157,28 +163,75 @@ def resolve_snapshot(repo: PinnedRepo, hub: Hub) -> Path:
     return Path(folder)
 
 
-def load_pinned_tokenizer(pin: TokenizerPin, snapshot: Path) -> PinnedTokenizer:
-    """Check both tokenizer files of the resolved snapshot against their sha256, then parse them."""
-    contents = {name: read_checked(snapshot / name, pin.sha256[name]) for name in TOKENIZER_FILES}
+def load_pinned_tokenizer(pin: TokenizerPin, snapshot: Path, loss_mask: str) -> PinnedTokenizer:
+    """Check the tokenizer files of the resolved snapshot against their sha256, then parse them."""
+    contents = {name: read_checked(snapshot / name, pin.sha256[name]) for name in pin.files}
     try:
         tokenizer_json = contents["tokenizer.json"].decode("utf-8")
         tokenizer = Tokenizer.from_str(tokenizer_json)
-        chat_template = contents["chat_template.jinja"].decode("utf-8")
+        config = json.loads(contents["tokenizer_config.json"]) if "tokenizer_config.json" in contents else None
+        if "chat_template.jinja" in contents:
+            chat_template, source = contents["chat_template.jinja"].decode("utf-8"), "chat_template.jinja"
+        else:
+            chat_template, source = config_template(config, pin.chat_template_name)
+    except PinnedInputError:
+        raise
     except Exception as err:  # the bytes matched their pin, so this is a bad pin, not a tampered file
         raise PinnedInputError(f"{snapshot}: the pinned tokenizer files cannot be parsed: {err}") from err
-    return PinnedTokenizer(tokenizer, tokenizer_json, chat_template, snapshot)
+    spec = FormatSpec(loss_mask, chat_template, pin.eos, pin.stop, pin.prefills, pin.template_vars, pin.render_date,
+                      special_tokens(config) if config is not None else {}, source)
+    format_class(loss_mask).check_inputs(spec, tokenizer)
+    return PinnedTokenizer(tokenizer, tokenizer_json, spec, snapshot)
+
+
+def config_template(config, name: str | None) -> tuple[str, str]:
+    """The chat template of a ``tokenizer_config.json`` (a string, or a list of ``{name, template}`` from which
+    ``name`` picks, ``default`` when not given), and where it came from."""
+    if not isinstance(config, dict) or "chat_template" not in config:
+        raise PinnedInputError("the pinned tokenizer_config.json has no chat_template (and no chat_template.jinja "
+                               "is pinned)")
+    template = config["chat_template"]
+    if isinstance(template, str):
+        if name is not None:
+            raise PinnedInputError(f"tokenizer.chat_template_name {name!r}: the pinned tokenizer_config.json has one "
+                                   f"chat_template, not named ones")
+        return template, "tokenizer_config.json"
+    named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)} \
+        if isinstance(template, list) else {}
+    wanted = name or "default"
+    if not isinstance(named.get(wanted), str):
+        raise PinnedInputError(f"the pinned tokenizer_config.json has no chat template named {wanted!r} (it has: "
+                               f"{', '.join(map(str, named)) or 'none'}); choose one with tokenizer.chat_template_name")
+    return named[wanted], f"tokenizer_config.json ({wanted})"
+
+
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+def special_tokens(config: dict) -> dict:
+    """The special-token strings ``apply_chat_template`` gives a template, as transformers' ``special_tokens_map``
+    has them: each a string, or an AddedToken mapping's ``content``; ``additional_special_tokens`` a list."""
+    def text(value):
+        return value.get("content") if isinstance(value, dict) else value
+
+    out = {key: text(config[key]) for key in SPECIAL_TOKENS if isinstance(text(config.get(key)), str)}
+    extra = config.get("additional_special_tokens")
+    if isinstance(extra, list):
+        out["additional_special_tokens"] = [t for t in map(text, extra) if isinstance(t, str)]
+    return out
 
 
 def pinned_inputs(manifest: Manifest, hub: Hub) -> tuple[PinnedTokenizer, ParquetSource]:
     """The manifest's tokenizer and source, resolved and checked."""
     snapshots = resolve(manifest, hub)
-    pinned = load_pinned_tokenizer(manifest.tokenizer, snapshots.tokenizer)
+    pinned = load_pinned_tokenizer(manifest.tokenizer, snapshots.tokenizer, manifest.loss_mask)
     return pinned, ParquetSource(dataset_files(manifest.dataset, snapshots.dataset))
 
 
 def pinned_tokenizer(manifest: Manifest, hub: Hub) -> PinnedTokenizer:
     """The manifest's tokenizer alone, resolved and checked (what decodes a built file's ids)."""
-    return load_pinned_tokenizer(manifest.tokenizer, resolve(manifest, hub, dataset=False).tokenizer)
+    return load_pinned_tokenizer(manifest.tokenizer, resolve(manifest, hub, dataset=False).tokenizer,
+                                 manifest.loss_mask)
 
 
 def dataset_files(pin: DatasetPin, snapshot: Path) -> list[Path]:

@@ -30,9 +30,10 @@ import yaml
 
 from builders.errors import ManifestError
 from builders.figures import PINNED_FIGURES
-from builders.manifest import (TOKENIZER_FILES, FieldChecker, Manifest, Ratio, YamlLoader, parse_manifest,
+from builders.manifest import (FieldChecker, Manifest, Ratio, YamlLoader, parse_manifest,
                                safe_load_yaml)
 
+CARD_FILES = ("tokenizer.json", "chat_template.jinja")  # the tokenizer files a card's manifest pins (glm5's)
 MAX_CARD_BYTES = 1 << 20  # the seed card is 10 KB
 MAX_DEPTH = 16
 MAX_NODES = 50_000
@@ -135,7 +136,7 @@ def read_card(path: str | Path) -> Card:
                _tokenizer_repo(line, sections["result.active_params"], check, notes)),
         Figure("tokenizer.revision", f"{TOKENIZER_LINE}: revision", line and line.revision),
         *(Figure(f"tokenizer.sha256.{name}", f"{TOKENIZER_LINE}: {name} sha256", line and line.sha256.get(name))
-          for name in TOKENIZER_FILES),
+          for name in CARD_FILES),
         figure("loss_mask", BUILD, "loss_mask", FieldChecker.string),
         figure("seed", BUILD, "seed", FieldChecker.non_negative_int),
         figure("row_tokens", "workload", "row_tokens", FieldChecker.positive_int),
@@ -174,7 +175,7 @@ def implied_manifest(card: Card) -> ImpliedManifest:
         "name": g("name"),
         "dataset": dataset,
         "tokenizer": {"repo": g("tokenizer.repo"), "revision": g("tokenizer.revision"),
-                      "sha256": {name: g(f"tokenizer.sha256.{name}") for name in TOKENIZER_FILES}},
+                      "sha256": {name: g(f"tokenizer.sha256.{name}") for name in CARD_FILES}},
         "loss_mask": g("loss_mask"), "seed": g("seed"), "row_tokens": g("row_tokens"), "rows": g("rows"),
         "expect": {name: g(f"expect.{name}") for name in PINNED_FIGURES if g(f"expect.{name}") is not None},
     }
@@ -260,7 +261,7 @@ def _tokenizer_line(value, check: FieldChecker, notes: list[str]) -> _TokenizerL
         else:
             check.fail(TOKENIZER_LINE, f"cannot read {pin!r}: expected 'revision <40 hex>' or 'FILE sha256 <64 hex>' "
                                        f"(the line reads {_LINE_FORM})")
-    extra = [name for name in sha256 if name not in TOKENIZER_FILES]
+    extra = [name for name in sha256 if name not in CARD_FILES]
     if extra:
         notes.append(f"{TOKENIZER_LINE} pins {', '.join(extra)}, which a manifest does not carry: not compared")
     return _TokenizerLine(match["name"], revision, sha256)

@@ -15,8 +15,6 @@ from pathlib import Path
 
 import numpy as np
 
-from builders.glm5 import EOS
-
 GREEN, MAGENTA, DIM, RESET = "\033[42;30m", "\033[4;35m", "\033[2m", "\033[0m"
 LEGEND = ("legend: ⟦…⟧ supervised (loss_mask 1) · ⏎ the EOS after a conversation · «…» special-token text typed "
           "inside a message (encoded as that special token) · ⋯ the conversation goes on in the next row")
@@ -38,6 +36,8 @@ class View:
     labels: list[str]  # one per conversation segment
     spans: list[Span]
     continues: bool  # the last conversation goes on past the end of the row
+    eos: str  # the chat format's EOS, marked where it follows a conversation
+    chat_format: str  # the chat format and its inputs, in a line
 
     def as_dict(self) -> dict:
         """The view for ``--json``: its title, conversation labels, spans (decoded text, supervised,
@@ -51,7 +51,7 @@ class View:
         def dim(text: str) -> str:
             return f"{DIM}{text}{RESET}" if color else text
 
-        out, current, inside = [self.title, "\n", dim(LEGEND)], None, False
+        out, current, inside = [self.title, "\n", dim(self.chat_format), "\n", dim(LEGEND)], None, False
         for span in self.spans:
             if span.conversation != current or span.supervised != inside:
                 if inside and not color:
@@ -62,7 +62,7 @@ class View:
                 if span.supervised and not color:
                     out.append("⟦")
                 inside = span.supervised
-            text = span.text if span.literal else span.text.replace(EOS, "⏎" + EOS + "\n")
+            text = span.text if span.literal else span.text.replace(self.eos, "⏎" + self.eos + "\n")
             if color:
                 style = (MAGENTA if span.literal else "") + (GREEN if span.supervised else "")
                 out.append(f"{style}{text}{RESET}" if style else text)
@@ -85,6 +85,7 @@ class View:
             ".sup{background:#bfe8c6}.eos{color:#c33;font-weight:bold}"
             ".literal{outline:1px dashed #a3a;color:#a3a}.more{color:#777}</style></head><body>",
             f"<h1>{html.escape(self.title)}</h1>",
+            f"<p class=\"label\">{html.escape(self.chat_format)}</p>",
             "<p><span class=\"sup\">supervised (loss_mask = 1)</span> · plain: not supervised · "
             "<span class=\"eos\">⏎</span> the EOS after a conversation · "
             "<span class=\"literal\">&lt;|user|&gt;</span> special-token text typed inside a message "
@@ -99,7 +100,7 @@ class View:
                 parts.append(f"<div class=\"conv\"><div class=\"label\">{html.escape(self.labels[current])}</div><pre>")
             text = html.escape(span.text)
             if not span.literal:
-                text = text.replace(html.escape(EOS), f"<span class=\"eos\">⏎{html.escape(EOS)}</span>")
+                text = text.replace(html.escape(self.eos), f"<span class=\"eos\">⏎{html.escape(self.eos)}</span>")
             else:
                 text = f"<span class=\"literal\" title=\"typed inside a message\">{text}</span>"
             parts.append(f"<span class=\"sup\">{text}</span>" if span.supervised else text)
@@ -135,7 +136,8 @@ def inspect_row(manifest, hub, file: Path, row_index: int) -> View:
               for k, (index, id_) in enumerate(zip(indices or [None], row.get("source_id") or [None]))]
     supervised = int(np.count_nonzero(mask))
     title = f"row {row['index']}: {len(ids):,} tokens, {supervised:,} supervised ({supervised / max(1, len(ids)):.1%})"
-    return View(title, labels, _spans(encoder.tokenizer, ids, mask, literal, starts), continues)
+    return View(title, labels, _spans(encoder.tokenizer, ids, mask, literal, starts), continues, encoder.format.eos,
+                format_line(encoder.format.describe()))
 
 
 def inspect_source(manifest, hub, index: int) -> View:
@@ -150,7 +152,15 @@ def inspect_source(manifest, hub, index: int) -> View:
     supervised = int(np.count_nonzero(mask))
     title = f"source row {index} (id {row['id']}): {len(ids):,} tokens with EOS, {supervised:,} supervised"
     return View(title, [f"source row {index} (id {row['id']})"], _spans(encoder.tokenizer, ids, mask, literal, [0]),
-                False)
+                False, encoder.format.eos, format_line(encoder.format.describe()))
+
+
+def format_line(described: dict) -> str:
+    """The chat format and its main inputs, as a view's second line."""
+    keys = ("chat_template", "eos", "stop", "prefills", "render_date")
+    return f"loss_mask {described['loss_mask']}: " + "; ".join(
+        f"{key} {described[key]!r}" if isinstance(described[key], str) else f"{key} {described[key]}"
+        for key in keys if described.get(key) not in (None, [], {}))
 
 
 def _pinned(manifest, hub):
@@ -158,7 +168,7 @@ def _pinned(manifest, hub):
     from builders.pinned import pinned_inputs
 
     pinned, source = pinned_inputs(manifest, hub)
-    return ConversationEncoder(pinned.tokenizer, pinned.chat_template, manifest.contract), source
+    return ConversationEncoder(pinned.tokenizer, pinned.spec, manifest.contract), source
 
 
 def _conversation(encoder, source, index: int, with_mask: bool = False):
@@ -175,7 +185,7 @@ def _conversation(encoder, source, index: int, with_mask: bool = False):
     ids, mask = with_eos(*materialized, encoder.eos_id, encoder.contract)
     special = np.isin(annotated.ids, list(encoder.tokenizer.get_added_tokens_decoder()))
     literal = np.zeros(len(ids), dtype=bool)
-    literal[_plain_offset(encoder):][:len(annotated.ids)] = annotated.placement.message_text & special
+    literal[_plain_offset(encoder):][:len(annotated.ids)] = annotated.message_text & special
     return ((ids, mask) if with_mask else ids), literal
 
 

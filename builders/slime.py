@@ -1,9 +1,9 @@
-"""The glm5 masks of THUDM/slime's open pull requests, as ROWS.md describes them (readings of ``mask_rule``).
+"""The glm5 masks of THUDM/slime's open pull requests, as data/ROWS.md describes them (readings of ``mask_rule``).
 
 Both find each answer by searching the rendered text, not from the message structure, and mark
 characters; a token is supervised when any of its characters is (by the offsets of the
 encoding). They differ from the structure rule on two answers in a row and on role-token text
-inside a message. Written from ROWS.md and the PRs' ``gen_multi_turn_loss_mask_glm5``:
+inside a message. Written from data/ROWS.md and the PRs' ``gen_multi_turn_loss_mask_glm5``:
 
 - ``slime-pr1844`` (commit 471265d): when the last message is an answer and the text does not end
   with a stop token, ``<|user|>`` is appended (``<|observation|>`` after tool calls, which the

@@ -1,37 +1,50 @@
-"""What the mask needs to know of a tokenizer: token ids, token byte lengths, normalized lengths,
+"""What a mask needs to know of a tokenizer: token ids, token byte lengths, normalized lengths,
 what its post-processor adds, and whether its offsets are the tokens' own character spans."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
 from tokenizers import Tokenizer, pre_tokenizers
 
-from builders import glm5
 from builders.errors import PinnedInputError
 
 OFFSET_PROBES = ("a  b   c", "  lead", "trail  ", "x\n\n  y", "é ü 東京 😀")
 
 
 class Vocab:
-    """A byte-level BPE tokenizer, seen from the glm5 mask."""
+    """A tokenizer seen from a mask (token byte lengths: of a byte-level BPE tokenizer)."""
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
         self.token_bytes = token_byte_lengths(tokenizer)
-        self.eos_id = self.token_id(glm5.EOS)
-        self.stop_ids = np.array([self.token_id(t) for t in glm5.STOP_TOKENS], dtype=np.int64)
         self._normalizer = tokenizer.normalizer
         added = sorted((t.content for t in tokenizer.get_added_tokens_decoder().values()), key=len, reverse=True)
         self._added = re.compile("|".join(map(re.escape, added))) if added else None
         self._wrap: tuple[np.ndarray, np.ndarray] | None = None
 
-    def token_id(self, token: str) -> int:
+    def token_id(self, token: str, needed_by: str) -> int:
         token_id = self.tokenizer.token_to_id(token)
         if token_id is None:
-            raise PinnedInputError(f"the tokenizer has no token {token!r}, which the glm5 mask needs")
+            raise PinnedInputError(f"the tokenizer has no token {token!r}, which loss_mask {needed_by} needs")
         return token_id
+
+    def byte_level(self) -> bool:
+        """Whether each token's byte length is exact (of the text as the tokenizer sees it: ``keeps``): a
+        byte-level BPE tokenizer (its pre-tokenizer and decoder ByteLevel) whose regular tokens are all spelled
+        in the byte-level alphabet."""
+        config = json.loads(self.tokenizer.to_str())
+        if "ByteLevel" not in json.dumps(config.get("pre_tokenizer")) \
+                or "ByteLevel" not in json.dumps(config.get("decoder")):
+            return False
+        regular = set(self.tokenizer.get_vocab(with_added_tokens=False).values())
+        return bool(regular) and bool(np.all(self.token_bytes[list(regular)] > 0))
+
+    def keeps(self, text: str) -> bool:
+        """Whether the tokenizer sees ``text`` as it is (no normalizer, or one that leaves it unchanged)."""
+        return self._normalizer is None or self._normalizer.normalize_str(text) == text
 
     @property
     def normalizes(self) -> bool:

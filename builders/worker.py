@@ -6,8 +6,8 @@ build), with one end of a socket pair that no other process holds, as its only c
 worker therefore closes its channel at once: the build sees the end of it, or a broken pipe, and
 no lock or pipe shared with other processes can be left blocked. Nothing travels as Python objects; on the channel:
 
-- build → worker: the start-up message (contract, engine name, chat template and the source's
-  files, as JSON), the tokenizer's JSON text, then tasks, each a JSON header and an Arrow IPC
+- build → worker: the start-up message (contract, engine name, the chat format's inputs and
+  the source's files, as JSON), the tokenizer's JSON text, then tasks, each a JSON header and an Arrow IPC
   stream: ``{}`` and source rows with a ``position`` column (their stream positions), or
   ``{"group": G, "eager": E}`` and the rows of source row group G the pass wants (``row`` in the
   group, ``position``): the worker decodes the group itself, encodes the rows before position E
@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import traceback
+from dataclasses import asdict
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -48,7 +49,8 @@ from builders import engines
 from builders.contract import Contract
 from builders.encode import ConversationEncoder
 from builders import errors
-from builders.errors import BuildError, SourceDataError, WorkerError
+from builders.errors import BuildError, SourceDataError, UsageError, WorkerError
+from builders.formats import FormatSpec
 from builders.records import EncodedConversation
 from builders.source import ParquetSource
 
@@ -76,9 +78,7 @@ class Worker:
     def send_start_up(self, encoder: ConversationEncoder, tokenizer_json: str, source_files: list[Path]) -> None:
         """What the worker encodes with (``tokenizer_json``: the pinned file's text, which ``encoder``'s
         tokenizer was loaded from) and the source files it decodes."""
-        self._send(json.dumps({"contract": encoder.contract.as_dict(), "engine": encoder.engine.name,
-                               "chat_template": encoder.renderer.chat_template,
-                               "source_files": [str(path) for path in source_files]}).encode("utf-8"))
+        self._send(start_up_message(encoder, source_files))
         self._send(tokenizer_json.encode("utf-8"))
 
     def send_batch(self, table: pa.Table, positions: np.ndarray) -> None:
@@ -159,7 +159,8 @@ def serve(fd: int) -> None:
         threading.Thread(target=_receive, args=(channel, tasks), daemon=True).start()
         tokenizer = Tokenizer.from_str(tokenizer_json)
         engine = engines.named(start_up["engine"], tokenizer, tokenizer_json)
-        encoder = ConversationEncoder(tokenizer, start_up["chat_template"], Contract(**start_up["contract"]), engine)
+        encoder = ConversationEncoder(tokenizer, _format_spec(start_up["format"]), Contract(**start_up["contract"]),
+                                      engine)
         files = [Path(path) for path in start_up["source_files"]]
     except (EOFError, OSError):
         return  # the build is gone
@@ -191,6 +192,28 @@ def serve(fd: int) -> None:
                 channel.send_bytes(_ipc(later))
     except OSError:
         return  # the build is gone
+
+
+def start_up_message(encoder: ConversationEncoder, source_files: list[Path] = ()) -> bytes:
+    """What a worker's encoder is made of besides the tokenizer: the contract, the engine's name and the
+    chat format's inputs, and the source files it decodes, as JSON. A format whose template variables
+    JSON does not carry exactly (a mapping with keys that are not text, binary data) is refused here:
+    workers would render otherwise."""
+    spec = asdict(encoder.spec)
+    try:
+        text = json.dumps(spec, allow_nan=False)
+    except (TypeError, ValueError):
+        text = None
+    if text is None or _format_spec(json.loads(text)) != encoder.spec:
+        raise UsageError("tokenizer.template_vars and tokenizer.prefills hold data other than plain JSON (text "
+                         "keys, text, numbers, lists): worker processes could not render as this process does; "
+                         "build with --workers 1")
+    return json.dumps({"contract": encoder.contract.as_dict(), "engine": encoder.engine.name, "format": spec,
+                       "source_files": [str(path) for path in source_files]}).encode("utf-8")
+
+
+def _format_spec(data: dict) -> FormatSpec:
+    return FormatSpec(**{**data, "stop": tuple(data["stop"]), "prefills": tuple(data["prefills"])})
 
 
 def batch_message(table: pa.Table, positions: np.ndarray) -> pa.Buffer:

@@ -15,6 +15,7 @@ from tokenizers import Tokenizer
 
 from builders.build import build
 from builders.encode import ConversationEncoder
+from builders.formats import glm5_spec
 from builders.fixture.conversations import hard_cases, synthetic
 from builders.fixture.hf_cache import MESSAGE_WITH_REASONING, parquet_shards, put_snapshot
 from builders.fixture.make import FIXTURE_TEMPLATE, PINNED_TEMPLATE, shared_dir, tokenizer_json
@@ -50,7 +51,7 @@ def manifest_names(with_shared: bool = True) -> list:
 
 def encoder(template: str) -> ConversationEncoder:
     """The builder's encoder with the fixture tokenizer and ``template``."""
-    return ConversationEncoder(Tokenizer.from_str(tokenizer_json().decode()), template)
+    return ConversationEncoder(Tokenizer.from_str(tokenizer_json().decode()), glm5_spec(template))
 
 
 def with_its_eos(enc: ConversationEncoder, conversation) -> tuple[list[int], list[int]]:
@@ -91,7 +92,7 @@ def lay_out_build(hf_home: Path, rows: list[dict], *, name: str = "custom", seed
                                           "chat_template.jinja": FIXTURE_TEMPLATE.read_bytes()}
     dataset = put_snapshot(hf_home, f"someone/{name}-chat", "dataset", dataset_files)
     tokenizer = put_snapshot(hf_home, f"someone/{name}-tokenizer", "model", tokenizer_files)
-    sha = {k: hashlib.sha256(v).hexdigest() for k, v in tokenizer_files.items()}
+    sha = ", ".join(f"{k}: {hashlib.sha256(v).hexdigest()}" for k, v in tokenizer_files.items())
     manifest = hf_home / f"{name}.yaml"
     manifest.write_text(f"""\
 name: {name}
@@ -99,7 +100,7 @@ dataset: {{repo: someone/{name}-chat, revision: {dataset}, split: train}}
 tokenizer:
   repo: someone/{name}-tokenizer
   revision: {tokenizer}
-  sha256: {{tokenizer.json: {sha['tokenizer.json']}, chat_template.jinja: {sha['chat_template.jinja']}}}
+  sha256: {{{sha}}}
 loss_mask: glm5
 seed: {seed}
 row_tokens: {row_tokens}

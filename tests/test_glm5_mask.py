@@ -9,6 +9,7 @@ from transformers import PreTrainedTokenizerFast
 
 from builders.chat import normalize_messages
 from builders.encode import ConversationEncoder
+from builders.formats import glm5_spec
 from builders.errors import SourceDataError
 from builders.fixture.conversations import hard_cases
 from builders.fixture.make import FIXTURE_TEMPLATE, shared_dir, synthetic_rows, tokenizer_json, tulu_fixture_rows
@@ -76,7 +77,7 @@ def test_rendering_and_tokens_match_apply_chat_template(template, tmp_path):
         text = hf.apply_chat_template(messages, chat_template=template, tokenize=False)
         ids = hf.apply_chat_template(messages, chat_template=template, tokenize=True)
         ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-        assert enc.renderer.render(messages) == text, row["id"]
+        assert enc.format.renderer.render(messages) == text, row["id"]
         assert conversation.ids.tolist() == list(ids), row["id"]
 
 
@@ -112,7 +113,7 @@ def test_a_token_across_the_prefill_boundary_is_refused():
         if added["content"] == "</think>":
             added["content"] = "</think>x"  # in place of </think>
     tokenizer = Tokenizer.from_str(json.dumps(spec))
-    enc = ConversationEncoder(tokenizer, FIXTURE_TEMPLATE.read_text(encoding="utf-8"))
+    enc = ConversationEncoder(tokenizer, glm5_spec(FIXTURE_TEMPLATE.read_text(encoding="utf-8")))
     rows = [{"index": 5, "id": "ok", "messages": [{"role": "user", "content": "q"},
                                                    {"role": "assistant", "content": "fine"}]},
             {"index": 9, "id": "across", "messages": [{"role": "user", "content": "q"},
@@ -130,7 +131,7 @@ def test_a_tokenizer_that_is_not_byte_level_is_refused():
     words.pre_tokenizer = pre_tokenizers.Whitespace()
     words.add_special_tokens(["<|endoftext|>", "<|user|>", "<|observation|>", "<|assistant|>", "[gMASK]", "<sop>"])
     words.add_tokens(["<think>", "</think>"])
-    enc = ConversationEncoder(words, FIXTURE_TEMPLATE.read_text(encoding="utf-8"))
+    enc = ConversationEncoder(words, glm5_spec(FIXTURE_TEMPLATE.read_text(encoding="utf-8")))
     with pytest.raises(SourceDataError, match=r"source row 0 \(id 'a'\): the tokens cover \d+ bytes of a \d+-byte "
                                               r"rendering; the tokenizer does not encode the text losslessly"):
         enc.encode([{"index": 0, "id": "a", "messages": [{"role": "user", "content": "hi there"}]}])

@@ -116,3 +116,57 @@ def test_a_batch_sent_to_a_worker_carries_only_its_rows():
     assert received.drop_columns(["position"]).equals(batch)
     assert received.column("position").to_pylist() == list(range(100, 108))
     assert len(sent) < 20 * 1000  # 8 rows of 1 kB, not the 10 MB of the held table
+
+
+def test_workers_encode_as_this_process_does():
+    """A pool's conversations (each field, dtypes included) and its errors are those of this process."""
+    import pyarrow as pa
+
+    from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows
+    from builders.parallel import InProcess, Pool
+    from helpers import encoder
+
+    enc = encoder(FIXTURE_TEMPLATE.read_text(encoding="utf-8"))
+    rows = [{**row, "index": k, "source": "s" if k % 2 else None}
+            for k, row in enumerate(synthetic_rows(seed=5, count=40))]
+    rows[7]["messages"].append({"role": "function", "content": "x"})  # the contract cannot encode it
+    table, positions = pa.Table.from_pylist(rows), np.arange(100, 100 + len(rows))
+
+    def encoded(encoding) -> dict:
+        waiting, out = {}, {}
+        with encoding:
+            encoding.submit(table.slice(0, 25), positions[:25], waiting)  # one batch for each worker
+            encoding.submit(table.slice(25), positions[25:], waiting)
+            for position in positions.tolist():
+                try:
+                    out[position] = encoding.take(waiting, position)
+                except SourceDataError as err:
+                    out[position] = str(err)
+        return out
+
+    here, there = encoded(InProcess(enc)), encoded(Pool(enc, 2, enc.tokenizer.to_str(), []))
+    assert "role 'function'" in here[107] and there[107] == here[107]
+    for position in positions.tolist():
+        mine, theirs = here[position], there[position]
+        if position != 107:
+            assert (theirs.index, theirs.id, theirs.source, theirs.ends_with_answer, theirs.left_out,
+                    theirs.cross_checked) == (mine.index, mine.id, mine.source, mine.ends_with_answer, mine.left_out,
+                                              mine.cross_checked)
+            assert theirs.ids.dtype == mine.ids.dtype and np.array_equal(theirs.ids, mine.ids)
+            assert theirs.mask.dtype == mine.mask.dtype and np.array_equal(theirs.mask, mine.mask)
+
+
+def test_a_format_that_json_cannot_carry_is_refused_before_workers_start():
+    """Template variables whose JSON form differs (a key that is not text) would render otherwise in a worker."""
+    import dataclasses
+
+    from builders.errors import UsageError
+    from builders.fixture.make import FIXTURE_TEMPLATE
+    from builders.worker import start_up_message
+    from helpers import encoder
+
+    enc = encoder(FIXTURE_TEMPLATE.read_text(encoding="utf-8"))
+    assert json.loads(start_up_message(enc))["format"]["chat_template"] == enc.spec.chat_template
+    enc.format.spec = dataclasses.replace(enc.spec, template_vars={"table": {1: "one"}})
+    with pytest.raises(UsageError, match="build with --workers 1"):
+        start_up_message(enc)

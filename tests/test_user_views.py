@@ -193,11 +193,13 @@ def test_inspect_a_row(cli_build, fixture_cache, tmp_path):
     bounds = np.flatnonzero(np.diff(mask)) + 1
     runs = [(r, m[0]) for r, m in zip(np.split(ids, bounds), np.split(mask, bounds))]
     expected = [tokenizer.decode(r.tolist(), skip_special_tokens=False) for r, m in runs if m == 1]
-    body = done.stdout.split("\n", 2)[2]  # after the title and the legend
+    body = done.stdout.split("\n", 3)[3]  # after the title, the chat format and the legend
     shown = [s.replace("⏎" + EOS + "\n", EOS).replace("«", "").replace("»", "")
              for s in re.findall("⟦(.*?)⟧", body, re.S)]
     assert shown == expected and expected
-    assert done.stdout.splitlines()[1].startswith("legend: ⟦…⟧ supervised")
+    assert done.stdout.splitlines()[1] == ("loss_mask glm5: chat_template 'chat_template.jinja'; eos '<|endoftext|>'; "
+                                           "stop ['<|endoftext|>', '<|user|>', '<|observation|>']")
+    assert done.stdout.splitlines()[2].startswith("legend: ⟦…⟧ supervised")
     page = html_path.read_text(encoding="utf-8")
     assert page.startswith("<!doctype html>") and 'class="sup"' in page
 
@@ -257,7 +259,7 @@ def test_diff_identical_and_against_a_fresh_build(cli_build, fixture_cache):
     same = run_cli("diff", str(path), str(path))
     assert same.returncode == 0 and same.stdout.startswith("identical: 48 rows")
     fresh = run_cli("diff", str(path), "--build", SELF_CONTAINED, "--fixture-cache", str(fixture_cache), "-q")
-    assert fresh.returncode == 0 and "identical" in fresh.stdout
+    assert fresh.returncode == 0 and "identical" in fresh.stdout and "b built with loss_mask glm5" in fresh.stdout
 
 
 def test_loads_with_datasets_and_pyarrow(cli_build, tmp_path):
@@ -343,7 +345,8 @@ def test_inspect_marks_a_row_that_ends_mid_conversation(cli_build, fixture_cache
     assert done.stdout.rstrip().endswith("⋯ (continues in the next row)")
     # rows that end exactly where a conversation ends: four copies of one conversation fill a row
     conversation = [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "hello, friend"}]
-    length = len(encoder(FIXTURE_TEMPLATE.read_text()).encode_messages(conversation)[0]) + 1  # with its EOS
+    (encoded,) = encoder(FIXTURE_TEMPLATE.read_text()).encode([{"index": 0, "id": "x", "messages": conversation}])
+    length = len(encoded.ids) + 1  # with its EOS
     rows = [{"id": f"same_{k}", "source": "same", "messages": conversation} for k in range(20)]
     manifest = lay_out_build(tmp_path / "hf", rows, row_tokens=4 * length, build_rows=3)
     built = build(load_manifest(manifest), tmp_path / "out", Hub(tmp_path / "hf" / "hub", offline=True), card=False)

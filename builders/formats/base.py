@@ -1,0 +1,126 @@
+"""What every chat format gives the build: a conversation's tokens, each with a class.
+
+A chat format is the mask rule of a model family (``loss_mask`` in the manifest). The build,
+``explain``, ``inspect``/``diff``, the data card and the live mask see a model only through this
+interface, so a new format plugs in by subclassing ``ChatFormat`` and registering it in
+``builders.formats.FORMATS``; nothing else changes:
+
+- ``annotate(rows, engine)`` renders and tokenizes source rows (dicts with ``index``, ``id``,
+  ``messages``) into ``Annotated`` records: the conversation's token ids (``add_special_tokens=False``,
+  the EOS not included), a token class per id (``0 <= class < classes``), which tokens are a
+  message's own text (``inspect`` marks special-token text typed there), and whether the
+  conversation ends with an answer (the EOS joined after it is then that answer's stop token).
+  A conversation the rule does not define is a ``SourceDataError`` naming the source row.
+  ``engine`` (``builders.engines``) turns texts into ids; a format that tokenizes by other means
+  (a peer tool's own per-message tokenization) may ignore it.
+- ``class_mask(contract)``: each class's mask value under a reading of the contract. A format
+  whose mask is fixed uses the classes ``UNSUPERVISED`` and ``SUPERVISED``.
+- ``readings``: for each contract key, the values that mean something for this format (a key
+  absent here applies with all its values); ``Contract.table`` interprets ``eos``, ``encode`` and
+  ``final`` the same way for every format, ``builders.packing`` and ``explain`` ``skip``,
+  ``builders.figures`` ``hash``, ``builders.order`` ``order``.
+- ``eos`` (the token joined after each conversation), ``appended_stop`` (the token
+  ``final: append-stop`` appends, or None), ``describe()`` (the format and its inputs, for the
+  card, ``inspect`` and ``--json``).
+
+A format is made from a ``FormatSpec`` (what the manifest and the pinned files say) and the
+pinned ``tokenizers.Tokenizer``; a spec is plain data, so worker processes rebuild the same format.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from builders.contract import Contract
+from builders.errors import ConversationError, SourceDataError
+from builders.formats import FormatSpec
+from builders.vocab import Vocab
+
+UNSUPERVISED, SUPERVISED = 0, 1  # the classes of a format whose mask is fixed
+
+
+@dataclass(frozen=True)
+class Annotated:
+    """One conversation, rendered and tokenized once, with what each reading needs to mask it."""
+
+    ids: np.ndarray  # int32: the rendered text's tokens (add_special_tokens=False), no EOS
+    classes: np.ndarray  # uint8: each token's class (the format's)
+    message_text: np.ndarray | None  # bool: the token is part of a message's own text (None where not kept)
+    ends_with_answer: bool  # the EOS after the conversation is its last answer's stop token
+    cross_checked: bool = False  # the reference engine encoded it too, and agreed
+    # readings of mask_rule that are their own rules (glm5's slime rules): rule -> (appended stop id or None,
+    # mask over ids and that token), or None where the rule leaves the conversation out
+    rules: dict = field(default_factory=dict)
+
+
+class ChatFormat(ABC):
+    """The mask rule of a model family (see the module docstring for the contract)."""
+
+    name: str
+    classes: int
+    readings: dict[str, tuple[str, ...]] = {}
+
+    def __init__(self, spec: FormatSpec, tokenizer: Tokenizer, vocab: Vocab):
+        self.spec, self.tokenizer, self.vocab = spec, tokenizer, vocab
+
+    @property
+    def eos(self) -> str:
+        return self.spec.eos
+
+    @property
+    def chat_template(self) -> str:
+        return self.spec.chat_template
+
+    @abstractmethod
+    def annotate(self, rows: list[dict], engine, rules: tuple[str, ...] = ()) -> list[Annotated]:
+        """Render and tokenize ``rows`` (and compute the masks of the own-rule readings in ``rules``)."""
+
+    @abstractmethod
+    def class_mask(self, contract: Contract) -> np.ndarray:
+        """The mask value of each class under ``contract``."""
+
+    @property
+    def stop_tokens(self) -> tuple[str, ...]:
+        """The tokens that end an answer (none where the format names none)."""
+        return ()
+
+    def appended_stop(self) -> str | None:
+        """The stop token ``final: append-stop`` appends after a final answer (None: it does not apply)."""
+        return None
+
+    def describe(self) -> dict:
+        """The format and its inputs as the card, ``inspect`` and ``--json`` show them."""
+        return {"loss_mask": self.name, "chat_template": self.spec.template_source, "eos": self.eos}
+
+    @classmethod
+    def check_inputs(cls, spec: FormatSpec, tokenizer: Tokenizer) -> None:
+        """Refuse, before any work, inputs this format cannot use (a ManifestError or PinnedInputError)."""
+
+    @classmethod
+    def refusal(cls, contract: Contract) -> tuple[str, str] | None:
+        """The field of ``contract`` whose reading does not apply to this format, and why (None: all apply)."""
+        for key, values in cls.readings.items():
+            if getattr(contract, key) not in values:
+                return f"contract.{key}", (f"{getattr(contract, key)} does not apply to loss_mask {cls.name} "
+                                           f"(it takes {', '.join(values)})")
+        return None
+
+    @classmethod
+    def redundant(cls, contract: Contract) -> bool:
+        """Whether ``contract`` makes the same rows as a reading with fewer deviations, whatever the source
+        (``explain`` tries only the other)."""
+        return False
+
+
+@contextmanager
+def located(row: dict):
+    """Turn a ConversationError into a SourceDataError that names the source row."""
+    try:
+        yield
+    except ConversationError as err:
+        raise SourceDataError(f"source row {row['index']} (id {row['id']!r}): {err}") from err

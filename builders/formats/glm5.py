@@ -1,0 +1,148 @@
+"""``loss_mask: glm5``: the GLM-4.7-Flash chat format, laid out by hand from the message structure.
+
+Its pieces and token classes are ``builders.glm5``'s; its own-rule readings of ``mask_rule`` are
+slime's text searches (``builders.slime``). Every conversation is checked: the layout joined must
+be exactly what the pinned template renders, or the conversation is refused.
+"""
+
+from __future__ import annotations
+
+import jinja2
+import numpy as np
+
+from builders import glm5, slime
+from builders.chat import ChatRenderer, normalize_messages, split_step_loss_mask
+from builders.contract import READINGS, SLIME_RULES, Contract
+from builders.errors import ConversationError
+from builders.formats.base import Annotated, ChatFormat, located
+from builders.vocab import char_spans
+
+STRUCTURE_ONLY = ("prefill", "stop", "final")  # readings that refine the structure rule, not the slime rules
+
+
+class Glm5Format(ChatFormat):
+    name = "glm5"
+    classes = glm5.CLASSES
+
+    def __init__(self, spec, tokenizer, vocab):
+        super().__init__(spec, tokenizer, vocab)
+        self.renderer = ChatRenderer(spec.chat_template)
+        self.eos_id = vocab.token_id(glm5.EOS, self.name)
+        self.stop_ids = np.array([vocab.token_id(t, self.name) for t in glm5.STOP_TOKENS], dtype=np.int64)
+        self._offsets_from_bytes = vocab.offsets_are_spans()
+
+    @property
+    def stop_tokens(self) -> tuple[str, ...]:
+        return glm5.STOP_TOKENS
+
+    @property
+    def eos(self) -> str:
+        return glm5.EOS
+
+    def class_mask(self, contract: Contract) -> np.ndarray:
+        values = np.zeros(glm5.CLASSES, dtype=np.uint8)
+        values[glm5.ROLE] = contract.prefill == "whole-piece"
+        values[glm5.PREFILL_THINK] = contract.prefill in ("after-role", "whole-piece")
+        values[glm5.ANSWER] = 1
+        values[glm5.STOP_AFTER] = contract.stop == "supervised"
+        return values
+
+    def appended_stop(self) -> str:
+        return glm5.ROLE_TOKENS["user"]
+
+    def describe(self) -> dict:
+        return {**super().describe(), "stop": list(glm5.STOP_TOKENS)}
+
+    @classmethod
+    def redundant(cls, contract: Contract) -> bool:
+        """Under a slime rule, ``prefill``, ``stop`` and ``final`` change nothing: the slime reading's own rows."""
+        return not contract.structure_rule and any(getattr(contract, key) != READINGS[key][0]
+                                                   for key in STRUCTURE_ONLY)
+
+    def annotate(self, rows: list[dict], engine, rules: tuple[str, ...] = ()) -> list[Annotated]:
+        layouts = self._layouts(rows)
+        texts = [lay.text for lay in layouts]
+        tokens = engine.encode(texts)
+        checked = engine.cross_check(texts, tokens, [row["index"] for row in rows]) \
+            if hasattr(engine, "cross_check") else [False] * len(rows)
+        try:
+            placements = self.placements(layouts, tokens)
+        except ConversationError as err:
+            with located(rows[err.conversation]):
+                raise
+        annotated = [Annotated(ids, placement.classes, placement.message_text, lay.ends_with_answer, check)
+                     for lay, ids, placement, check in zip(layouts, tokens, placements, checked)]
+        rules = [rule for rule in rules if rule in SLIME_RULES]
+        if rules:
+            offsets = self._offsets(texts, [a.ids for a in annotated])
+            for lay, a, spans in zip(layouts, annotated, offsets):
+                for rule in rules:
+                    a.rules[rule] = self._slime(rule, lay, spans)
+        return annotated
+
+    def layout(self, messages, untrained: frozenset[int] = frozenset()) -> glm5.Layout:
+        """The glm5 layout of ``messages``, checked against what the chat template renders."""
+        messages = normalize_messages(messages)
+        lay = glm5.layout(messages, untrained)
+        try:
+            rendered = self.renderer.render(messages)
+        except jinja2.TemplateError as err:
+            raise ConversationError(f"the chat template failed: {err}") from err
+        _same(rendered, lay.text)
+        return lay
+
+    def _layouts(self, rows: list[dict]) -> list[glm5.Layout]:
+        """``layout`` of each row's messages, rendered in one call (a row at a time to find a template error)."""
+        conversations, layouts = [], []
+        for row in rows:
+            with located(row):
+                messages, untrained = split_step_loss_mask(row["messages"])
+                conversations.append(normalize_messages(messages))
+                layouts.append(glm5.layout(conversations[-1], untrained))
+        try:
+            rendered = self.renderer.render_all(conversations)
+        except jinja2.TemplateError:
+            for row in rows:
+                with located(row):
+                    self.layout(*split_step_loss_mask(row["messages"]))
+            raise
+        for row, text, lay in zip(rows, rendered, layouts):
+            with located(row):
+                _same(text, lay.text)
+        return layouts
+
+    def placements(self, layouts: list[glm5.Layout], ids: list[np.ndarray]) -> list[glm5.Placement]:
+        """Where each of the conversations' tokens falls in its layout (its class, whether it is message text)."""
+        measure = self.vocab.measure if self.vocab.normalizes else _utf8_length
+        return glm5.place(layouts, ids, self.vocab.token_bytes, self.stop_ids, measure)
+
+    def _offsets(self, texts: list[str], ids: list[np.ndarray]) -> list[np.ndarray]:
+        """Each token's character offsets: its own span where the encoding's offsets are those, else the encoding's."""
+        if self._offsets_from_bytes:
+            return [char_spans(text, self.vocab.token_bytes[i]) for text, i in zip(texts, ids)]
+        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
+        return [np.array(e.offsets, dtype=np.int64).reshape(-1, 2) for e in encodings]
+
+    def _slime(self, rule: str, lay: glm5.Layout, offsets: np.ndarray):
+        text = lay.text
+        stop = slime.appended_stop(rule, text, lay.roles[-1])
+        characters = slime.character_mask(rule, text + stop, lay.roles.count("assistant"))
+        if characters is None:
+            return None
+        if stop:
+            offsets = np.vstack([offsets, [[len(text), len(text) + len(stop)]]])
+        return (self.vocab.token_id(stop, self.name) if stop else None), slime.token_mask(characters, offsets)
+
+
+def _same(rendered: str, text: str) -> None:
+    """Refuse a rendering that is not the glm5 layout's text."""
+    if rendered != text:
+        at = next((i for i, (a, b) in enumerate(zip(rendered, text)) if a != b), min(len(rendered), len(text)))
+        raise ConversationError(
+            f"the chat template renders this conversation differently from the glm5 piece layout (first "
+            f"difference at character {at}: template {rendered[at:at + 40]!r}, glm5 {text[at:at + 40]!r}); "
+            f"the glm5 mask is only defined for the GLM-4.7-Flash chat format")
+
+
+def _utf8_length(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8"))

@@ -1,0 +1,389 @@
+"""``loss_mask: turns``: any chat template's answers, from where generation starts through the stop
+token that ends them (data/ROWS.md, "Any chat model: the turns loss mask").
+
+A conversation is rendered twice: as it is (``R``), and with every text replaced by its
+placeholder (runs of text between the template's markup literals become markers; blank runs
+stay). Aligning the two tells markup from text: each marker is printed as its run, the run
+less some leading or trailing whitespace, or nothing (earliest and longest first). Headers are
+the template's own generation prompts found before each answer; supervision runs from a header
+through the answer's texts and the markup after them up to the first stop token. Characters
+are marked, then tokens: a token is supervised when any character it covers is.
+
+Token classes: ``OTHER``, ``ANSWER`` (supervised), ``STOP`` (the stop token that ends an
+answer: supervised unless the reading ``stop: unsupervised``).
+"""
+
+from __future__ import annotations
+
+import re
+
+import jinja2
+import numpy as np
+from jinja2 import nodes
+
+from builders.chat import ChatRenderer, normalize_messages, split_step_loss_mask
+from builders.contract import Contract
+from builders.errors import ConversationError, ManifestError, PinnedInputError
+from builders.formats.base import Annotated, ChatFormat, located
+from builders.vocab import char_spans
+
+OTHER, ANSWER, STOP = 0, 1, 2
+TEXT_FIELDS = ("content", "reasoning_content")
+CUTTING_METHODS = frozenset({"split", "rsplit", "startswith", "endswith", "replace", "find"})
+PROBE = [{"role": "user", "content": "probe"}]
+# markers are made of private-use characters: ``MARK_OPEN``, the run's number in hex digits, ``MARK_CLOSE``
+MARK_OPEN, MARK_CLOSE, MARK_DIGITS = "\ue000", "\ue001", "\ue010"
+_MARKER = re.compile(f"{MARK_OPEN}[{MARK_DIGITS}-{chr(ord(MARK_DIGITS) + 15)}]+{MARK_CLOSE}")
+
+
+class TurnsFormat(ChatFormat):
+    name = "turns"
+    classes = 3
+    readings = {"mask_rule": ("structure",), "final": ("eos",), "prefill": ("after-prefill",)}
+
+    def __init__(self, spec, tokenizer, vocab):
+        super().__init__(spec, tokenizer, vocab)
+        self.check_inputs(spec, tokenizer)
+        self.variables = {**spec.special_tokens, **spec.template_vars}
+        self.renderer = ChatRenderer(spec.chat_template, spec.render_date)
+        self.literals = markup_literals(spec.chat_template)
+        self._literal = re.compile("|".join(map(re.escape, sorted(self.literals, key=len, reverse=True)))) \
+            if self.literals else None
+        self.prompts = self._generation_prompts()
+        self.stops = tuple(spec.stop)
+        self.eos_is_stop = spec.eos in spec.stop
+        self._byte_level = vocab.byte_level()
+
+    @classmethod
+    def check_inputs(cls, spec, tokenizer) -> None:
+        check_spec(spec, tokenizer)
+
+    @property
+    def stop_tokens(self) -> tuple[str, ...]:
+        return self.stops
+
+    def class_mask(self, contract: Contract) -> np.ndarray:
+        return np.array([0, 1, contract.stop == "supervised"], dtype=np.uint8)
+
+    def describe(self) -> dict:
+        spec = self.spec
+        return {"loss_mask": self.name, "chat_template": spec.template_source, "eos": spec.eos, "stop": list(spec.stop),
+                "prefills": [dict(v) for v in spec.prefills], "template_vars": dict(spec.template_vars),
+                "render_date": spec.render_date, "generation_prompts": list(self.prompts),
+                "markup_literals": list(self.literals)}
+
+    def _generation_prompts(self) -> tuple[str, ...]:
+        """``G(v)`` for each prefill ``v``: the generation prompt the template renders after the probe, longest first."""
+        prompts = []
+        for prefill in self.spec.prefills:
+            variables = {**self.variables, **prefill}
+            try:
+                plain, prompted = (self.renderer.render_all([PROBE], variables, generation)[0]
+                                   for generation in (False, True))
+            except jinja2.TemplateError as err:
+                raise PinnedInputError(f"the chat template fails on the probe conversation with prefill "
+                                       f"{prefill}: {err}") from err
+            if not prompted.startswith(plain) or len(prompted) == len(plain):
+                raise PinnedInputError(f"the chat template's generation prompt with prefill {prefill} does not extend "
+                                       f"its render of the probe conversation; the turns mask needs one")
+            prompts.append(prompted[len(plain):])
+        return tuple(sorted(set(prompts), key=lambda p: (-len(p), prompts.index(p))))
+
+    def annotate(self, rows: list[dict], engine, rules: tuple[str, ...] = ()) -> list[Annotated]:
+        conversations, placeheld, untrained = [], [], []
+        for row in rows:
+            with located(row):
+                messages, skipped = split_step_loss_mask(row["messages"])
+                messages = normalize_messages(messages)
+                conversations.append(messages)
+                placeheld.append(self._placeholders(messages))
+                untrained.append(skipped)
+        rendered = self._render(rows, conversations)
+        shapes = self._render(rows, [p[0] for p in placeheld])
+        marks = []
+        for row, messages, text, shape, (_, runs), skipped in zip(rows, conversations, rendered, shapes, placeheld,
+                                                                  untrained):
+            with located(row):
+                marks.append(self._characters(messages, text, shape, runs, skipped))
+        # a byte-level BPE tokenizer's tokens are placed by their byte lengths (any engine encodes them), where
+        # its normalizer leaves the text as it is; any other text is placed by the encoding's character offsets
+        by_bytes = [self._byte_level and self.vocab.keeps(text) for text in rendered]
+        tokens, spans, checked = [None] * len(rows), [None] * len(rows), [False] * len(rows)
+        chosen = [k for k, b in enumerate(by_bytes) if b]
+        if chosen:
+            texts = [rendered[k] for k in chosen]
+            encoded = engine.encode(texts)
+            agreed = engine.cross_check(texts, encoded, [rows[k]["index"] for k in chosen]) \
+                if hasattr(engine, "cross_check") else [False] * len(chosen)
+            for k, ids, check in zip(chosen, encoded, agreed):
+                tokens[k], checked[k] = ids, check
+        others = [k for k, b in enumerate(by_bytes) if not b]
+        if others:
+            for k, e in zip(others, self.tokenizer.encode_batch([rendered[k] for k in others], add_special_tokens=False)):
+                tokens[k] = np.array(e.ids, dtype=np.int32)
+                spans[k] = np.array(e.offsets, dtype=np.int64).reshape(-1, 2)
+        out = []
+        for k, (row, text, ids, (classes, text_chars, ends)) in enumerate(zip(rows, rendered, tokens, marks)):
+            with located(row):
+                char_span = self._byte_spans(text, ids) if spans[k] is None else _tiled(spans[k], len(text))
+                token_classes, message_text = _token_classes(classes, text_chars, char_span)
+            out.append(Annotated(np.asarray(ids, dtype=np.int32), token_classes, message_text, ends, checked[k]))
+        return out
+
+    def _render(self, rows: list[dict], conversations: list[list[dict]]) -> list[str]:
+        try:
+            return self.renderer.render_all(conversations, self.variables)
+        except jinja2.TemplateError:
+            for row, messages in zip(rows, conversations):
+                with located(row):
+                    try:
+                        self.renderer.render_all([messages], self.variables)
+                    except jinja2.TemplateError as err:
+                        raise ConversationError(f"the chat template failed: {err}") from err
+            raise
+
+    def _placeholders(self, messages: list[dict]) -> tuple[list[dict], list[tuple[int, str]]]:
+        """``messages`` with every text replaced by its placeholder, and each marker's (message, run), by number."""
+        runs: list[tuple[int, str]] = []
+        out = []
+        for position, message in enumerate(messages):
+            held = dict(message)
+            for key in TEXT_FIELDS:
+                if key in message:
+                    held[key] = self._placeholder(message[key], position, runs)
+            out.append(held)
+        return out, runs
+
+    def _placeholder(self, text: str, position: int, runs: list) -> str:
+        pieces, at = [], 0
+        cuts = [(m.start(), m.end()) for m in self._literal.finditer(text)] if self._literal else []
+        for start, end in [*cuts, (len(text), len(text))]:
+            run = text[at:start]
+            if run.strip():
+                pieces.append(_marker(len(runs)))
+                runs.append((position, run))
+            else:
+                pieces.append(run)
+            pieces.append(text[start:end])
+            at = end
+        return "".join(pieces)
+
+    def _characters(self, messages, text: str, shape: str, runs, untrained) -> tuple[np.ndarray, np.ndarray, bool]:
+        """Each character's class, whether it is printed text, and whether the EOS after ``text`` is a stop."""
+        printed = align(text, shape, runs, messages)  # (start, end, message), in order
+        classes = np.zeros(len(text), dtype=np.uint8)
+        text_chars = np.zeros(len(text), dtype=bool)
+        for start, end, _ in printed:
+            text_chars[start:end] = True
+        headers = self._headers(messages, text, printed)
+        ends_with_answer = False
+        for j, header in headers.items():
+            if j in untrained:
+                continue
+            own = [p for p in printed if p[2] == j]
+            last = own[-1][1] if own else header[1]
+            classes[header[1]:last] = ANSWER
+            following = next((p for p in printed if p[0] >= last and p[2] != j), None)
+            stop_end = len(text) if following is None else following[0]
+            markup = text[last:stop_end]
+            found = [(at, -len(s)) for s in self.stops if (at := markup.find(s)) >= 0]
+            if found:  # the first stop token (the longest, where two start at one character)
+                at, length = min(found)
+                length = -length
+                classes[last:last + at] = ANSWER
+                classes[last + at:last + at + length] = STOP
+            elif following is None:
+                classes[last:] = ANSWER
+                ends_with_answer = self.eos_is_stop
+            elif messages[following[2]]["role"] == "assistant" and following[2] in headers:
+                classes[last:headers[following[2]][0]] = ANSWER
+        return classes, text_chars, ends_with_answer
+
+    def _headers(self, messages, text: str, printed) -> dict[int, tuple[int, int]]:
+        """Each assistant message's header (``[start, end)`` of the generation prompt found before it)."""
+        headers, previous = {}, 0
+        for j, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            own = [p for p in printed if p[2] == j]
+            # printing nothing, j ends at the next printed text: the first of a later message after what came
+            # before j (a template may move a later text to the front, as DeepSeek's does a system message)
+            floor = max([previous, *(p[1] for p in printed if p[2] < j)])
+            later = next((p for p in printed if p[2] > j and p[0] >= floor), None)
+            end = own[0][0] if own else (later[0] if later else len(text))
+            start = max([previous, *(p[1] for p in printed if p[1] <= end and p[2] != j)])
+            region = text[start:end]
+            # the longest prompt that occurs, at its first occurrence (among prompts as long: the earliest)
+            found = next((min((region.find(g), g) for g in self.prompts if len(g) == size and g in region)
+                          for size in sorted({len(g) for g in self.prompts}, reverse=True)
+                          if any(len(g) == size and g in region for g in self.prompts)), None)
+            if found is None:
+                raise ConversationError(
+                    f"message {j} (assistant): none of the template's generation prompts "
+                    f"({', '.join(map(repr, self.prompts))}) occurs before it (characters {start}..{end} of the "
+                    f"render: {region[-60:]!r}); the turns mask is undefined for this conversation")
+            at = start + found[0]
+            headers[j] = (at, at + len(found[1]))
+            previous = at + len(found[1])
+        return headers
+
+    def _byte_spans(self, text: str, ids: np.ndarray) -> np.ndarray:
+        """Each token's character span, from its length in bytes (a byte-level BPE tokenizer)."""
+        lengths = self.vocab.token_bytes[ids]
+        data_length = len(text) if text.isascii() else len(text.encode("utf-8"))
+        if int(lengths.sum()) != data_length:
+            raise ConversationError(f"the tokens cover {int(lengths.sum())} bytes of a {data_length}-byte render; "
+                                    f"the tokenizer does not encode the text losslessly, so the mask cannot be placed")
+        if text.isascii():
+            ends = np.cumsum(lengths)
+            return np.stack([ends - lengths, ends], axis=1)
+        return char_spans(text, lengths)
+
+
+def align(text: str, shape: str, runs: list[tuple[int, str]], messages) -> list[tuple[int, int, int]]:
+    """Where each marker of the placeholder render ``shape`` is printed in the real render ``text``.
+
+    Each marker stands for its run, printed as the run itself, less some leading and/or trailing
+    whitespace, or not at all; the first assignment that reproduces ``text`` is taken, trying each
+    marker's prints earliest and longest first. Returns the non-empty prints as ``(start, end,
+    message)``; when no assignment reproduces ``text``, raises ConversationError at the furthest
+    character any assignment reached.
+    """
+    pieces = _MARKER.split(shape)
+    markers = [_marker_number(m) for m in _MARKER.findall(shape)]
+    if not text.startswith(pieces[0]):
+        at = next((k for k, (a, b) in enumerate(zip(text, pieces[0])) if a != b), min(len(text), len(pieces[0])))
+        _refuse(text, at, markers[0] if markers else None, messages, runs)
+    n = len(markers)
+
+    def state(i: int, position: int):
+        return i, position, iter(_prints(runs[markers[i]][1])) if i < n else iter(())
+
+    stack, spans, failed = [state(0, len(pieces[0]))], [], set()
+    furthest = (len(pieces[0]), 0)
+    while stack:
+        i, position, candidates = stack[-1]
+        if i == n and position == len(text):
+            return [(start, end, runs[m][0]) for m, (start, end) in zip(markers, spans) if end > start]
+        for printed in candidates:
+            after = position + len(printed)
+            following = after + len(pieces[i + 1])
+            if text.startswith(printed, position) and text.startswith(pieces[i + 1], after) \
+                    and (i + 1, following) not in failed:
+                spans.append((position, after))
+                stack.append(state(i + 1, following))
+                furthest = max(furthest, (following, i + 1))
+                break
+        else:
+            failed.add((i, position))
+            stack.pop()
+            if stack:
+                spans.pop()
+    at, i = furthest
+    _refuse(text, at, markers[min(i, n - 1)] if n else None, messages, runs)
+
+
+def _prints(run: str):
+    """The ways a template may print ``run``: earliest and longest first, then not at all."""
+    lead = len(run) - len(run.lstrip())
+    trail = len(run) - len(run.rstrip())
+    for a in range(lead + 1):
+        for b in range(len(run), len(run) - trail - 1, -1):
+            yield run[a:b]
+    yield ""
+
+
+def _refuse(text: str, at: int, marker, messages, runs):
+    where = f"message {runs[marker][0]} ({messages[runs[marker][0]]['role']})" if marker is not None else "the markup"
+    raise ConversationError(
+        f"the turns mask is undefined for this conversation: the template's markup depends on the text of {where} "
+        f"(the real render and the placeholder render differ from character {at}: real {text[at:at + 40]!r})")
+
+
+def _marker(number: int) -> str:
+    digits = "".join(chr(ord(MARK_DIGITS) + int(d, 16)) for d in f"{number:x}")
+    return f"{MARK_OPEN}{digits}{MARK_CLOSE}"
+
+
+def _marker_number(marker: str) -> int:
+    return int("".join("0123456789abcdef"[ord(c) - ord(MARK_DIGITS)] for c in marker[1:-1]), 16)
+
+
+def _tiled(spans: np.ndarray, length: int) -> np.ndarray:
+    """Offsets made a tiling of the text: a character no token's offsets cover goes to the next token (the
+    last one for trailing characters). Offsets that go backwards are refused."""
+    if not len(spans):
+        return spans
+    starts, ends = spans[:, 0].copy(), spans[:, 1].copy()
+    if np.any(np.diff(starts) < 0) or np.any(np.diff(ends) < 0) or np.any(ends < starts):
+        raise ConversationError("the tokenizer's character offsets are not in order; the mask cannot be placed")
+    previous_end = np.concatenate([[0], np.maximum.accumulate(ends)[:-1]])
+    starts = np.minimum(starts, previous_end)
+    ends[-1] = max(int(ends[-1]), length)
+    return np.stack([starts, ends], axis=1)
+
+
+def _token_classes(classes: np.ndarray, text_chars: np.ndarray, spans: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A token's class: ANSWER if any character it covers is, else STOP if any is, else OTHER; it is message
+    text when its first character is."""
+    if not len(spans):
+        return np.zeros(0, np.uint8), np.zeros(0, bool)
+    answer = np.concatenate([[0], np.cumsum(classes == ANSWER, dtype=np.int64)])
+    stop = np.concatenate([[0], np.cumsum(classes == STOP, dtype=np.int64)])
+    start, end = spans[:, 0], np.maximum(spans[:, 1], spans[:, 0])
+    out = np.where(answer[end] > answer[start], ANSWER, np.where(stop[end] > stop[start], STOP, OTHER))
+    first = np.minimum(start, max(len(text_chars) - 1, 0))
+    message_text = (end > start) & (text_chars[first] if len(text_chars) else False)
+    return out.astype(np.uint8), np.asarray(message_text, dtype=bool)
+
+
+def markup_literals(template: str) -> tuple[str, ...]:
+    """The string constants the template tests a value against or cuts it by: the left side of ``in`` /
+    ``not in``, the first argument of ``split``, ``rsplit``, ``startswith``, ``endswith`` (a string or a
+    tuple of them), ``replace``, ``find``."""
+    found = set()
+    for node in _parse(template).find_all((nodes.Compare, nodes.Call)):
+        if isinstance(node, nodes.Compare):
+            if any(op.op in ("in", "notin") for op in node.ops[:1]):
+                found.update(_strings(node.expr))
+        elif isinstance(node.node, nodes.Getattr) and node.node.attr in CUTTING_METHODS and node.args:
+            found.update(_strings(node.args[0]))  # the separator, prefix, suffix or needle: what the text is cut by
+    return tuple(sorted(s for s in found if s))
+
+
+def calls_strftime_now(template: str) -> bool:
+    return any(n.name == "strftime_now" for n in _parse(template).find_all(nodes.Name))
+
+
+def _strings(node) -> list[str]:
+    if isinstance(node, nodes.Const) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, (nodes.Tuple, nodes.List)):
+        return [s for item in node.items for s in _strings(item)]
+    return []
+
+
+def _parse(template: str) -> nodes.Template:
+    return ChatRenderer(template).environment().parse(template)
+
+
+def check_spec(spec, tokenizer) -> None:
+    """Refuse, before any work, inputs the turns mask cannot use: ``eos``/``stop`` that are not single
+    special tokens, a template that reads the clock with no ``render_date``, markers the template could see."""
+    special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
+    for name, tokens in (("tokenizer.eos", [spec.eos]), ("tokenizer.stop", list(spec.stop))):
+        for token in tokens:
+            if token not in special:
+                raise ManifestError(f"{name}: {token!r} is not a special token of the pinned tokenizer.json "
+                                    f"(the turns mask needs each to be one special token)")
+    try:
+        clock = calls_strftime_now(spec.chat_template)
+    except jinja2.TemplateSyntaxError as err:
+        raise PinnedInputError(f"the pinned chat template ({spec.template_source}) is not valid Jinja: {err}") from err
+    if clock and spec.render_date is None:
+        raise ManifestError("tokenizer.render_date: the chat template calls strftime_now (it prints a date); pin the "
+                            "date it sees with render_date: YYYY-MM-DD, so the build never depends on the clock")
+    for literal in markup_literals(spec.chat_template):
+        if all(MARK_OPEN <= c <= chr(ord(MARK_DIGITS) + 15) for c in literal):
+            raise PinnedInputError(f"the chat template tests text against {literal!r}, which the turns mask's "
+                                   f"placeholder markers use")
