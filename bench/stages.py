@@ -26,7 +26,7 @@ STARTUP = [("<frozen importlib._bootstrap>", r"_find_and_load"), ("pinned.py", r
 
 # (stage, file name, function names): the innermost frame that matches decides
 RULES = [
-    ("guard cross-check", "engines.py", r"check|cross_check|_compare|finish|take_deferred"),
+    ("guard cross-check", "engines.py", r"check|cross_check|_compare|finish"),
     ("source decode (and spill)", "source.py", r".*"),
     ("source decode (and spill)", "stream.py", r"_read|_bucket|add|in_order|_in_order"),
     ("rendering and encoding", "encode.py", r".*"),
