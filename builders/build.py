@@ -1,9 +1,11 @@
 """Build a manifest's rows end to end: pinned inputs → rows of its chat format → parquet → verified figures.
 
-Nothing is written before every pinned input has been resolved and checked. The parquet is
-written under a temporary name in the output folder and renamed last, after its report and
-data card: to ``NAME.parquet`` when every pinned figure matches, to ``NAME.unverified.parquet``
-when one differs, so a file at the final path is always one that verified.
+Nothing is written before the pinned inputs have been resolved and the tokenizer files checked;
+the source files' bytes are hashed beside the build and checked before anything is put in place.
+Every output is written under a temporary name in the output folder, and all are put in place
+together (``builders.atomic``), the parquet last: at ``NAME.parquet`` when every pinned figure
+matches, at ``NAME.unverified.parquet`` when one differs, so a file at the final path is always
+one that verified. A build that fails leaves nothing of itself in the folder.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import platform
 import sys
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from itertools import islice
@@ -22,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from builders import engines, parallel
-from builders.atomic import remove_stale_temporaries, staged, write_atomic
+from builders.atomic import outputs, remove_stale_temporaries
 from builders.card import write_card
 from builders.encode import ConversationEncoder
 from builders.errors import OutputError, PinnedInputError, SourceDataError
@@ -30,7 +33,7 @@ from builders.figures import RowFigures, Verification, file_hash, verify
 from builders.manifest import Manifest
 from builders.order import permutation, permutation_sha256
 from builders.packing import Packer
-from builders.pinned import Hub, lfs_sha256, pinned_inputs
+from builders.pinned import Hub, hashed_files, pinned_files, pinned_inputs
 from builders.progress import Reporter
 from builders.records import EncodedConversation, Row
 from builders.rowfile import RowWriter
@@ -64,49 +67,53 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
     """
     requested, workers = str(workers), parallel.worker_count(workers)
     timings = Timings()
-    with timings.stage("resolve_inputs_s"):
-        pinned, source = pinned_inputs(manifest, hub)
-        with ThreadPoolExecutor(1) as loader:  # the engine loads and passes its probes beside the planning
-            choice = loader.submit(engines.choose, engine, pinned.tokenizer, pinned.tokenizer_json,
-                                   pinned.chat_template)
-            order = _checked_order(manifest, source)
-            reference = ConversationEncoder(pinned.tokenizer, pinned.spec, manifest.contract)
-            stream = Stream(source, order, manifest.rows * manifest.row_tokens)
-            stream.plan(reference)
-            chosen = choice.result()
-        encoder = reference.with_engine(chosen.engine)
-    reporter.info(f"inputs resolved and checked: {source.num_rows:,} source rows in {len(source.files)} files")
-    reporter.info(chosen.describe())
-    reporter.detail(f"tokenizer snapshot {pinned.snapshot}; source files: {', '.join(map(str, source.files))}")
+    with ExitStack() as build_scope:
+        with timings.stage("resolve_inputs_s"):
+            pinned, source = pinned_inputs(manifest, hub)
+            # every source file's bytes are hashed beside the build, and checked before anything is put in place
+            source_hashes = build_scope.enter_context(
+                hashed_files(pinned_files({f"data/{path.name}": path for path in source.files})))
+            with ThreadPoolExecutor(1) as loader:  # the engine loads and passes its probes beside the planning
+                choice = loader.submit(engines.choose, engine, pinned.tokenizer, pinned.tokenizer_json,
+                                       pinned.chat_template)
+                order = _checked_order(manifest, source)
+                reference = ConversationEncoder(pinned.tokenizer, pinned.spec, manifest.contract)
+                stream = Stream(source, order, manifest.rows * manifest.row_tokens)
+                stream.plan(reference)
+                chosen = choice.result()
+            encoder = reference.with_engine(chosen.engine)
+        reporter.info(f"inputs resolved: {source.num_rows:,} source rows in {len(source.files)} files (their bytes are "
+                      "hashed and checked beside the build)")
+        reporter.info(chosen.describe())
+        reporter.detail(f"tokenizer snapshot {pinned.snapshot}; source files: {', '.join(map(str, source.files))}")
 
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(out_dir, manifest.name)
-        with staged(out_dir / f"{manifest.name}.parquet") as parquet:
-            encoding = parallel.encoding(encoder, workers, pinned.tokenizer_json, source.files)
-            with timings.stage("build_s"), encoding:
-                figures, stats = _write_rows(manifest, encoder, stream.encoded_with(encoding),
-                                             parquet.temporary, reporter)
-                engines.finish(encoder.engine)  # the last cross-checks, before anything is kept
-            with timings.stage("hash_s"):
-                computed = {**figures.as_dict(), **file_hash(parquet.temporary)}
-                source_files = [{"name": f"data/{path.name}", "lfs_sha256": lfs_sha256(path),
-                                 "bytes": path.stat().st_size} for path in source.files]
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            remove_stale_temporaries(out_dir, manifest.name)
+        except OSError as err:
+            raise OutputError(f"{out_dir}: cannot write the build output here ({err.strerror or err})") from err
+        with outputs(out_dir) as files:
+            with files.writing(f"{manifest.name}.parquet") as parquet:
+                encoding = parallel.encoding(encoder, workers, pinned.tokenizer_json, source.files)
+                with timings.stage("build_s"), encoding:
+                    figures, stats = _write_rows(manifest, encoder, stream.encoded_with(encoding),
+                                                 parquet.temporary, reporter)
+                    engines.finish(encoder.engine)  # the last cross-checks, before anything is kept
+                with timings.stage("hash_s"):
+                    computed = {**figures.as_dict(), **file_hash(parquet.temporary)}
+                    source_files = source_hashes.checked()
             verification = verify(computed, manifest, built_from=manifest.recipe())
-            final = out_dir / f"{manifest.name}{'' if verification.verified else '.unverified'}.parquet"
-            document = _report(manifest, final, computed, verification, stats, (requested, workers), source_files,
-                               chosen, stream.stats, encoder.format.describe())
+            parquet.final = out_dir / f"{manifest.name}{'' if verification.verified else '.unverified'}.parquet"
+            document = _report(manifest, parquet.final, computed, verification, stats, (requested, workers),
+                               source_files, chosen, stream.stats, encoder.format.describe())
             if card:
                 with timings.stage("card_s"):
-                    write_card(out_dir, manifest, document, stats)
+                    write_card(files, manifest, document, stats)
             document["timings"] = timings.as_dict()
-            report = write_atomic(out_dir / f"{manifest.name}.report.json",
-                                  (json.dumps(document, indent=2, sort_keys=True) + "\n").encode("utf-8"))
-            parquet.commit(final)
-    except OSError as err:
-        raise OutputError(f"{out_dir}: cannot write the build output ({err.strerror or err}); nothing was "
-                          f"left at the final path") from err
-    return BuildResult(final, report, verification)
+            report = files.write(f"{manifest.name}.report.json",
+                                 (json.dumps(document, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+            files.commit(last=parquet)
+    return BuildResult(parquet.final, report.final, verification)
 
 
 def check_source_rows(manifest: Manifest, source: ParquetSource) -> None:
@@ -149,16 +156,12 @@ def _write_rows(manifest: Manifest, encoder: ConversationEncoder, conversations:
     figures = RowFigures(manifest.row_tokens, manifest.contract.hash)
     stop_ids = np.array([encoder.vocab.token_id(t, encoder.format.name) for t in encoder.format.stop_tokens], np.int64)
     stats = BuildStats(manifest.row_tokens, stop_ids=stop_ids)
-    writer = RowWriter(path)
-    try:
-        with reporter.progress("building rows", total=manifest.rows, unit="rows") as progress:
-            for row in islice(_rows(conversations, packer, stats), manifest.rows):
-                writer.write(row)
-                figures.add(row.input_ids, row.loss_mask)
-                stats.add_row(row)
-                progress.update(1)
-    finally:
-        writer.close()
+    with RowWriter(path) as writer, reporter.progress("building rows", total=manifest.rows, unit="rows") as progress:
+        for row in islice(_rows(conversations, packer, stats), manifest.rows):
+            writer.write(row)
+            figures.add(row.input_ids, row.loss_mask)
+            stats.add_row(row)
+            progress.update(1)
     if figures.rows < manifest.rows:
         raise SourceDataError(f"the source ran out after {len(stats.sources)} conversations: "
                               f"{figures.rows} of {manifest.rows} rows of {manifest.row_tokens} tokens")

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import io
 import json
-from pathlib import Path
 
 import numpy as np
 import yaml
 
-from builders.atomic import write_atomic
+from builders.atomic import Outputs
 from builders.manifest import Manifest, is_shipped
 from builders.stats import BuildStats
 
@@ -29,14 +28,11 @@ def size_category(rows: int) -> str:
     return "n>1M"
 
 
-def write_card(out_dir: Path, manifest: Manifest, report: dict, stats: BuildStats) -> list[Path]:
-    """Write ``NAME.md`` and its PNG plots into ``out_dir``; return the paths written."""
-    written = []
+def write_card(outputs: Outputs, manifest: Manifest, report: dict, stats: BuildStats) -> None:
+    """Stage ``NAME.md`` and its PNG plots among the build's ``outputs`` (its commit puts them in place)."""
     for plot, draw in zip(PLOTS, (_plot_sources, _plot_lengths, _plot_supervision)):
-        written.append(write_atomic(out_dir / f"{manifest.name}.{plot}.png", draw(stats, manifest)))
-    text = card_text(manifest, report, stats)
-    written.append(write_atomic(out_dir / f"{manifest.name}.md", text.encode("utf-8")))
-    return written
+        outputs.write(f"{manifest.name}.{plot}.png", draw(stats, manifest))
+    outputs.write(f"{manifest.name}.md", card_text(manifest, report, stats).encode("utf-8"))
 
 
 def _workers(report: dict) -> str:
@@ -95,7 +91,7 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         "| input | repo | revision | sha256 |",
         "|---|---|---|---|",
         *[f"| dataset: `{f['name']}` ({f['bytes']:,} bytes) | `{ds.repo}` | `{ds.revision}` | "
-          f"`{f['lfs_sha256']}` (LFS object id) |" for f in report["source_files"]],
+          f"`{f['sha256']}`{' (its LFS object id)' if f['checked_against'] else ''} |" for f in report["source_files"]],
         *[f"| `{file}` | `{tok.repo}` | `{tok.revision}` | `{digest}` |" for file, digest in tok.sha256.items()],
         "",
         "## Chat format",

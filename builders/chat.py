@@ -16,6 +16,7 @@ from transformers.utils.chat_template_utils import (  # noqa: E402
     _alias_reasoning_fields,
     _cached_compile_jinja_template,
     _plain_template_data,
+    _render_with_assistant_indices,
 )
 
 from builders.errors import ConversationError
@@ -109,3 +110,13 @@ class ChatRenderer:
         return [template.render(messages=_alias_reasoning_fields(_plain_template_data(chat)), tools=None,
                                 documents=None, add_generation_prompt=add_generation_prompt, **kwargs)
                 for chat in conversations]
+
+    def render_with_spans(self, conversations: list[list[dict]], variables: dict | None = None
+                          ) -> tuple[list[str], list[list[tuple[int, int]]]]:
+        """``render_all``, with each conversation's ``{% generation %}`` spans (character start, end) as
+        ``apply_chat_template(..., return_assistant_tokens_mask=True)`` records them."""
+        template = self._template()
+        kwargs = _plain_template_data(variables or {})
+        rendered = [_render_with_assistant_indices(template, _alias_reasoning_fields(_plain_template_data(chat)),
+                                                   None, None, False, **kwargs) for chat in conversations]
+        return [text for text, _ in rendered], [spans for _, spans in rendered]

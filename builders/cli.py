@@ -438,7 +438,7 @@ def _explain(args) -> int:
         if args.writer:
             for line in describe_writers(written, manifest):
                 print(line)
-    return 0 if explanation.matches else VerificationError.exit_code
+    return 0 if explanation.reproduced else VerificationError.exit_code
 
 
 def _manifest_from_recipe(args) -> int:

@@ -4,7 +4,10 @@ data/ROWS.md names the choices the recipe card leaves open (``builders.contract`
 ``rows_sha256`` differs from the published one was made under some other reading; ``explain``
 searches them, from the default outward (single deviations, then pairs, then the rest), and
 names the readings that reproduce the pinned ``rows_sha256``, or, when none does, those whose
-``supervised_token_ratio`` matches at the precision the manifest gives.
+``supervised_token_ratio`` matches at the precision the manifest gives. After the default's
+neighbours (one deviation) it tries the peer readings (``loss_mask: miles-qwen``, ``miles-qwen3``,
+``hf-generation``: another tool's rows, ``builders.formats.peers``) that apply to the pinned
+template, so rows another tool made are named too.
 
 The search is cheap enough for the real recipe: every conversation is rendered and tokenized
 once for the whole search (cached by source index, across orders), with what every mask rule
@@ -29,8 +32,9 @@ from builders import engines
 from builders.build import build, check_source_rows
 from builders.contract import DEFAULT, KEYS, READINGS, SLIME_RULES, Contract
 from builders.encode import ConversationEncoder
+from builders.formats import PEER_READINGS
 from builders.formats.base import Annotated
-from builders.errors import PinnedInputError, UsageError
+from builders.errors import BuildError, PinnedInputError, UsageError
 from builders.figures import RowHash
 from builders.manifest import Expect, Manifest
 from builders.order import permutation, permutation_sha256, torch_available
@@ -44,6 +48,7 @@ ROW_KEYS = tuple(key for key in KEYS if key != "hash")  # the readings that chan
 HASHES = (READINGS["hash"][0], *READINGS["hash"][1])
 ENCODE_BATCH = 256  # conversations rendered and tokenized at a time
 MARGIN = 1.3  # conversations cached past the estimate of what a reading consumes
+PEERS_AFTER = 1  # the peer readings are tried once the readings with this many deviations are
 
 
 @dataclass
@@ -61,12 +66,18 @@ class Explanation:
 
     matches: list[Contract] = field(default_factory=list)  # the search's order: fewest deviations first
     ratio_matches: list[tuple[Contract, float]] = field(default_factory=list)  # closest first
+    peer_matches: list[tuple[str, str]] = field(default_factory=list)  # (loss_mask, hash layout) of a peer's rows
     tried: int = 0  # full contracts (row readings × hash layouts) compared
     readings: int = 0  # full contracts there are to try
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def reproduced(self) -> bool:
+        return bool(self.matches or self.peer_matches)
+
     def as_dict(self) -> dict:
         return {"matches": [{"contract": c.as_dict(), "deviations": c.deviations()} for c in self.matches],
+                "peer_matches": [{"loss_mask": name, "hash": layout} for name, layout in self.peer_matches],
                 "ratio_matches": [{"contract": c.as_dict(), "deviations": c.deviations(), "supervised_token_ratio": r}
                                   for c, r in self.ratio_matches],
                 "tried": self.tried, "readings": self.readings, "notes": self.notes}
@@ -113,9 +124,10 @@ class Search:
             self.notes.append(f"loss_mask {chat_format.name}: {', '.join(not_applying)} "
                               f"{'does' if len(not_applying) == 1 else 'do'} not apply in full (only the readings "
                               f"that mean something for it were tried)")
-        found = Explanation(notes=self.notes, readings=len(readings) * len(HASHES))
+        peers = [name for name in PEER_READINGS if name != chat_format.name]
+        found = Explanation(notes=self.notes, readings=(len(readings) + len(peers)) * len(HASHES))
         with self.reporter.progress("readings tried", total=len(readings), unit="readings") as progress:
-            for _, level in itertools.groupby(readings, key=lambda c: len(c.deviations())):
+            for deviations, level in itertools.groupby(readings, key=lambda c: len(c.deviations())):
                 # within a level, readings that share an order and a mask rule share a stream template
                 for contract in sorted(level, key=lambda c: (c.order, c.mask_rule)):
                     outcome = self.evaluate(contract)
@@ -130,14 +142,42 @@ class Search:
                                           for layout, digest in outcome.hashes.items() if digest == expect.rows_sha256]
                         if expect.supervised_token_ratio is not None:
                             found.ratio_matches.append((contract, outcome.ratio))
-                if found.matches and stop_at_first:
+                if found.reproduced and stop_at_first:
                     break
+                if deviations >= PEERS_AFTER and peers:
+                    self.try_peers(peers, found)
+                    peers = []
+                    if found.reproduced and stop_at_first:
+                        break
+        if peers and not (found.reproduced and stop_at_first):
+            self.try_peers(peers, found)
         rank = {contract: k for k, contract in enumerate(readings)}
         found.matches.sort(key=lambda c: (rank[replace(c, hash=DEFAULT.hash)], HASHES.index(c.hash)))
         if expect.supervised_token_ratio is not None:
             target = float(expect.supervised_token_ratio.text)
             found.ratio_matches.sort(key=lambda item: (abs(item[1] - target), rank[item[0]]))
         return found
+
+    def try_peers(self, names: list[str], found: Explanation) -> None:
+        """The default reading under each peer reading ``names`` that applies to the pinned template and source."""
+        expect = self.manifest.expect
+        for name in names:
+            try:
+                spec = replace(self.encoder.spec, loss_mask=name, eos=self.encoder.format.eos)
+                peer = Search(replace(self.manifest, loss_mask=name), self.source,
+                              ConversationEncoder(self.encoder.tokenizer, spec, engine=self.encoder.engine),
+                              self.reporter)
+                peer.orders = {DEFAULT.order: self.orders[DEFAULT.order]} if DEFAULT.order in self.orders else \
+                    dict(itertools.islice(self.orders.items(), 1))
+                outcome = peer.evaluate(replace(DEFAULT, order=next(iter(peer.orders))))
+            except BuildError as err:  # the template is not the peer's, or the peer fails on a conversation
+                self.notes.append(f"loss_mask {name} was not tried: {err}")
+                found.readings -= len(HASHES)  # not a reading of these inputs
+                continue
+            found.tried += len(HASHES)
+            if expect.supervised_token_ratio is None or expect.supervised_token_ratio.matches(outcome.ratio):
+                found.peer_matches += [(name, layout) for layout, digest in outcome.hashes.items()
+                                       if digest == expect.rows_sha256]
 
     def evaluate(self, contract: Contract) -> Outcome:
         """The rows of ``contract`` (any hash): their hash in every layout and their ratio."""
@@ -306,6 +346,12 @@ def describe(explanation: Explanation, manifest: Manifest) -> Iterator[str]:
     for note in explanation.notes:
         yield f"note: {note}"
     tried = f"{explanation.tried} of {explanation.readings} contracts tried"
+    for name, layout in explanation.peer_matches:
+        hashed = "" if layout == DEFAULT.hash else f" (hash: {layout})"
+        yield f"loss_mask {name} reproduces rows_sha256 {expect.rows_sha256}{hashed}: the rows another tool makes " \
+              f"(ROWS.md, Peer readings); pin it with:"
+        yield f"    loss_mask: {name}"
+        yield "    (and in tokenizer: only eos, no stop or prefills)"
     if expect.rows_sha256 is None:
         yield f"the manifest pins no rows_sha256: only supervised_token_ratio was compared ({tried})"
     elif explanation.matches:
@@ -316,9 +362,9 @@ def describe(explanation: Explanation, manifest: Manifest) -> Iterator[str]:
         if len(explanation.matches) > 1:
             yield "  (these readings make the same rows from this source: it holds no conversation on which they " \
                   "differ)"
-    else:
+    elif not explanation.peer_matches:
         yield f"no reading reproduces rows_sha256 {expect.rows_sha256} ({tried})"
-    if explanation.ratio_matches and not explanation.matches:
+    if explanation.ratio_matches and not explanation.reproduced:
         yield f"readings whose supervised_token_ratio matches {expect.supervised_token_ratio.text}, closest first " \
               f"({len(explanation.ratio_matches)}):"
         for contract, ratio in explanation.ratio_matches[:20]:

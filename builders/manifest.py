@@ -19,7 +19,7 @@ import yaml
 
 from builders.contract import DEFAULT, KEYS, Contract, valid
 from builders.errors import ManifestError
-from builders.formats import FORMATS, format_class
+from builders.formats import FORMATS, PEER_READINGS, format_class
 
 LOSS_MASKS = tuple(FORMATS)
 TEMPLATE_FILES = ("chat_template.jinja", "tokenizer_config.json")  # where the chat template may come from
@@ -330,10 +330,17 @@ class FieldChecker:
                 self.fail(f"tokenizer.{given[0]}", "loss_mask glm5 fixes its tokens and renders with no variables; "
                                                   "this field is for the other chat formats (loss_mask: turns)")
             return {}
-        for key in ("eos", "stop"):
+        peer = loss_mask in PEER_READINGS
+        if peer and (unused := [key for key in ("stop", "prefills") if key in tok]):
+            self.fail(f"tokenizer.{unused[0]}", f"does not apply to loss_mask {loss_mask}: a peer reading supervises "
+                                                f"what the peer does, and only tokenizer.eos is joined after each "
+                                                f"conversation (unsupervised)")
+        for key in ("eos",) if peer else ("eos", "stop"):
             if key not in tok:
                 self.fail(f"tokenizer.{key}", f"missing (loss_mask {loss_mask} needs it)")
-        fields = {"eos": self.string(tok["eos"], "tokenizer.eos"), "stop": self.strings(tok["stop"], "tokenizer.stop")}
+        fields = {"eos": self.string(tok["eos"], "tokenizer.eos")}
+        if not peer:
+            fields["stop"] = self.strings(tok["stop"], "tokenizer.stop")
         if "prefills" in tok:
             prefills = tok["prefills"]
             if not isinstance(prefills, list) or not prefills:

@@ -5,7 +5,8 @@
 Each repo is asked for exactly the files a build reads (``PinnedRepo.patterns``), so online a
 build fetches nothing else, and ``download`` fetches the same. The tokenizer files are read
 once, as bytes, and hashed before anything parses them: what is parsed is exactly what was
-checked.
+checked. The source files, too large to read twice before a build, are hashed in a thread beside
+it (``hashed_files``) and checked against the sha256 that names them before its output is kept.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import json
 import os
 import re
 import shlex
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -24,7 +28,8 @@ from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 from huggingface_hub.utils import get_session
 from tokenizers import Tokenizer
 
-from builders.errors import PinnedInputError
+from builders.errors import BuildError, PinnedInputError
+from builders.figures import file_digest
 from builders.formats import FormatSpec, format_class
 from builders.manifest import DatasetPin, Manifest, TokenizerPin, cli_command
 from builders.source import ParquetSource
@@ -243,14 +248,74 @@ def dataset_files(pin: DatasetPin, snapshot: Path) -> list[Path]:
     return files
 
 
-def lfs_sha256(path: Path) -> str:
-    """A snapshot file's sha256 as the HF cache records it: the name of the blob it links to, which
-    for a Git LFS file (a parquet shard) is its object id, the sha256 of its bytes. A file whose
-    blob is named otherwise is hashed."""
-    blob = Path(os.path.realpath(path)).name
-    if re.fullmatch(r"[0-9a-f]{64}", blob):
-        return blob
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+@dataclass(frozen=True)
+class PinnedFile:
+    """An input file, and the sha256 its bytes must have where something names it (else None: recorded only)."""
+
+    name: str  # its path in the repo
+    path: Path  # where it is read
+    expected_sha256: str | None
+    expected_from: str | None  # what names that sha256, as messages and the report say it
+
+
+def pinned_files(files: dict[str, Path]) -> list[PinnedFile]:
+    """Snapshot files (repo path → local path), each expected to hash to the name of the HF cache blob it
+    links to where that name is a sha256: a Git LFS file's object id. A file stored in git itself has a
+    blob named by its git object id (a sha1 of a header and the bytes): its sha256 is recorded, not checked."""
+    pins = []
+    for name, path in files.items():
+        blob = Path(os.path.realpath(path)).name
+        lfs = re.fullmatch(r"[0-9a-f]{64}", blob) is not None
+        pins.append(PinnedFile(name, path, blob if lfs else None,
+                               "its LFS object id (the name of its blob in the HF cache)" if lfs else None))
+    return pins
+
+
+class FileHashes:
+    """The sha256 of files' bytes, each read by a thread beside the build (see ``hashed_files``)."""
+
+    def __init__(self, files: list[PinnedFile], digests: list[Future]):
+        self._files = files
+        self._digests = digests
+
+    def checked(self) -> list[dict]:
+        """Wait for every file's sha256; refuse a file whose bytes are not the ones that name them.
+
+        Returns, per file: its repo path, size, the sha256 of the bytes read, and what it was checked against.
+        """
+        recorded = []
+        for file, digest in zip(self._files, self._digests):
+            try:
+                sha256, size = digest.result()
+            except OSError as err:
+                raise PinnedInputError(f"{file.path}: cannot read the pinned file: {err.strerror or err}") from err
+            if file.expected_sha256 is not None and sha256 != file.expected_sha256:
+                raise PinnedInputError(
+                    f"{file.path}: the sha256 of its bytes is {sha256}, but {file.expected_from} is "
+                    f"{file.expected_sha256}: the file was changed after it was downloaded; remove "
+                    f"{os.path.realpath(file.path)} and download it again")
+            recorded.append({"name": file.name, "bytes": size, "sha256": sha256, "checked_against": file.expected_from})
+        return recorded
+
+
+@contextmanager
+def hashed_files(files: list[PinnedFile]) -> Iterator[FileHashes]:
+    """Hash ``files`` in a thread while the block runs (hashlib reads and hashes without the GIL).
+
+    A build that fails otherwise (a conversation it cannot render, say) first waits for the hashes:
+    a file that is not what names it is the cause to report. Otherwise the block's end does not wait:
+    the thread stops after the file it is reading.
+    """
+    reader = ThreadPoolExecutor(1, thread_name_prefix="input-hashes")
+    hashes = FileHashes(files, [reader.submit(file_digest, file.path) for file in files])
+    try:
+        yield hashes
+    except BuildError as err:
+        if not isinstance(err, PinnedInputError):
+            hashes.checked()
+        raise
+    finally:
+        reader.shutdown(wait=False, cancel_futures=True)
 
 
 def read_checked(path: Path, expected_sha256: str) -> bytes:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from pathlib import Path
 
 import numpy as np
@@ -58,7 +59,10 @@ class RowWriter:
     """Writes rows to ``path`` in fixed-size row groups, compressing in a thread of its own.
 
     Row groups are written in order by one thread (pyarrow compresses without the GIL), at most
-    ``IN_FLIGHT`` of them waiting; ``close`` waits for the last and raises any write error.
+    ``IN_FLIGHT`` of them waiting. A write error of that thread (a full disk) is raised, as the
+    OSError it is, by a later ``write`` or by ``close``; pyarrow has then closed the file, so the
+    writer is abandoned, not closed again. As a context manager: the block's end closes the file
+    (``close``), an exception out of it abandons it (``abandon``).
     """
 
     IN_FLIGHT = 2
@@ -70,28 +74,50 @@ class RowWriter:
         self._pending: list[Row] = []
         self._written = 0
 
+    def __enter__(self) -> RowWriter:
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self.abandon()
+
     def write(self, row: Row) -> None:
         self._pending.append(row)
         if len(self._pending) == ROW_GROUP_ROWS:
             self._flush()
 
     def close(self) -> None:
+        """Write the last row group and the footer; raise the first write error, if any."""
         try:
             self._flush()
             while self._flushing:
                 self._flushing.popleft().result()
-        finally:
             self._thread.shutdown(wait=True)
+            self._writer.close()
+        except BaseException:
+            self.abandon()
+            raise
+
+    def abandon(self) -> None:
+        """Stop writing: drop the rows not yet written, let the thread finish, close the file as it is.
+
+        The errors of what the thread still had to write are those already raised, or their consequences.
+        """
+        self._pending = []
+        self._thread.shutdown(wait=True, cancel_futures=True)
+        with suppress(pa.ArrowException, OSError):
             self._writer.close()
 
     def _flush(self) -> None:
         if self._pending:
             table = _table(self._pending, first_index=self._written)
+            self._pending = []
             while len(self._flushing) >= self.IN_FLIGHT:
                 self._flushing.popleft().result()
             self._flushing.append(self._thread.submit(self._writer.write_table, table, row_group_size=table.num_rows))
             self._written += table.num_rows
-            self._pending = []
 
 
 def _table(rows: list[Row], first_index: int) -> pa.Table:

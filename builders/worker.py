@@ -132,7 +132,16 @@ class Worker:
         try:
             self.channel.send_bytes(data)
         except OSError:
+            self._last_words()
             raise self._died() from None
+
+    def _last_words(self) -> None:
+        """Raise what a worker whose channel broke said before it went (a failure to start), if it said it."""
+        try:
+            while self.channel.poll(0):
+                self.receive()
+        except (EOFError, OSError):
+            pass
 
     def _died(self) -> WorkerError:
         self.channel.close()

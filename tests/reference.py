@@ -248,20 +248,26 @@ def reference_rows(files, tokenizer_json, chat_template, seed, row_tokens, rows,
     r = {**DEFAULTS, **(readings or {})}
     source = read_source(files)
     ref = Reference(tokenizer_json, chat_template)
+    conversations = (ref.conversation(source[i]["messages"], readings=r) for i in stream_order(r["order"], seed, len(source)))
+    return cut_rows((c for c in conversations if c is not None), row_tokens, rows, r["skip"] == "keep-all")
+
+
+def cut_rows(conversations, row_tokens: int, rows: int | None, keep_all: bool = False):
+    """The first ``rows`` windows of ``row_tokens`` of the stream of (ids, mask) ``conversations``,
+    all-zero windows skipped unless ``keep_all``; ``rows=None``: every window the stream fills."""
     stream_ids, stream_mask, out = [], [], []
-    for i in stream_order(r["order"], seed, len(source)):
-        conversation = ref.conversation(source[i]["messages"], readings=r)
-        if conversation is None:
-            continue
-        stream_ids += conversation[0]
-        stream_mask += conversation[1]
-        while len(stream_ids) >= row_tokens and len(out) < rows:
+    for ids, mask in conversations:
+        stream_ids += ids
+        stream_mask += mask
+        while len(stream_ids) >= row_tokens and (rows is None or len(out) < rows):
             window_ids, window_mask = stream_ids[:row_tokens], stream_mask[:row_tokens]
             del stream_ids[:row_tokens], stream_mask[:row_tokens]
-            if any(window_mask) or r["skip"] == "keep-all":
+            if any(window_mask) or keep_all:
                 out.append((window_ids, window_mask))
         if len(out) == rows:
             return out
+    if rows is None:
+        return out
     raise RuntimeError(f"source ran out at {len(out)} rows")
 
 

@@ -3,10 +3,14 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-from builders.atomic import remove_stale_temporaries, staged, write_atomic
+import pytest
+
+from builders.atomic import outputs, remove_stale_temporaries, write_atomic
 from builders.build import build
 from builders.card import PLOTS
+from builders.errors import OutputError
 from builders.manifest import load_manifest
 from helpers import MANIFESTS, SELF_CONTAINED
 
@@ -35,23 +39,50 @@ def test_stale_temporaries_of_every_output_are_removed_by_the_next_build(hub, tm
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == sorted(finals)
 
 
-def test_commit_syncs_the_file_and_its_folder(tmp_path, monkeypatch):
+def test_commit_syncs_the_files_and_their_folder(tmp_path, monkeypatch):
     synced = []
     real_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")) or real_fsync(fd))
-    target = tmp_path / "file.bin"
-    write_atomic(target, b"data")
-    assert synced == [str(tmp_path / f".file.bin.{os.getpid()}.tmp"), str(tmp_path)]
-    assert target.read_bytes() == b"data"
+    with outputs(tmp_path) as files:
+        last = files.write("last.bin", b"last")
+        files.write("first.bin", b"first")
+        files.commit(last=last)
+    pid = os.getpid()
+    assert synced == [str(tmp_path / f".first.bin.{pid}.tmp"), str(tmp_path / f".last.bin.{pid}.tmp"), str(tmp_path)]
+    assert (tmp_path / "first.bin").read_bytes() == b"first" and (tmp_path / "last.bin").read_bytes() == b"last"
 
 
 def test_a_failed_write_leaves_nothing(tmp_path):
-    target = tmp_path / "file.bin"
-    try:
-        with staged(target) as file:
+    with pytest.raises(RuntimeError), outputs(tmp_path) as files:
+        files.write("done.bin", b"whole")
+        with files.writing("file.bin") as file:
             file.temporary.write_bytes(b"half")
             raise RuntimeError("interrupted")
-    except RuntimeError:
-        pass
     assert list(tmp_path.iterdir()) == []
     remove_stale_temporaries(tmp_path, "file")  # nothing to do, nothing fails
+
+
+def test_a_commit_that_fails_half_way_removes_what_it_put_in_place(tmp_path, monkeypatch):
+    real_replace = os.replace
+
+    def replace(source, target):
+        if str(target).endswith("last.bin"):
+            raise OSError(28, os.strerror(28))
+        return real_replace(source, target)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(OutputError, match="last.bin: No space left on device"), outputs(tmp_path) as files:
+        last = files.write("last.bin", b"last")
+        files.write("first.bin", b"first")
+        files.commit(last=last)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_write_atomic_fails_as_an_output_error_naming_the_file(tmp_path, monkeypatch):
+    def write_bytes(path, data):
+        raise OSError(28, os.strerror(28))
+
+    monkeypatch.setattr(Path, "write_bytes", write_bytes)
+    with pytest.raises(OutputError, match=r"cannot write .*manifest\.yaml: No space left on device"):
+        write_atomic(tmp_path / "manifest.yaml", b"name: x\n")
+    assert list(tmp_path.iterdir()) == []

@@ -255,7 +255,7 @@ def test_the_manifest_printed_is_the_manifest_written(tmp_path, capsys):
     code, out, _ = cli(capsys, "manifest", "--from-recipe", str(FIXTURE_CARD))
     assert code == 0 and out == written.read_text(encoding="utf-8")
     code, _, err = cli(capsys, "manifest", "--from-recipe", str(FIXTURE_CARD), "-o", str(tmp_path / "no" / "x.yaml"))
-    assert code == 6 and "cannot write the manifest" in err
+    assert code == 6 and "cannot write " in err and "x.yaml: No such file or directory" in err
 
 
 def test_a_card_without_rows_has_nothing_to_check(tmp_path, capsys):

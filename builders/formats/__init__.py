@@ -17,7 +17,11 @@ if TYPE_CHECKING:
 FORMATS: dict[str, str] = {  # loss_mask: "module:class"
     "glm5": "builders.formats.glm5:Glm5Format",
     "turns": "builders.formats.turns:TurnsFormat",
+    "miles-qwen": "builders.formats.peers:MilesQwenFormat",
+    "miles-qwen3": "builders.formats.peers:MilesQwen3Format",
+    "hf-generation": "builders.formats.peers:HFGenerationFormat",
 }
+PEER_READINGS = ("miles-qwen", "miles-qwen3", "hf-generation")  # formats that reproduce another tool's rows
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""A recipe-scale ``turns`` build against the glm5 build, in one run (issue 17, item 8).
+
+    pip install -r bench/requirements.txt
+    python bench/turns_at_scale.py                       # full scale: 6,400 rows of 8,192
+    python bench/turns_at_scale.py --scale 0.01 --rows 40     # a smoke run (its results go to bench/.cache)
+
+Inputs (laid out once in --cache, shared with bench/build_at_scale.py): the GLM-scale byte-level
+BPE and Tulu-shaped source of bench/scale_inputs.py. The glm5 build renders with the pinned
+GLM-4.7-Flash template; the ``turns`` build renders the same source with Qwen3's template (TRL's
+copy, fetched by tests/real_models.py) over the same BPE with Qwen's ``<|im_start|>`` and
+``<|im_end|>`` added, eos ``<|endoftext|>``, stop ``<|im_end|>`` and ``<|endoftext|>``, prefills
+``{}`` and ``{enable_thinking: false}``. Each build runs in a fresh process as users run it
+(fastokens engine, one worker, no card); the share of CPU time other processes used in the
+2 seconds before each is recorded. Targets: ``turns`` within 1.5x glm5's time, at most 1.5 GiB RSS.
+
+Writes bench/turns_at_scale.json for a full-scale run, bench/.cache/turns_at_scale.smoke.json otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "tests"))
+from build_at_scale import build  # noqa: E402
+from measure import IDLE_BUSY, scale_options  # noqa: E402
+from scale_inputs import lay_out, manifest_text  # noqa: E402
+
+from builders.fixture.hf_cache import put_snapshot  # noqa: E402
+
+QWEN_TURN_TOKENS = ["<|im_start|>", "<|im_end|>"]
+RSS_TARGET_MIB, TIME_TARGET = 1536, 1.5
+
+
+def turns_tokenizer(hf_home: Path, facts: dict) -> dict:
+    """The GLM-scale BPE with Qwen's turn tokens and Qwen3's template, as a tokenizer repo; the manifest's fields."""
+    from real_models import trl_template, with_tokens
+
+    base = hf_home / "hub" / f"models--{facts['tokenizer_repo'].replace('/', '--')}" / "snapshots"
+    tokenizer_json = with_tokens((base / facts["tokenizer_revision"] / "tokenizer.json").read_text(),
+                                 QWEN_TURN_TOKENS)
+    files = {"tokenizer.json": tokenizer_json, "chat_template.jinja": trl_template("qwen3")}
+    revision = put_snapshot(hf_home, "bench/glm-scale-qwen3-tokenizer", "model", files)
+    return {"repo": "bench/glm-scale-qwen3-tokenizer", "revision": revision,
+            "sha256": {k: hashlib.sha256(v).hexdigest() for k, v in files.items()},
+            "eos": "<|endoftext|>", "stop": ["<|im_end|>", "<|endoftext|>"],
+            "prefills": [{}, {"enable_thinking": False}]}
+
+
+def turns_manifest(glm5_manifest: str, tokenizer: dict) -> str:
+    """The glm5 manifest with the turns tokenizer and ``loss_mask: turns``."""
+    head, rest = glm5_manifest.split("tokenizer:\n", 1)
+    rest = rest[rest.index("loss_mask:"):].replace("loss_mask: glm5", "loss_mask: turns")
+    return head.replace("name: bench", "name: bench-turns") + "tokenizer: " + json.dumps(tokenizer) + "\n" + rest
+
+
+def main() -> None:
+    args, results, template = scale_options(__doc__, "turns_at_scale", "rows of 8,192 tokens to build")
+    hf_home = args.cache / "hf"
+    started = time.perf_counter()
+    facts = lay_out(hf_home, template, args.scale)
+    glm5 = args.cache / "bench.yaml"
+    glm5.write_text(manifest_text(facts, "bench", args.rows))
+    turns = args.cache / "bench-turns.yaml"
+    turns.write_text(turns_manifest(glm5.read_text(), turns_tokenizer(hf_home, facts)))
+    print(f"inputs laid out in {time.perf_counter() - started:.0f} s; measuring", file=sys.stderr, flush=True)
+    runs = {}
+    for name, manifest in (("glm5", glm5), ("turns", turns)):
+        runs[name] = build(manifest, args.cache / "out" / f"{name}-vs", hf_home, "fastokens", 1)
+        print(f"  {name}: {runs[name]['seconds']} s, peak RSS {runs[name]['main_peak_rss_mib']} MiB",
+              file=sys.stderr, flush=True)
+    ratio = runs["turns"]["seconds"] / runs["glm5"]["seconds"]
+    loads = [r["busy_before"] for r in runs.values()]
+    summary = {
+        "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0],
+                    "idle": max(loads) < IDLE_BUSY, "cpu_busy_before_each_build": loads},
+        "builds": {name: {k: r[k] for k in ("seconds", "main_peak_rss_mib", "conversations", "tokens", "rows_sha256",
+                                             "timings")} for name, r in runs.items()},
+        "turns_over_glm5": round(ratio, 3),
+        "within_time_target": ratio <= TIME_TARGET,
+        "within_rss_target": runs["turns"]["main_peak_rss_mib"] <= RSS_TARGET_MIB,
+        "scale": args.scale, "rows": args.rows,
+    }
+    print(f"\nglm5: {runs['glm5']['seconds']} s, {runs['glm5']['main_peak_rss_mib']} MiB; turns (Qwen3 template): "
+          f"{runs['turns']['seconds']} s, {runs['turns']['main_peak_rss_mib']} MiB; turns/glm5 = {ratio:.3f} "
+          f"(target {TIME_TARGET}x, {RSS_TARGET_MIB} MiB); machine idle: {summary['machine']['idle']} "
+          f"(busy: {', '.join(f'{b:.1%}' for b in loads)})")
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"results: {results}")
+
+
+if __name__ == "__main__":
+    main()

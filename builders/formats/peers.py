@@ -1,0 +1,272 @@
+"""Peer readings: the token ids and loss masks that another training tool makes of a conversation.
+
+- ``miles-qwen``, ``miles-qwen3``: miles 78527b91 ``MultiTurnLossMaskGenerator(tokenizer,
+  "qwen" | "qwen3").get_loss_mask(messages)`` (``miles/utils/mask_utils.py``), with the tokenizer a
+  ``PreTrainedTokenizerFast`` over the pinned ``tokenizer.json`` and template. What that code does,
+  reproduced here step by step:
+
+  * at construction it measures ``system_message_length`` and ``gen_token_length`` by rendering
+    two user messages "FOR TESTING ONLY" (``_measure``);
+  * ``qwen`` renders and tokenizes every message alone (``[m]``); ``qwen3`` wraps it with a dummy
+    user message "FOR CALCULATING LOSS MASK ONLY": ``[m, dummy]`` less the dummy's token count
+    from the end for the first message, ``[dummy, m]`` less it from the start for the others;
+  * from every message after the first that is not a system message, the first
+    ``system_message_length`` tokens are cut;
+  * an assistant message's tokens after the first ``gen_token_length`` are supervised, unless
+    its ``step_loss_mask`` is not 1; everything else is 0; the pieces are concatenated;
+  * ``qwen`` becomes ``distill_qwen`` when the vocabulary has the added token ``<｜Assistant｜>``:
+    the first message rendered with the generation prompt (0), then the last message's content
+    tokenized alone (1, or 0 when its ``step_loss_mask`` is not 1); the messages between are dropped.
+
+- ``hf-generation``: transformers' ``apply_chat_template(messages, tokenize=True, return_dict=True,
+  return_assistant_tokens_mask=True)``: ``input_ids`` and ``assistant_masks``: the render's
+  ``{% generation %}`` spans, a token supervised when its offsets overlap a span (transformers'
+  one pass over the tokens, reproduced in ``_overlap_mask``).
+
+The renders are transformers' own (``ChatRenderer``, with the variables ``apply_chat_template``
+would pass: the pinned special-token strings, then ``template_vars``); each distinct piece is
+rendered once per batch, and the texts are tokenized in one batch (``add_special_tokens=False``, as
+``PreTrainedTokenizerFast`` tokenizes). The messages reach the template as the peer gives them,
+``step_loss_mask`` included. Under a peer reading the EOS joined after a conversation is
+unsupervised, so no conversation "ends with an answer"; ``stop`` and ``prefills`` do not apply.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jinja2
+import numpy as np
+
+from builders.chat import ChatRenderer, normalize_messages, split_step_loss_mask
+from builders.contract import READINGS, Contract
+from builders.errors import ConversationError, UsageError
+from builders.formats.base import SUPERVISED, Annotated, ChatFormat, located
+
+MILES_TEST_STRING = "FOR TESTING ONLY"
+MILES_DUMMY = {"role": "user", "content": "FOR CALCULATING LOSS MASK ONLY"}
+DISTILL_MARKER = "<｜Assistant｜>"
+# the check transformers makes before it warns that a template has no generation blocks
+GENERATION_TAG = re.compile(r"\{\%-?\s*generation\s*-?\%\}")
+# a peer's mask is its own: the readings that refine the structure rule or re-encode do not apply
+FIXED = ("encode", "mask_rule", "final", "prefill", "stop")
+
+
+class PeerFormat(ChatFormat):
+    """A peer tool's ids and mask (classes ``UNSUPERVISED``, ``SUPERVISED``), rendered as transformers renders."""
+
+    classes = 2
+    readings = {key: (READINGS[key][0],) for key in FIXED}
+
+    def __init__(self, spec, tokenizer, vocab):
+        super().__init__(spec, tokenizer, vocab)
+        self.renderer = ChatRenderer(spec.chat_template, spec.render_date)
+        self.variables = {**spec.special_tokens, **spec.template_vars}
+
+    def class_mask(self, contract: Contract) -> np.ndarray:
+        return np.array([0, 1], dtype=np.uint8)
+
+    def describe(self) -> dict:
+        return {"loss_mask": self.name, "eos": self.eos, "template": self.spec.template_source}
+
+    def annotate(self, rows: list[dict], engine, rules: tuple[str, ...] = ()) -> list[Annotated]:
+        conversations = []
+        for row in rows:
+            with located(row):
+                conversations.append(peer_messages(row["messages"]))
+        try:
+            encoded = self.encode_all(conversations)  # the pinned tokenizer's own ids, as the peer has them
+        except ConversationError as err:
+            with located(rows[err.conversation]):
+                raise
+        return [Annotated(ids, mask, np.zeros(len(ids), dtype=bool), False) for ids, mask in encoded]
+
+    def encode_all(self, conversations: list[list[dict]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each conversation's int32 ids and uint8 mask; a ConversationError with ``.conversation`` where the
+        peer fails on one."""
+        raise NotImplementedError
+
+    def _ids(self, texts: list[str]) -> list[np.ndarray]:
+        """The texts' ids from the pinned tokenizer, as ``PreTrainedTokenizerFast`` encodes them."""
+        return [np.array(e.ids, dtype=np.int32) for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+
+    def _render(self, conversations: list[list[dict]], spans: bool = False, add_generation_prompt: bool = False,
+                **variables):
+        """The renders (with ``spans``: and their generation spans), with the format's variables and ``variables``;
+        a template error names the conversation."""
+        variables = {**self.variables, **variables}
+
+        def render(batch):
+            if spans:
+                return self.renderer.render_with_spans(batch, variables)
+            return self.renderer.render_all(batch, variables, add_generation_prompt)
+
+        try:
+            return render(conversations)
+        except jinja2.TemplateError:
+            for position, conversation in enumerate(conversations):
+                try:
+                    render([conversation])
+                except jinja2.TemplateError as err:
+                    raise _at(position, f"the chat template failed: {err}") from err
+            raise
+
+
+def peer_messages(messages) -> list[dict]:
+    """The messages as a peer passes them to the template: checked as every format checks them, None-valued
+    keys dropped, miles' ``step_loss_mask`` kept."""
+    plain, _ = split_step_loss_mask(messages)
+    normalize_messages(plain)
+    return [{key: value for key, value in m.items() if value is not None} for m in messages]
+
+
+class MilesFormat(PeerFormat):
+    """miles' ``MultiTurnLossMaskGenerator(tokenizer, kind).get_loss_mask(messages)``."""
+
+    kind: str  # qwen or qwen3
+
+    def __init__(self, spec, tokenizer, vocab):
+        super().__init__(spec, tokenizer, vocab)
+        added = {token.content for token in tokenizer.get_added_tokens_decoder().values()}
+        self.rule = "distill_qwen" if self.kind == "qwen" and DISTILL_MARKER in added else self.kind
+        self.system_message_length, self.gen_token_length = self._measure()
+
+    def describe(self) -> dict:
+        return {**super().describe(), "miles_rule": self.rule, "system_message_length": self.system_message_length,
+                "gen_token_length": self.gen_token_length}
+
+    def _measure(self) -> tuple[int, int]:
+        """``get_system_message_length``: miles' arithmetic on two rendered test messages."""
+        test = [{"role": "user", "content": MILES_TEST_STRING}] * 2
+        try:
+            (text,) = self._render([test], add_special_tokens=False)
+            (prompted,) = self._render([test], add_special_tokens=False, add_generation_prompt=True)
+        except ConversationError as err:
+            raise UsageError(f"loss_mask {self.name}: miles measures the template on two user messages, and {err}") \
+                from err
+        raw, ids, prompted_ids = self._ids([MILES_TEST_STRING, text, prompted])
+        found = [i for i in range(len(ids) - len(raw) + 1) if np.array_equal(ids[i:i + len(raw)], raw)]
+        if len(found) != 2:
+            raise UsageError(f"loss_mask {self.name}: miles cannot measure this template's system message length: "
+                             f"the tokens of {MILES_TEST_STRING!r} occur {len(found)} times (not 2) in its render of "
+                             f"two user messages {text!r}, where miles raises")
+        first, second = found
+        end_interval = len(ids) - len(raw) - second
+        return first - ((second - first) - end_interval - len(raw)), len(prompted_ids) - len(ids)
+
+    def encode_all(self, conversations):
+        if self.rule == "distill_qwen":
+            return self._distill(conversations)
+        keys = [[self._piece_key(i, m) for i, m in enumerate(c)] for c in conversations]
+        distinct = list(dict.fromkeys(key for conversation in keys for key in conversation))
+        pieces = dict(zip(distinct, self._pieces(distinct, keys)))
+        return [self._join(position, messages, [pieces[key] for key in conversation])
+                for position, (messages, conversation) in enumerate(zip(conversations, keys))]
+
+    def _piece_key(self, position: int, message: dict) -> tuple:
+        # qwen renders every message alone (tools, never given here, only with the first);
+        # qwen3 wraps the first one otherwise than the others
+        return self.rule == "qwen3" and position == 0, tuple(message.items())
+
+    def _pieces(self, distinct: list[tuple], keys: list[list[tuple]]) -> list[np.ndarray]:
+        """Every distinct message's tokens as miles cuts them out of its render (before the system cut)."""
+        renders = []
+        for first, items in distinct:
+            message = dict(items)
+            renders.append([message] if self.rule == "qwen" else [message, MILES_DUMMY] if first
+                           else [MILES_DUMMY, message])
+        try:
+            texts = self._render(renders + ([[MILES_DUMMY]] if self.rule == "qwen3" else []))
+        except ConversationError as err:  # name the first conversation that holds the message
+            key = distinct[err.conversation]
+            raise _at(next(p for p, c in enumerate(keys) if key in c), str(err)) from err
+        ids = self._ids(texts)
+        if self.rule == "qwen":
+            return ids
+        dummy = len(ids.pop())
+        return [piece[:-dummy] if first else piece[dummy:] for (first, _), piece in zip(distinct, ids)]
+
+    def _join(self, position: int, messages: list[dict], pieces: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        all_ids, all_masks = [], []
+        for i, (message, ids) in enumerate(zip(messages, pieces)):
+            if message["role"] != "system" and i > 0:
+                ids = ids[self.system_message_length:]
+            mask = np.zeros(len(ids), np.uint8)
+            if message["role"] == "assistant" and message.get("step_loss_mask", 1) == 1:
+                if len(ids) < self.gen_token_length:
+                    raise _at(position, f"message {i} (assistant) keeps {len(ids)} tokens after miles' cut, fewer "
+                                        f"than its {self.gen_token_length}-token header: miles' mask would be "
+                                        f"longer than its ids")
+                mask[self.gen_token_length:] = SUPERVISED
+            all_ids.append(ids)
+            all_masks.append(mask)
+        return np.concatenate(all_ids).astype(np.int32), np.concatenate(all_masks)
+
+    def _distill(self, conversations):
+        """miles' distill_qwen: the first message as a prompt, then the last message's content alone."""
+        prompts = self._render([c[:1] for c in conversations], add_generation_prompt=True)
+        ids = self._ids(prompts + [c[-1]["content"] for c in conversations])
+        out = []
+        for conversation, prompt, response in zip(conversations, ids, ids[len(prompts):]):
+            trained = conversation[-1].get("step_loss_mask", 1) == 1
+            mask = np.concatenate([np.zeros(len(prompt), np.uint8), np.full(len(response), trained, np.uint8)])
+            out.append((np.concatenate([prompt, response]).astype(np.int32), mask))
+        return out
+
+
+class MilesQwenFormat(MilesFormat):
+    name, kind = "miles-qwen", "qwen"
+
+
+class MilesQwen3Format(MilesFormat):
+    name, kind = "miles-qwen3", "qwen3"
+
+
+class HFGenerationFormat(PeerFormat):
+    """transformers' ``apply_chat_template(..., return_assistant_tokens_mask=True)``: ids and ``assistant_masks``."""
+
+    name = "hf-generation"
+
+    def __init__(self, spec, tokenizer, vocab):
+        if not GENERATION_TAG.search(spec.chat_template):
+            raise UsageError(f"loss_mask hf-generation needs a chat template with {{% generation %}} blocks (the "
+                             f"text transformers' return_assistant_tokens_mask supervises); {spec.template_source} "
+                             f"has none, so every mask would be 0")
+        super().__init__(spec, tokenizer, vocab)
+
+    def encode_all(self, conversations):
+        texts, spans = self._render(conversations, spans=True)
+        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)  # the offsets are needed
+        return [(np.array(e.ids, dtype=np.int32),
+                 overlap_mask(np.array(e.offsets, dtype=np.int64).reshape(-1, 2), span))
+                for e, span in zip(encodings, spans)]
+
+
+def overlap_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
+    """transformers' pass: for each token in order, skip the spans that end at or before its start; stop when
+    none is left; mark it when it ends after the current span's start."""
+    mask = np.zeros(len(offsets), np.uint8)
+    if not spans or not len(offsets):
+        return mask
+    span = np.array(spans, dtype=np.int64).reshape(-1, 2)
+    starts, ends = offsets[:, 0], offsets[:, 1]
+    if np.all(np.diff(starts) >= 0) and np.all(np.diff(span[:, 1]) >= 0):
+        # with both in order, the span a token reaches is the first one that ends after its start
+        current = np.searchsorted(span[:, 1], starts, side="right")
+        inside = current < len(span)
+        mask[inside] = ends[inside] > span[current[inside], 0]
+        return mask
+    current = 0
+    for token, (start, end) in enumerate(offsets.tolist()):
+        while current < len(span) and start >= span[current, 1]:
+            current += 1
+        if current == len(span):
+            break
+        mask[token] = end > span[current, 0]
+    return mask
+
+
+def _at(conversation: int, message: str) -> ConversationError:
+    err = ConversationError(message)
+    err.conversation = conversation
+    return err
