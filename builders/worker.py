@@ -1,14 +1,15 @@
 """A tokenizing worker process, and everything that travels between it and the build.
 
 The build starts each worker as a fresh interpreter (``python -c``, so the caller's main module
-is never re-imported) in a session of its own (a terminal's Ctrl-C reaches only the
-build), with one end of a socket pair that no other process holds, as its only channel. A dead
-worker therefore closes its channel at once: the build sees the end of it, or a broken pipe, and
-no lock or pipe shared with other processes can be left blocked. Nothing travels as Python objects; on the channel:
+is never re-imported) in a session of its own (a terminal's Ctrl-C reaches only the build),
+with one end of a socket pair that no other process holds as its only channel. A dead worker
+therefore closes its channel at once: the build sees the end of it, or a broken pipe, and no
+lock or pipe shared with other processes can be left blocked. Only JSON and Arrow IPC travel on
+the channel:
 
 - build → worker: the start-up message (contract, engine name, the chat format's inputs and
-  the source's files, as JSON), the tokenizer's JSON text, then tasks, each a JSON header and an Arrow IPC
-  stream: ``{}`` and source rows with a ``position`` column (their stream positions), or
+  the source's files, as JSON), the tokenizer's JSON text, then tasks, each a JSON header and an
+  Arrow IPC stream: ``{}`` and source rows with a ``position`` column (their stream positions), or
   ``{"group": G, "eager": E}`` and the rows of source row group G the pass wants (``row`` in the
   group, ``position``): the worker decodes the group itself, encodes the rows before position E
   and sends the others back undecoded-to-Python (Arrow) for the build to hold. Closing the
