@@ -55,12 +55,9 @@ import json, sys, time
 from builders.chat import ChatRenderer, normalize_messages
 from builders.manifest import load_manifest
 from builders.order import permutation
-from builders.pinned import Hub, dataset_files, load_pinned_tokenizer, resolve
-from builders.source import ParquetSource
+from builders.pinned import Hub, pinned_inputs
 manifest = load_manifest(sys.argv[1])
-snapshots = resolve(manifest, Hub())
-pinned = load_pinned_tokenizer(manifest.tokenizer, snapshots.tokenizer, manifest.loss_mask)
-source = ParquetSource(dataset_files(manifest.dataset, snapshots.dataset))
+pinned, source = pinned_inputs(manifest, Hub())
 rows = source.take(permutation(manifest.seed, source.num_rows)[:int(sys.argv[2])]).to_pylist()
 renderer = ChatRenderer(pinned.chat_template, pinned.spec.render_date)
 texts = [renderer.render(normalize_messages(row["messages"])) for row in rows]
@@ -76,9 +73,9 @@ import pyarrow.parquet as pq
 from builders.manifest import load_manifest
 from builders.pinned import Hub, dataset_files, resolve
 manifest = load_manifest(sys.argv[1])
-files = dataset_files(manifest.dataset, resolve(manifest, Hub()).dataset)
+files = dataset_files(manifest.dataset, resolve(manifest, Hub()).datasets[0])
 started = time.perf_counter()
-rows = sum(pq.read_table(path, columns=["messages"]).num_rows for path in files)
+rows = sum(pq.read_table(path, columns=["messages"]).num_rows for _, path in files)
 print(json.dumps({"seconds": time.perf_counter() - started, "rows": rows}))
 """
 
@@ -88,13 +85,12 @@ from transformers import PreTrainedTokenizerFast
 from builders.chat import normalize_messages
 from builders.manifest import load_manifest
 from builders.order import permutation
-from builders.pinned import Hub, dataset_files, resolve
-from builders.source import ParquetSource
+from builders.pinned import Hub, open_source, resolve
 manifest = load_manifest(sys.argv[1])
 snapshots = resolve(manifest, Hub())
 tok = PreTrainedTokenizerFast(tokenizer_file=str(snapshots.tokenizer / "tokenizer.json"),
                               chat_template=(snapshots.tokenizer / "chat_template.jinja").read_text())
-source = ParquetSource(dataset_files(manifest.dataset, snapshots.dataset))
+source = open_source(manifest, snapshots)
 rows = source.take(permutation(manifest.seed, source.num_rows)[:int(sys.argv[2])]).to_pylist()
 prefix = len(tok.apply_chat_template([{"role": "user", "content": ""}], tokenize=True)) - 1
 started = time.perf_counter()

@@ -32,9 +32,9 @@ import json, sys, time
 from builders.manifest import load_manifest
 from builders.pinned import Hub, dataset_files, hashed_files, pinned_files, resolve
 manifest = load_manifest(sys.argv[1])
-files = dataset_files(manifest.dataset, resolve(manifest, Hub()).dataset)
+files = dataset_files(manifest.dataset, resolve(manifest, Hub()).datasets[0])
 started, cpu = time.perf_counter(), time.process_time()
-with hashed_files(pinned_files({f"data/{p.name}": p for p in files})) as hashes:
+with hashed_files(pinned_files(files)) as hashes:
     recorded = hashes.checked()
 print(json.dumps({"seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu,
                   "bytes": sum(f["bytes"] for f in recorded)}))

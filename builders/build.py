@@ -31,13 +31,13 @@ from builders.encode import ConversationEncoder
 from builders.errors import OutputError, PinnedInputError, SourceDataError
 from builders.figures import RowFigures, Verification, file_hash, verify
 from builders.manifest import Manifest
-from builders.order import permutation, permutation_sha256
+from builders.order import kept_rows, permutation, permutation_sha256
 from builders.packing import Packer
 from builders.pinned import Hub, hashed_files, pinned_files, pinned_inputs
 from builders.progress import Reporter
 from builders.records import EncodedConversation, Row
 from builders.rowfile import RowWriter
-from builders.source import ParquetSource
+from builders.source import Source
 from builders.stats import BuildStats
 from builders.stream import Stream, StreamStats
 from builders.timings import Timings
@@ -72,7 +72,7 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
             pinned, source = pinned_inputs(manifest, hub)
             # every source file's bytes are hashed beside the build, and checked before anything is put in place
             source_hashes = build_scope.enter_context(
-                hashed_files(pinned_files({f"data/{path.name}": path for path in source.files})))
+                hashed_files(pinned_files((f.name, f.path) for f in source.files)))
             with ThreadPoolExecutor(1) as loader:  # the engine loads and passes its probes beside the planning
                 choice = loader.submit(engines.choose, engine, pinned.tokenizer, pinned.tokenizer_json,
                                        pinned.chat_template)
@@ -82,10 +82,12 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
                 stream.plan(reference)
                 chosen = choice.result()
             encoder = reference.with_engine(chosen.engine)
-        reporter.info(f"inputs resolved: {source.num_rows:,} source rows in {len(source.files)} files (their bytes are "
-                      "hashed and checked beside the build)")
+        reporter.info(f"inputs resolved: {source.num_rows:,} source rows in {len(source.files)} files"
+                      + (f" of {len(source.pins)} datasets, {len(order):,} kept" if manifest.mixture else "")
+                      + " (their bytes are hashed and checked beside the build)")
         reporter.info(chosen.describe())
-        reporter.detail(f"tokenizer snapshot {pinned.snapshot}; source files: {', '.join(map(str, source.files))}")
+        reporter.detail(f"tokenizer snapshot {pinned.snapshot}; source files: "
+                        f"{', '.join(str(f.path) for f in source.files)}")
 
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
@@ -94,14 +96,15 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
             raise OutputError(f"{out_dir}: cannot write the build output here ({err.strerror or err})") from err
         with outputs(out_dir) as files:
             with files.writing(f"{manifest.name}.parquet") as parquet:
-                encoding = parallel.encoding(encoder, workers, pinned.tokenizer_json, source.files)
+                encoding = parallel.encoding(encoder, workers, pinned.tokenizer_json, source)
                 with timings.stage("build_s"), encoding:
-                    figures, stats = _write_rows(manifest, encoder, stream.encoded_with(encoding),
+                    figures, stats = _write_rows(manifest, source, encoder, stream.encoded_with(encoding),
                                                  parquet.temporary, reporter)
                     engines.finish(encoder.engine)  # the last cross-checks, before anything is kept
                 with timings.stage("hash_s"):
                     computed = {**figures.as_dict(), **file_hash(parquet.temporary)}
-                    source_files = source_hashes.checked()
+                    source_files = [{"repo": source.pins[f.dataset].repo, "revision": source.pins[f.dataset].revision,
+                                     **hashed} for f, hashed in zip(source.files, source_hashes.checked())]
             verification = verify(computed, manifest, built_from=manifest.recipe())
             parquet.final = out_dir / f"{manifest.name}{'' if verification.verified else '.unverified'}.parquet"
             document = _report(manifest, parquet.final, computed, verification, stats, (requested, workers),
@@ -116,28 +119,39 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
     return BuildResult(parquet.final, report.final, verification)
 
 
-def check_source_rows(manifest: Manifest, source: ParquetSource) -> None:
-    """Refuse a source whose row count is not the one the manifest pins."""
-    pin = manifest.dataset
-    if pin.rows is not None and pin.rows != source.num_rows:
-        raise PinnedInputError(f"dataset {pin.repo}@{pin.revision}: the split has {source.num_rows} rows, "
-                               f"the manifest pins dataset.rows {pin.rows}")
+def check_source_rows(manifest: Manifest, source: Source) -> None:
+    """Refuse a dataset whose row count is not the one the manifest pins, or that has fewer rows than it takes."""
+    for pin, rows in zip(manifest.datasets, source.dataset_rows):
+        if pin.rows is not None and pin.rows != rows:
+            raise PinnedInputError(f"dataset {pin.repo}@{pin.revision} ({pin.pattern}): has {rows} rows, the "
+                                   f"manifest pins rows: {pin.rows}")
+        if pin.take is not None and pin.take > rows:
+            raise PinnedInputError(f"dataset {pin.repo}@{pin.revision} ({pin.pattern}): take: {pin.take}, but it "
+                                   f"has {rows} rows")
 
 
-def _checked_order(manifest: Manifest, source: ParquetSource) -> np.ndarray:
+def stream_order(manifest: Manifest, source: Source, reading: str) -> tuple[np.ndarray, np.ndarray]:
+    """The permutation ``P`` under an ``order`` reading, over the rows the datasets keep, and the source
+    indices in stream order (``kept[P]``: the same as ``P`` where every row is kept)."""
+    kept = kept_rows(manifest.seed, source.dataset_rows, [pin.take for pin in manifest.datasets])
+    order = permutation(manifest.seed, len(kept), reading)
+    return order, kept[order]
+
+
+def _checked_order(manifest: Manifest, source: Source) -> np.ndarray:
     check_source_rows(manifest, source)
-    pin = manifest.dataset
-    order = permutation(manifest.seed, source.num_rows, manifest.contract.order)
+    order, indices = stream_order(manifest, source, manifest.contract.order)
+    pinned = None if manifest.mixture else manifest.dataset.permutation_sha256
     # the pinned sha256 is of the contract's own order; it says nothing of another reading's
-    if pin.permutation_sha256 is not None and manifest.contract.order == "numpy-generator" \
-            and permutation_sha256(order) != pin.permutation_sha256:
-        raise PinnedInputError(f"permutation of {source.num_rows} rows with seed {manifest.seed}: sha256 is "
-                               f"{permutation_sha256(order)}, the manifest pins {pin.permutation_sha256} "
+    if pinned is not None and manifest.contract.order == "numpy-generator" and permutation_sha256(order) != pinned:
+        raise PinnedInputError(f"permutation of {len(order)} rows with seed {manifest.seed}: sha256 is "
+                               f"{permutation_sha256(order)}, the manifest pins {pinned} "
                                f"(numpy {np.__version__} gives another stream)")
-    return order
+    return indices
 
 
-def _rows(conversations: Iterable[EncodedConversation], packer: Packer, stats: BuildStats) -> Iterator[Row]:
+def _rows(conversations: Iterable[EncodedConversation], packer: Packer, stats: BuildStats,
+          source: Source) -> Iterator[Row]:
     """The stream's rows, conversation by conversation, counting what each consumed."""
     for conversation in conversations:
         stats.cross_checked += conversation.cross_checked
@@ -145,19 +159,21 @@ def _rows(conversations: Iterable[EncodedConversation], packer: Packer, stats: B
             stats.left_out += 1
             continue
         ids, mask = packer.joined(conversation)
-        stats.add_conversation(conversation.source, ids, mask)
+        stats.add_conversation(conversation.source, ids, mask, int(source.dataset_of(conversation.index)))
         yield from packer.cut(ids, mask, conversation.index, conversation.id)
 
 
-def _write_rows(manifest: Manifest, encoder: ConversationEncoder, conversations: Iterable[EncodedConversation],
-                path: Path, reporter: Reporter) -> tuple[RowFigures, BuildStats]:
+def _write_rows(manifest: Manifest, source: Source, encoder: ConversationEncoder,
+                conversations: Iterable[EncodedConversation], path: Path,
+                reporter: Reporter) -> tuple[RowFigures, BuildStats]:
     """Write the first ``manifest.rows`` rows of the stream to ``path``; fail if the source has fewer."""
     packer = Packer(manifest.row_tokens, encoder.eos_id, manifest.contract)
     figures = RowFigures(manifest.row_tokens, manifest.contract.hash)
     stop_ids = np.array([encoder.vocab.token_id(t, encoder.format.name) for t in encoder.format.stop_tokens], np.int64)
-    stats = BuildStats(manifest.row_tokens, stop_ids=stop_ids)
+    stats = BuildStats(manifest.row_tokens, [f"{pin.repo} ({pin.pattern})" for pin in manifest.datasets],
+                       stop_ids=stop_ids)
     with RowWriter(path) as writer, reporter.progress("building rows", total=manifest.rows, unit="rows") as progress:
-        for row in islice(_rows(conversations, packer, stats), manifest.rows):
+        for row in islice(_rows(conversations, packer, stats, source), manifest.rows):
             writer.write(row)
             figures.add(row.input_ids, row.loss_mask)
             stats.add_row(row)

@@ -42,15 +42,17 @@ def _workers(report: dict) -> str:
 
 def front_matter(manifest: Manifest) -> str:
     """The card's YAML metadata block, emitted by a YAML writer so any manifest text stays valid YAML."""
-    license_id = LICENSE_IDS.get((manifest.dataset.license or "").lower(), "other")
+    licenses = list(dict.fromkeys(pin.license or "" for pin in manifest.datasets))
+    ids = {LICENSE_IDS.get(name.lower(), "other") for name in licenses}
+    license_id = ids.pop() if len(ids) == 1 else "other"
     meta = {"license": license_id}
-    if license_id == "other" and manifest.dataset.license:
-        meta["license_name"] = manifest.dataset.license
+    if license_id == "other" and any(licenses):
+        meta["license_name"] = "; ".join(name for name in licenses if name)
     meta |= {
         "pretty_name": manifest.name,
         "task_categories": ["text-generation"],
         "size_categories": [size_category(manifest.rows)],
-        "source_datasets": [manifest.dataset.repo],
+        "source_datasets": list(dict.fromkeys(pin.repo for pin in manifest.datasets)),
         "tags": ["sft", "pretokenized", "fixed-sft", f"loss-mask-{manifest.loss_mask}"],
     }
     return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n"
@@ -59,7 +61,9 @@ def front_matter(manifest: Manifest) -> str:
 def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
     """The card's text, from the build's report (nothing that varies from run to run: no timings)."""
     figures, engine = report["figures"], report["engine"]
-    ds, tok, name = manifest.dataset, manifest.tokenizer, manifest.name
+    tok, name = manifest.tokenizer, manifest.name
+    origin = (f"`{manifest.dataset.repo}` at `{manifest.dataset.revision}`" if not manifest.mixture else
+              f"a mixture of {len(manifest.datasets)} datasets (below)")
     summary = stats.summary()
     verified = report["verified"]
     lines = [
@@ -67,7 +71,7 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         f"# {name}",
         "",
         f"{manifest.rows:,} rows of {manifest.row_tokens:,} tokens for supervised fine-tuning, built by fixed-SFT "
-        f"from `{ds.repo}` at `{ds.revision}` with the tokenizer and chat template of `{tok.repo}` at "
+        f"from {origin} with the tokenizer and chat template of `{tok.repo}` at "
         f"`{tok.revision}`. Conversations are taken in a seeded permutation (seed {manifest.seed}), rendered with "
         f"the chat template, joined by EOS and cut into rows; rows with no supervised token are skipped. "
         f"`loss_mask` marks the {manifest.loss_mask} training targets: the assistant's answers and the stop "
@@ -90,7 +94,7 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         "",
         "| input | repo | revision | sha256 |",
         "|---|---|---|---|",
-        *[f"| dataset: `{f['name']}` ({f['bytes']:,} bytes) | `{ds.repo}` | `{ds.revision}` | "
+        *[f"| dataset: `{f['name']}` ({f['bytes']:,} bytes) | `{f['repo']}` | `{f['revision']}` | "
           f"`{f['sha256']}`{' (its LFS object id)' if f['checked_against'] else ''} |" for f in report["source_files"]],
         *[f"| `{file}` | `{tok.repo}` | `{tok.revision}` | `{digest}` |" for file, digest in tok.sha256.items()],
         "",
@@ -134,15 +138,8 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         f"- encoded in {_workers(report)} (`--workers {report['workers_requested']}`, {report['cores']} cores "
         f"available; the rows are the same for any number)",
         "",
-        "### Sources",
-        "",
-        "| source | conversations | tokens | supervised tokens | share of tokens |",
-        "|---|---:|---:|---:|---:|",
-        *[f"| {s['source']} | {s['conversations']:,} | {s['tokens']:,} | {s['supervised_tokens']:,} | "
-          f"{s['tokens'] / max(1, summary['stream_tokens_consumed']):.1%} |" for s in summary["by_source"]],
-        "",
-        f"![tokens per source]({name}.tokens-per-source.png)",
-        "",
+        *_datasets_table(manifest, summary),
+        *_sources_table(summary, stats, name),
         "### Conversation lengths (tokens, with EOS)",
         "",
         "| " + " | ".join(summary["conversation_tokens_percentiles"]) + " |",
@@ -173,6 +170,39 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
 def _fmt_value(value) -> str:
     """A chat-format value in a table cell: text as it is, anything else as JSON."""
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def _datasets_table(manifest: Manifest, summary: dict) -> list[str]:
+    """A mixture's datasets, each with what it kept and what it contributed to the rows."""
+    if not manifest.mixture:
+        return []
+    return [
+        "### Datasets",
+        "",
+        "| dataset | files | take | conversations | tokens | supervised tokens |",
+        "|---|---|---:|---:|---:|---:|",
+        *[f"| `{pin.repo}` at `{pin.revision[:12]}` | `{pin.pattern}` | {pin.take or 'all'} | "
+          f"{d['conversations']:,} | {d['tokens']:,} | {d['supervised_tokens']:,} |"
+          for pin, d in zip(manifest.datasets, summary["by_dataset"])],
+        "",
+    ]
+
+
+def _sources_table(summary: dict, stats: BuildStats, name: str) -> list[str]:
+    """The conversations consumed, grouped by the data's ``source`` field, where it has one."""
+    if not stats.has_source():
+        return ["### Sources", "", "The data has no `source` field, so its conversations are not grouped by one.", ""]
+    return [
+        "### Sources",
+        "",
+        "| source | conversations | tokens | supervised tokens | share of tokens |",
+        "|---|---:|---:|---:|---:|",
+        *[f"| {s['source']} | {s['conversations']:,} | {s['tokens']:,} | {s['supervised_tokens']:,} | "
+          f"{s['tokens'] / max(1, summary['stream_tokens_consumed']):.1%} |" for s in summary["by_source"]],
+        "",
+        f"![tokens per source]({name}.tokens-per-source.png)",
+        "",
+    ]
 
 
 def _fmt(value) -> str:

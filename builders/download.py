@@ -9,7 +9,7 @@ from pathlib import Path
 from huggingface_hub import constants
 
 from builders.manifest import Manifest, cli_command
-from builders.pinned import Hub, PinnedRepo, dataset_repo, resolve, tokenizer_repo
+from builders.pinned import Hub, PinnedRepo, dataset_repo, matching_files, resolve, tokenizer_repo
 
 
 @dataclass(frozen=True)
@@ -25,11 +25,11 @@ class Fetched:
 def download(manifest: Manifest, hub: Hub) -> list[Fetched]:
     """Resolve every pinned repo online (the cache answers for what it already holds)."""
     snapshots = resolve(manifest, hub)
-    fetched = []
-    for repo, folder in ((tokenizer_repo(manifest.tokenizer), snapshots.tokenizer),
-                         (dataset_repo(manifest.dataset), snapshots.dataset)):
-        files = sorted({path for pattern in repo.patterns for path in folder.glob(pattern)})
-        fetched.append(Fetched(repo, files))
+    tokenizer = tokenizer_repo(manifest.tokenizer)
+    fetched = [Fetched(tokenizer, [snapshots.tokenizer / name for name in tokenizer.patterns
+                                   if (snapshots.tokenizer / name).is_file()])]
+    for pin, folder in zip(manifest.datasets, snapshots.datasets):
+        fetched.append(Fetched(dataset_repo(pin), [path for _, path in matching_files(pin.pattern, folder)]))
     return fetched
 
 

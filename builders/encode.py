@@ -17,7 +17,8 @@ from tokenizers import Tokenizer
 from builders.contract import APPENDED, DEFAULT, EOS_AFTER_ANSWER, EOS_AFTER_OTHER, WRAP, Contract
 from builders.engines import TokenizersEngine
 from builders.formats import FormatSpec, make_format
-from builders.formats.base import Annotated
+from builders.errors import ConversationError
+from builders.formats.base import Annotated, located
 from builders.records import EncodedConversation
 from builders.vocab import Vocab
 
@@ -53,7 +54,8 @@ class ConversationEncoder:
         return other
 
     def encode(self, rows: list[dict]) -> list[EncodedConversation]:
-        """Encode source rows (dicts with ``index``, ``id``, ``messages``, optional ``source``), in order.
+        """Encode source rows (dicts with ``index``, ``id``, ``messages``, optional ``source`` and
+        ``layout_error``: ``builders.source``), in order.
 
         A conversation the contract does not define is a SourceDataError naming its source row.
         """
@@ -67,7 +69,12 @@ class ConversationEncoder:
         return out
 
     def annotate(self, rows: list[dict], rules=()) -> list[Annotated]:
-        """Render, check and tokenize source rows once (``ChatFormat.annotate``)."""
+        """Render, check and tokenize source rows once (``ChatFormat.annotate``); a row the source could not
+        read as its layout says (``layout_error``: ``builders.source``) is a SourceDataError naming it."""
+        for row in rows:
+            if row.get("layout_error"):
+                with located(row):
+                    raise ConversationError(row["layout_error"])
         return self.format.annotate(rows, self.engine, tuple(rules))
 
     def materialize(self, annotated: Annotated, contract: Contract) -> tuple[np.ndarray, np.ndarray, bool] | None:

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from builders import engines
-from builders.build import build, check_source_rows
+from builders.build import build, check_source_rows, stream_order
 from builders.contract import DEFAULT, KEYS, READINGS, SLIME_RULES, Contract
 from builders.encode import ConversationEncoder
 from builders.formats import PEER_READINGS
@@ -37,10 +37,10 @@ from builders.formats.base import Annotated
 from builders.errors import BuildError, PinnedInputError, UsageError
 from builders.figures import RowHash
 from builders.manifest import Expect, Manifest
-from builders.order import permutation, permutation_sha256, torch_available
+from builders.order import permutation_sha256, torch_available
 from builders.pinned import pinned_inputs
 from builders.rowfile import writer_version
-from builders.source import ParquetSource
+from builders.source import Source
 from builders.writers import READINGS as WRITER_READINGS
 from builders.writers import Written, try_writers
 
@@ -99,7 +99,7 @@ def row_readings(orders: list[str], encodes: list[str], chat_format) -> list[Con
 class Search:
     """The readings of one manifest, evaluated against its pinned figures."""
 
-    def __init__(self, manifest: Manifest, source: ParquetSource, encoder: ConversationEncoder, reporter):
+    def __init__(self, manifest: Manifest, source: Source, encoder: ConversationEncoder, reporter):
         self.manifest, self.source, self.encoder, self.reporter = manifest, source, encoder, reporter
         self.cache: dict[int, Annotated] = {}
         self.orders: dict[str, np.ndarray] = {}
@@ -241,10 +241,11 @@ class Search:
         if not torch_available():
             names.remove("torch")
             self.notes.append("order: torch was not tried: torch is not installed here")
-        n, pin = self.source.num_rows, self.manifest.dataset.permutation_sha256
+        pin = None if self.manifest.mixture else self.manifest.dataset.permutation_sha256
+        permutations = {}
         for name in names:
-            self.orders[name] = permutation(self.manifest.seed, n, name)
-        if pin is not None and permutation_sha256(self.orders["numpy-generator"]) != pin:
+            permutations[name], self.orders[name] = stream_order(self.manifest, self.source, name)
+        if pin is not None and permutation_sha256(permutations["numpy-generator"]) != pin:
             del self.orders["numpy-generator"]
             names.remove("numpy-generator")
             self.notes.append(f"order: numpy-generator was not tried: numpy {np.__version__} gives another "

@@ -36,12 +36,36 @@ _WRITER = re.compile(r"pyarrow [0-9]+\.[0-9]+\.[0-9]+")
 
 @dataclass(frozen=True)
 class DatasetPin:
+    """One pinned dataset, and how its conversations are stored (ROWS.md, "Other datasets, and mixtures")."""
+
     repo: str
     revision: str
-    split: str
+    split: str | None = None  # names the default files; not needed where ``files`` is given
     license: str | None = None
-    rows: int | None = None
+    rows: int | None = None  # its row count (before ``take``), verified
     permutation_sha256: str | None = None
+    files: str | None = None  # a glob in the snapshot; None: data/{split}-*.parquet
+    messages: str = "messages"  # the column (field) holding the conversation
+    keys: tuple[str, str] = ("role", "content")  # the fields of a message holding its role and its content
+    roles: tuple[tuple[str, str], ...] | None = None  # (stored name, template's name); None: as stored
+    id: str | None = "id"  # the provenance id's column; None: the source index is the id
+    take: int | None = None  # keep this many rows, chosen by the seed (mixtures)
+
+    @property
+    def pattern(self) -> str:
+        """The glob of the files a build reads from the snapshot."""
+        return self.files if self.files is not None else f"data/{self.split}-*.parquet"
+
+    def recipe(self, prefix: str) -> dict:
+        """What of this pin the rows depend on, by field name under ``prefix``: the repo, revision and split,
+        and each layout field, ``take`` included, where it is not the default."""
+        layout = {"files": self.files, "messages": None if self.messages == "messages" else self.messages,
+                  "keys": None if self.keys == ("role", "content") else dict(zip(("role", "content"), self.keys)),
+                  "roles": None if self.roles is None else dict(self.roles), "take": self.take}
+        if self.id != "id":
+            layout["id"] = self.id
+        return {f"{prefix}.repo": self.repo, f"{prefix}.revision": self.revision, f"{prefix}.split": self.split,
+                **{f"{prefix}.{key}": value for key, value in layout.items() if value is not None or key == "id"}}
 
 
 @dataclass(frozen=True)
@@ -91,7 +115,7 @@ class Expect:
 @dataclass(frozen=True)
 class Manifest:
     name: str
-    dataset: DatasetPin
+    datasets: tuple[DatasetPin, ...]  # one, or the sources of a mixture in manifest order
     tokenizer: TokenizerPin
     loss_mask: str
     seed: int
@@ -105,13 +129,24 @@ class Manifest:
         """Everything the manifest says that the rows depend on, by field name (``dataset.revision``, ...):
         a build records it in its report, so that a file's rows can be told from its inputs later."""
         return {
-            "dataset.repo": self.dataset.repo, "dataset.revision": self.dataset.revision,
-            "dataset.split": self.dataset.split, "tokenizer.repo": self.tokenizer.repo,
-            "tokenizer.revision": self.tokenizer.revision,
+            **{field: value for j, pin in enumerate(self.datasets)
+               for field, value in pin.recipe("dataset" if not self.mixture else f"datasets[{j}]").items()},
+            "tokenizer.repo": self.tokenizer.repo, "tokenizer.revision": self.tokenizer.revision,
             **{f"tokenizer.sha256.{name}": digest for name, digest in sorted(self.tokenizer.sha256.items())},
             "loss_mask": self.loss_mask, "seed": self.seed, "row_tokens": self.row_tokens, "rows": self.rows,
             **{f"contract.{key}": value for key, value in self.contract.as_dict().items()},
         }
+
+    @property
+    def dataset(self) -> DatasetPin:
+        """The pin of a manifest with one dataset (``dataset:``); a mixture has several (``datasets``)."""
+        if len(self.datasets) != 1:
+            raise ValueError(f"{self.name} is a mixture of {len(self.datasets)} datasets: use .datasets")
+        return self.datasets[0]
+
+    @property
+    def mixture(self) -> bool:
+        return len(self.datasets) > 1
 
 
 class _FloatText(float):
@@ -197,10 +232,9 @@ def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = No
     except yaml.YAMLError as err:
         raise ManifestError(f"{source}: not valid YAML: {err}") from err
     check = FieldChecker(source)
-    top = check.mapping(doc, "", required=("name", "dataset", "tokenizer", "loss_mask", "seed", "row_tokens", "rows"),
-                        optional=("expect", "contract"))
-    ds = check.mapping(top["dataset"], "dataset", required=("repo", "revision", "split"),
-                       optional=("license", "rows", "permutation_sha256"))
+    top = check.mapping(doc, "", required=("name", "tokenizer", "loss_mask", "seed", "row_tokens", "rows"),
+                        optional=("dataset", "datasets", "expect", "contract"))
+    datasets = check.datasets(top)
     tok = check.mapping(top["tokenizer"], "tokenizer", required=("repo", "revision", "sha256"), optional=FORMAT_FIELDS)
     sha = check.mapping(tok["sha256"], "tokenizer.sha256", required=("tokenizer.json",), optional=TEMPLATE_FILES)
     if not any(name in sha for name in TEMPLATE_FILES):
@@ -217,14 +251,7 @@ def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = No
         check.fail(*refused)
     return Manifest(
         name=check.plain_name(top["name"], "name"),
-        dataset=DatasetPin(
-            repo=check.repo_id(ds["repo"], "dataset.repo"),
-            revision=check.commit(ds["revision"], "dataset.revision"),
-            split=check.pattern(ds["split"], "dataset.split", _SPLIT, "a split name such as 'train'"),
-            license=check.optional(ds, "license", "dataset.license", check.string),
-            rows=check.optional(ds, "rows", "dataset.rows", check.positive_int),
-            permutation_sha256=check.optional(ds, "permutation_sha256", "dataset.permutation_sha256", check.sha256),
-        ),
+        datasets=datasets,
         tokenizer=TokenizerPin(
             repo=check.repo_id(tok["repo"], "tokenizer.repo"),
             revision=check.commit(tok["revision"], "tokenizer.revision"),
@@ -274,6 +301,65 @@ class FieldChecker:
             if key not in value:
                 self.fail(_join(name, key), "missing")
         return value
+
+    def datasets(self, top: dict) -> tuple[DatasetPin, ...]:
+        """``dataset:`` (one pin) or ``datasets:`` (a mixture: a list of pins), exactly one of them."""
+        if ("dataset" in top) == ("datasets" in top):
+            self.fail("dataset", "give either dataset: (one pin) or datasets: (a list of pins, a mixture), "
+                                 "not both" if "dataset" in top else "missing (or datasets: for a mixture)")
+        if "dataset" in top:
+            return (self.dataset_pin(top["dataset"], "dataset", mixture=False),)
+        pins = top["datasets"]
+        if not isinstance(pins, list) or not pins:
+            self.fail("datasets", f"expected a non-empty list of dataset pins, got {pins!r}")
+        return tuple(self.dataset_pin(pin, f"datasets[{j}]", mixture=True) for j, pin in enumerate(pins))
+
+    def dataset_pin(self, value, name: str, mixture: bool) -> DatasetPin:
+        optional = ("split", "license", "rows", "files", "messages", "keys", "roles", "id", "take",
+                    *(() if mixture else ("permutation_sha256",)))  # a mixture's permutation is of all its sources
+        ds = self.mapping(value, name, required=("repo", "revision"), optional=optional)
+        files = self.optional(ds, "files", f"{name}.files", self.glob)
+        if files is None and ds.get("split") is None:
+            self.fail(f"{name}.split", "missing (it names the files data/{split}-*.parquet; or give files:)")
+        keys = self.mapping(ds.get("keys") or {"role": "role", "content": "content"}, f"{name}.keys",
+                            required=("role", "content"))
+        roles = self.optional(ds, "roles", f"{name}.roles", self.role_names)
+        return DatasetPin(
+            repo=self.repo_id(ds["repo"], f"{name}.repo"),
+            revision=self.commit(ds["revision"], f"{name}.revision"),
+            split=self.optional(ds, "split", f"{name}.split",
+                                lambda v, f: self.pattern(v, f, _SPLIT, "a split name such as 'train'")),
+            license=self.optional(ds, "license", f"{name}.license", self.string),
+            rows=self.optional(ds, "rows", f"{name}.rows", self.positive_int),
+            permutation_sha256=self.optional(ds, "permutation_sha256", f"{name}.permutation_sha256", self.sha256),
+            files=files,
+            messages=self.field_name(ds.get("messages", "messages"), f"{name}.messages"),
+            keys=(self.field_name(keys["role"], f"{name}.keys.role"),
+                  self.field_name(keys["content"], f"{name}.keys.content")),
+            roles=roles,
+            # id: null (written out) means the source index is the id; absent means the column 'id'
+            id=None if "id" in ds and ds["id"] is None else self.field_name(ds.get("id", "id"), f"{name}.id"),
+            take=self.optional(ds, "take", f"{name}.take", self.positive_int),
+        )
+
+    def glob(self, value, name: str) -> str:
+        value = self.string(value, name)
+        if not value or value.startswith("/") or "\\" in value or ".." in value.split("/"):
+            self.fail(name, f"expected a glob of files inside the snapshot (such as 'data/*.jsonl'), got {value!r}")
+        return value
+
+    def field_name(self, value, name: str) -> str:
+        value = self.string(value, name)
+        if not value:
+            self.fail(name, "expected a field name, got an empty string")
+        return value
+
+    def role_names(self, value, name: str) -> tuple[tuple[str, str], ...]:
+        """``roles:``: stored role name → the template's role name."""
+        if not isinstance(value, dict) or not value:
+            self.fail(name, f"expected a mapping of stored role names to the template's, got {_kind(value)}")
+        return tuple((self.field_name(k, f"{name} (a stored role name)"), self.field_name(v, f"{name}.{k}"))
+                     for k, v in value.items())
 
     def optional(self, mapping: dict, key: str, name: str, check):
         return None if mapping.get(key) is None else check(mapping[key], name)

@@ -37,6 +37,18 @@ def permutation(seed: int, n: int, reading: str = "numpy-generator") -> np.ndarr
     raise ValueError(f"unknown order reading {reading!r}")
 
 
+def kept_rows(seed: int, counts: list[int], takes: list[int | None]) -> np.ndarray:
+    """The source indices a build's datasets keep, in source order: every row of dataset ``j``, or with
+    ``take: K`` the rows at ``sorted(default_rng([seed, j]).permutation(N_j)[:K])`` of it."""
+    parts, start = [], 0
+    for j, (n, take) in enumerate(zip(counts, takes)):
+        rows = np.arange(n, dtype=np.int64) if take is None else \
+            np.sort(np.random.default_rng([seed, j]).permutation(n)[:take]).astype(np.int64)
+        parts.append(start + rows)
+        start += n
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
 def torch_available() -> bool:
     """Whether the ``order: torch`` reading can run here (without importing torch)."""
     return importlib.util.find_spec("torch") is not None

@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from multiprocessing.connection import wait
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +29,7 @@ import pyarrow as pa
 from builders.encode import ConversationEncoder
 from builders.errors import SourceDataError
 from builders.records import EncodedConversation
+from builders.source import Source
 from builders.worker import Worker, encode_rows
 
 Encoded = dict  # stream position → EncodedConversation, or the SourceDataError of that conversation
@@ -70,14 +70,14 @@ class InProcess:
 
 class Pool(InProcess):
     """Encodes in ``workers`` processes, each with its own encoder (from ``tokenizer_json``, the pinned
-    file's text) and the source's ``files``; they start when the pool is entered."""
+    file's text) and its own reader of ``source``'s files; they start when the pool is entered."""
 
     decodes_groups = True  # the stream hands row groups to the workers (``submit_group``)
 
-    def __init__(self, encoder: ConversationEncoder, workers: int, tokenizer_json: str, files: list[Path]):
+    def __init__(self, encoder: ConversationEncoder, workers: int, tokenizer_json: str, source: Source | None):
         super().__init__(encoder)
         self.count, self.depth = workers, 2 * workers
-        self.tokenizer_json, self.files = tokenizer_json, files
+        self.tokenizer_json, self.source = tokenizer_json, source
         self.workers: list[Worker] = []
         self.hold: Callable[[pa.Table, np.ndarray], None] | None = None  # takes the rows a group sends back
 
@@ -86,7 +86,7 @@ class Pool(InProcess):
             for _ in range(self.count):  # all start at once; each then reads its start-up message
                 self.workers.append(Worker())
             for worker in self.workers:
-                worker.send_start_up(self.encoder, self.tokenizer_json, self.files)
+                worker.send_start_up(self.encoder, self.tokenizer_json, self.source)
         except BaseException:
             self._stop()
             raise
@@ -144,10 +144,10 @@ class Pool(InProcess):
         self.workers = []
 
 
-def encoding(encoder: ConversationEncoder, workers: int, tokenizer_json: str, files: list[Path]) -> InProcess:
+def encoding(encoder: ConversationEncoder, workers: int, tokenizer_json: str, source: Source) -> InProcess:
     """This process when ``workers`` is 1 (the engine then uses all cores itself), else a pool of
-    workers that load ``tokenizer_json`` and read the source ``files`` themselves."""
-    return InProcess(encoder) if workers <= 1 else Pool(encoder, workers, tokenizer_json, files)
+    workers that load ``tokenizer_json`` and read ``source``'s files themselves."""
+    return InProcess(encoder) if workers <= 1 else Pool(encoder, workers, tokenizer_json, source)
 
 
 def _unwrap(item) -> EncodedConversation:

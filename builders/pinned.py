@@ -16,7 +16,7 @@ import json
 import os
 import re
 import shlex
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -25,14 +25,14 @@ from pathlib import Path
 import httpx2
 from huggingface_hub import constants, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
-from huggingface_hub.utils import get_session
+from huggingface_hub.utils import filter_repo_objects, get_session
 from tokenizers import Tokenizer
 
 from builders.errors import BuildError, PinnedInputError
 from builders.figures import file_digest
 from builders.formats import FormatSpec, format_class
 from builders.manifest import DatasetPin, Manifest, TokenizerPin, cli_command
-from builders.source import ParquetSource
+from builders.source import Source
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class Snapshots:
     """The local folders of a manifest's pinned repos."""
 
     tokenizer: Path
-    dataset: Path | None  # None where only the tokenizer was asked for
+    datasets: list[Path]  # one per dataset pin, in manifest order (none where only the tokenizer was asked for)
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def tokenizer_repo(pin: TokenizerPin) -> PinnedRepo:
 
 
 def dataset_repo(pin: DatasetPin) -> PinnedRepo:
-    return PinnedRepo(pin.repo, "dataset", pin.revision, (f"data/{pin.split}-*.parquet",))
+    return PinnedRepo(pin.repo, "dataset", pin.revision, (pin.pattern,))
 
 
 HUB_PROBE_TIMEOUT_S = 10
@@ -103,13 +103,11 @@ def resolve(manifest: Manifest, hub: Hub, dataset: bool = True) -> Snapshots:
     unreachable = hub_unreachable(hub)
     if unreachable:
         hub = replace(hub, offline=True)
-    repos = {"tokenizer": tokenizer_repo(manifest.tokenizer), "dataset": dataset_repo(manifest.dataset)}
-    if not dataset:
-        del repos["dataset"]
-    folders, missing = {"dataset": None}, []
-    for part, repo in repos.items():
+    repos = [tokenizer_repo(manifest.tokenizer), *(dataset_repo(pin) for pin in manifest.datasets if dataset)]
+    folders, missing = [], []
+    for repo in repos:
         try:
-            folders[part] = resolve_snapshot(repo, hub)
+            folders.append(resolve_snapshot(repo, hub))
         except _NotInCache as err:
             missing.append((repo, err.__cause__))
     if missing:
@@ -131,7 +129,7 @@ def resolve(manifest: Manifest, hub: Hub, dataset: bool = True) -> Snapshots:
               "in a checkout):\n  " + cli_command("download", manifest, portable=True)
             + "\nor with huggingface_hub's hf command:\n" + "\n".join(commands)
             + "\nthen copy that cache here (HF_HOME) and build with HF_HUB_OFFLINE=1") from missing[0][1]
-    return Snapshots(**folders)
+    return Snapshots(folders[0], folders[1:])
 
 
 def hub_unreachable(hub: Hub) -> str | None:
@@ -226,11 +224,11 @@ def special_tokens(config: dict) -> dict:
     return out
 
 
-def pinned_inputs(manifest: Manifest, hub: Hub) -> tuple[PinnedTokenizer, ParquetSource]:
+def pinned_inputs(manifest: Manifest, hub: Hub) -> tuple[PinnedTokenizer, Source]:
     """The manifest's tokenizer and source, resolved and checked."""
     snapshots = resolve(manifest, hub)
     pinned = load_pinned_tokenizer(manifest.tokenizer, snapshots.tokenizer, manifest.loss_mask)
-    return pinned, ParquetSource(dataset_files(manifest.dataset, snapshots.dataset))
+    return pinned, open_source(manifest, snapshots)
 
 
 def pinned_tokenizer(manifest: Manifest, hub: Hub) -> PinnedTokenizer:
@@ -239,13 +237,27 @@ def pinned_tokenizer(manifest: Manifest, hub: Hub) -> PinnedTokenizer:
                                  manifest.loss_mask)
 
 
-def dataset_files(pin: DatasetPin, snapshot: Path) -> list[Path]:
-    """The split's parquet files in the resolved dataset snapshot, in sorted file-name order."""
-    files = sorted((snapshot / "data").glob(f"{pin.split}-*.parquet"), key=lambda p: p.name)
+def open_source(manifest: Manifest, snapshots: Snapshots) -> Source:
+    """The source of the manifest's datasets, in their resolved snapshots."""
+    return Source([(pin, dataset_files(pin, folder)) for pin, folder in zip(manifest.datasets, snapshots.datasets)])
+
+
+def dataset_files(pin: DatasetPin, snapshot: Path) -> list[tuple[str, Path]]:
+    """The files the pin's glob names in the resolved snapshot, as (path in the snapshot, local path), in
+    sorted path order; none is an error."""
+    files = matching_files(pin.pattern, snapshot)
     if not files:
-        raise PinnedInputError(f"dataset repo {pin.repo} at revision {pin.revision}: no parquet files match "
-                               f"{dataset_repo(pin).patterns[0]} in {snapshot}")
+        raise PinnedInputError(f"dataset repo {pin.repo} at revision {pin.revision}: no files match "
+                               f"{pin.pattern} in {snapshot}")
     return files
+
+
+def matching_files(pattern: str, snapshot: Path) -> list[tuple[str, Path]]:
+    """The files of ``snapshot`` that ``pattern`` names, matched as the Hub's download filter matches
+    (``*`` crosses ``/``), so they are exactly those ``snapshot_download`` fetched for it; sorted by path."""
+    names = sorted(filter_repo_objects((path.relative_to(snapshot).as_posix() for path in snapshot.rglob("*")
+                                        if path.is_file()), allow_patterns=[pattern]))
+    return [(name, snapshot / name) for name in names]
 
 
 @dataclass(frozen=True)
@@ -258,12 +270,12 @@ class PinnedFile:
     expected_from: str | None  # what names that sha256, as messages and the report say it
 
 
-def pinned_files(files: dict[str, Path]) -> list[PinnedFile]:
-    """Snapshot files (repo path → local path), each expected to hash to the name of the HF cache blob it
+def pinned_files(files: Iterable[tuple[str, Path]]) -> list[PinnedFile]:
+    """Snapshot files (repo path, local path), each expected to hash to the name of the HF cache blob it
     links to where that name is a sha256: a Git LFS file's object id. A file stored in git itself has a
     blob named by its git object id (a sha1 of a header and the bytes): its sha256 is recorded, not checked."""
     pins = []
-    for name, path in files.items():
+    for name, path in files:
         blob = Path(os.path.realpath(path)).name
         lfs = re.fullmatch(r"[0-9a-f]{64}", blob) is not None
         pins.append(PinnedFile(name, path, blob if lfs else None,

@@ -201,6 +201,9 @@ def implied_manifest(card: Card) -> ImpliedManifest:
 
 def manifest_fields(manifest: Manifest) -> dict:
     """A manifest's values under the field names a card's figures use."""
+    if manifest.mixture:
+        raise ManifestError(f"{manifest.name} is a mixture of {len(manifest.datasets)} datasets; a recipe card "
+                            f"names one (workload.dataset)")
     return {
         "name": manifest.name,
         "dataset.repo": manifest.dataset.repo,

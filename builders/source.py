@@ -1,79 +1,98 @@
-"""Random access to a Tulu-shaped source: sharded parquet files with ``id``, ``messages``, ``source``.
+"""A build's source: the conversations of its datasets, readable by source index, a block at a time.
 
-Source index ``i`` counts from 0 over the files in the given order, rows in file order. Rows
-are read a row group at a time, as Arrow tables with the columns ``index`` (the source index),
-``id``, ``source`` (null where a file has none) and ``messages``, in one schema for every file
-(a message field one file lacks is null), so tables of several files concatenate as they are.
-Only the rows a caller converts become Python objects.
+Source index ``i`` counts from 0 over the datasets in manifest order, each one's files in
+sorted path order, rows in file order. A block (a parquet row group, a run of JSON rows:
+``builders.formats``) is read as an Arrow table with the columns ``index`` (the source index),
+``id`` (the layout's id field, or the source index where the layout says ``id: null``),
+``source`` (null where a file has none), ``messages`` (each ``{role, content, ...}`` as the chat
+template names them: the layout's ``keys`` and ``roles`` applied) and ``layout_error`` (null, or
+why the row cannot be read as its layout says, naming the file, the row and the field; the
+encoder raises it when the stream reaches the row). Every block has one schema (a message field
+one file lacks is null), so tables of several files concatenate as they are. Only the rows a
+caller converts become Python objects.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
+import pyarrow.compute as pc
 
-from builders.errors import PinnedInputError
+from builders.file_formats import Fields, open_file
+from builders.manifest import DatasetPin
 
-COLUMNS = ("id", "messages", "source")
+
+@dataclass(frozen=True)
+class SourceFile:
+    dataset: int  # which of the manifest's datasets
+    name: str  # its path in the dataset's snapshot
+    path: Path
 
 
-class ParquetSource:
-    """The concatenation of ``files``, readable by source index."""
+class Source:
+    """The concatenation of ``datasets`` (each a pin and its files as ``(name in the snapshot, local path)``)."""
 
-    def __init__(self, files: list[Path]):
-        self.files = list(files)
-        self._parquet = [_open(path) for path in self.files]
-        self._columns = [[c for c in COLUMNS if c in pf.schema_arrow.names] for pf in self._parquet]
-        groups = [(f, g, pf.metadata.row_group(g)) for f, pf in enumerate(self._parquet)
-                  for g in range(pf.metadata.num_row_groups)]
+    def __init__(self, datasets: list[tuple[DatasetPin, list[tuple[str, Path]]]]):
+        self.pins = [pin for pin, _ in datasets]
+        self.files = [SourceFile(j, name, path) for j, (_, files) in enumerate(datasets) for name, path in files]
+        self._readers = [open_file(f.path, f.name, _fields(self.pins[f.dataset])) for f in self.files]
+        groups = [(f, b, rows) for f, reader in enumerate(self._readers) for b, rows in enumerate(reader.block_rows)]
         self._group_file = np.array([f for f, _, _ in groups], dtype=np.int64)
-        self._group_index = np.array([g for _, g, _ in groups], dtype=np.int64)
-        self._group_start = np.cumsum([0] + [md.num_rows for _, _, md in groups], dtype=np.int64)
-        self._message_bytes = sum(md.column(c).total_uncompressed_size for _, _, md in groups
-                                  for c in range(md.num_columns) if md.column(c).path_in_schema.startswith("messages"))
+        self._group_block = np.array([b for _, b, _ in groups], dtype=np.int64)
+        self._group_start = np.cumsum([0] + [rows for _, _, rows in groups], dtype=np.int64)
+        file_rows = [sum(reader.block_rows) for reader in self._readers]
+        self._file_start = np.cumsum([0] + file_rows, dtype=np.int64)
+        self.dataset_rows = [sum(rows for f, rows in zip(self.files, file_rows) if f.dataset == j)
+                             for j in range(len(self.pins))]
+        self.dataset_start = np.cumsum([0] + self.dataset_rows, dtype=np.int64)
+        self._message_bytes = sum(reader.message_bytes for reader in self._readers)
         self.num_rows = int(self._group_start[-1])
         self.num_groups = len(groups)
-        self.message_type = _message_type([pf.schema_arrow for pf in self._parquet])
+        self.message_type = _message_type([_renamed(reader.message_type, self.pins[f.dataset])
+                                           for f, reader in zip(self.files, self._readers)])
 
     def bytes_per_row(self) -> float:
-        """The mean uncompressed size of a row's messages, from the files' metadata."""
+        """The mean size of a row's messages (uncompressed parquet, or JSON text), from the files."""
         return self._message_bytes / max(1, self.num_rows)
 
     def group_rows(self, group: int) -> tuple[int, int]:
-        """The first source index of row group ``group`` and its number of rows."""
+        """The first source index of block ``group`` and its number of rows."""
         return int(self._group_start[group]), int(self._group_start[group + 1] - self._group_start[group])
 
     def group_of(self, indices: np.ndarray) -> np.ndarray:
-        """The row group of each source index."""
+        """The block of each source index."""
         indices = np.asarray(indices, dtype=np.int64)
         if indices.size and (indices.min() < 0 or indices.max() >= self.num_rows):
             raise IndexError(f"source index out of range 0..{self.num_rows - 1}")
         return np.searchsorted(self._group_start, indices, side="right") - 1
 
+    def dataset_of(self, indices) -> np.ndarray:
+        """The dataset (its place in the manifest) of each source index."""
+        return np.searchsorted(self.dataset_start, np.asarray(indices, dtype=np.int64), side="right") - 1
+
     def read_group(self, group: int) -> pa.Table:
-        """Every row of row group ``group``, decoded."""
-        f, g = int(self._group_file[group]), int(self._group_index[group])
-        try:
-            # a file handle of its own: reads of one ParquetFile from several threads are not safe; no
-            # threads of its own: the caller decodes several groups at once (nested threads cost twice the CPU)
-            table = pq.ParquetFile(self.files[f]).read_row_group(g, columns=self._columns[f], use_threads=False)
-        except (pa.ArrowException, OSError) as err:
-            raise PinnedInputError(f"{self.files[f]}: cannot read row group {g}: {err}") from err
+        """Every row of block ``group``, decoded."""
+        f = int(self._group_file[group])
+        table = self._readers[f].read(int(self._group_block[group]))
         first, count = self.group_rows(group)
+        pin = self.pins[self.files[f].dataset]
+        index = pa.array(np.arange(first, first + count, dtype=np.int64))
+        messages, errors = _messages(table.column(pin.messages).combine_chunks(), pin, self.message_type,
+                                     self.files[f].name, first - int(self._file_start[f]))
         source = table.column("source") if "source" in table.column_names else pa.nulls(count, pa.string())
-        return pa.table({"index": pa.array(np.arange(first, first + count, dtype=np.int64)),
-                         "id": table.column("id").cast(pa.string()), "source": source,
-                         "messages": _conform(table.column("messages").combine_chunks(), self.message_type)})
+        return pa.table({"index": index,
+                         "id": table.column(pin.id).cast(pa.string()) if pin.id else index.cast(pa.string()),
+                         "source": source, "messages": messages, "layout_error": errors})
 
     def read(self, group: int, members: np.ndarray) -> pa.Table:
-        """Rows ``members`` (source indices of row group ``group``), in that order."""
+        """Rows ``members`` (source indices of block ``group``), in that order."""
         return self.read_group(group).take(pa.array(np.asarray(members) - self._group_start[group]))
 
     def take(self, indices) -> pa.Table:
-        """The rows at ``indices`` (any order, repeats allowed), in that order, each group decoded once."""
+        """The rows at ``indices`` (any order, repeats allowed), in that order, each block decoded once."""
         indices = np.asarray(indices, dtype=np.int64)
         groups = self.group_of(indices)
         parts = [self.read(int(g), np.unique(indices[groups == g])) for g in np.unique(groups)]
@@ -83,54 +102,73 @@ class ParquetSource:
         return table.take(pa.array(np.searchsorted(table.column("index").to_numpy(), indices)))
 
 
-def _message_type(schemas: list[pa.Schema]) -> pa.DataType:
+def _fields(pin: DatasetPin) -> Fields:
+    return Fields(pin.messages, pin.keys[0], pin.keys[1], pin.id)
+
+
+def _renamed(message: pa.StructType, pin: DatasetPin) -> pa.StructType:
+    """A file's message type as the template names the fields (``keys`` → role, content)."""
+    if pin.keys == ("role", "content"):
+        return message
+    fields = [message.field(i) for i in range(message.num_fields)]
+    named = {pin.keys[0]: "role", pin.keys[1]: "content"}
+    return pa.struct([f.with_name(named[f.name]) if f.name in named else f for f in fields
+                      if f.name in named or f.name not in ("role", "content")])
+
+
+def _message_type(types: list[pa.StructType]) -> pa.DataType:
     """One ``list<struct>`` type holding every message field of every file (first seen first)."""
     fields: dict[str, pa.Field] = {}
-    for schema in schemas:
-        for field in schema.field("messages").type.value_type:
+    for struct in types:
+        for field in struct:
             fields.setdefault(field.name, field)
     return pa.list_(pa.struct(list(fields.values())))
 
 
-def _conform(messages: pa.Array, target: pa.DataType) -> pa.Array:
-    """``messages`` in the ``target`` list<struct> type: fields it lacks are null."""
-    if messages.type == target:
-        return messages
-    values = messages.values
-    children = [values.field(f.name) if values.type.get_field_index(f.name) >= 0 else pa.nulls(len(values), f.type)
-                for f in target.value_type]
-    structs = pa.StructArray.from_arrays(children, fields=list(target.value_type), mask=values.is_null())
-    offsets = messages.offsets.cast(pa.int32())
-    return pa.ListArray.from_arrays(offsets, structs, type=target, mask=messages.is_null())
+def _messages(messages: pa.Array, pin: DatasetPin, target: pa.DataType, name: str, first_row: int):
+    """The conversations of a block as the template names them, in the ``target`` type, and each row's
+    layout error (null where there is none)."""
+    offsets = np.asarray(messages.offsets, dtype=np.int64)
+    values = messages.values.slice(offsets[0], offsets[-1] - offsets[0])
+    offsets = offsets - offsets[0]
+    role, content = values.field(pin.keys[0]), values.field(pin.keys[1])
+    if pin.roles is not None:
+        role = pa.array([b for _, b in pin.roles], pa.string()).take(
+            pc.index_in(role, value_set=pa.array([a for a, _ in pin.roles], pa.string())))
+    bad = _true(values.is_null()) | _true(role.is_null()) | _true(content.is_null())
+    bad_rows = _true(messages.is_null())
+    bad_rows[np.repeat(np.arange(len(messages)), np.diff(offsets))[bad]] = True
+    errors = [None] * len(messages)
+    for row in np.flatnonzero(bad_rows).tolist():
+        errors[row] = f"{name} row {first_row + row}: {_problem(messages[row].as_py(), pin)}"
+    named = {pin.keys[0]: role, pin.keys[1]: content}
+    children = {"role": role, "content": content,
+                **{f.name: values.field(f.name) for f in values.type if f.name not in (*named, "role", "content")}}
+    structs = pa.StructArray.from_arrays(
+        [children[f.name].cast(f.type) if f.name in children else pa.nulls(len(values), f.type)
+         for f in target.value_type], fields=list(target.value_type), mask=values.is_null())
+    conversations = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), structs, type=target,
+                                             mask=messages.is_null())
+    return conversations, pa.array(errors, pa.string())
 
 
-def _open(path: Path) -> pq.ParquetFile:
-    try:
-        pf = pq.ParquetFile(path)
-    except (pa.ArrowException, OSError) as err:
-        raise PinnedInputError(f"{path}: not a readable parquet file: {err}") from err
-    _check_schema(path, pf.schema_arrow)
-    return pf
+def _problem(messages, pin: DatasetPin) -> str:
+    """Why a row's conversation cannot be read as ``pin``'s layout says."""
+    if messages is None:
+        return f"no conversation (field {pin.messages!r} is missing or null)"
+    role_key, content_key = pin.keys
+    for position, message in enumerate(messages):
+        if message is None:
+            return f"field {pin.messages!r}: message {position} is null"
+        for key, what in ((role_key, "keys.role"), (content_key, "keys.content")):
+            if message.get(key) is None:
+                return f"field {pin.messages!r}: message {position} has no field {key!r} (the layout's {what})"
+        mapped = dict(pin.roles or {})
+        if pin.roles is not None and message[role_key] not in mapped:
+            return (f"field {pin.messages!r}: message {position} has role {message[role_key]!r}, which the "
+                    f"layout's roles do not map (they map {', '.join(repr(k) for k in mapped)})")
+    raise AssertionError("a row flagged without a problem")
 
 
-def _check_schema(path: Path, schema: pa.Schema) -> None:
-    def fail(problem: str):
-        raise PinnedInputError(f"{path}: {problem}; expected id: string, messages: list<struct<role: string, "
-                               f"content: string, ...>>, source: string (optional)")
-
-    for name in ("id", "messages"):
-        if name not in schema.names:
-            fail(f"no column {name!r}")
-    if not pa.types.is_string(schema.field("id").type) and not pa.types.is_large_string(schema.field("id").type):
-        fail(f"column 'id' has type {schema.field('id').type}")
-    if "source" in schema.names and not pa.types.is_string(schema.field("source").type):
-        fail(f"column 'source' has type {schema.field('source').type}")
-    messages = schema.field("messages").type
-    if not (pa.types.is_list(messages) or pa.types.is_large_list(messages)) \
-            or not pa.types.is_struct(messages.value_type):
-        fail(f"column 'messages' has type {messages}")
-    fields = {messages.value_type.field(i).name: messages.value_type.field(i).type
-              for i in range(messages.value_type.num_fields)}
-    for name in ("role", "content"):
-        if name not in fields or not pa.types.is_string(fields[name]):
-            fail(f"column 'messages' has type {messages}")
+def _true(mask: pa.Array) -> np.ndarray:
+    return np.asarray(mask.to_numpy(zero_copy_only=False), dtype=bool).copy()

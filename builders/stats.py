@@ -12,9 +12,14 @@ from builders.records import Row
 PERCENTILES = (0, 10, 50, 90, 99, 100)
 
 
+NO_SOURCE = "(none)"  # a conversation whose row has no ``source`` value
+
+
 @dataclass
 class BuildStats:
     row_tokens: int
+    dataset_names: list = field(default_factory=list)  # each of the manifest's datasets, named for a reader
+    datasets: list = field(default_factory=list)  # per conversation: which dataset it came from
     sources: list = field(default_factory=list)
     conversation_tokens: list = field(default_factory=list)  # each with its EOS
     conversation_supervised: list = field(default_factory=list)
@@ -26,11 +31,12 @@ class BuildStats:
     only_stop_tokens: int = 0  # conversations whose supervised tokens are all stop tokens: every answer empty
     unsupervised: int = 0  # conversations with no supervised token at all
 
-    def add_conversation(self, source: str | None, ids: np.ndarray, mask: np.ndarray) -> None:
-        """One conversation's part of the stream (its tokens and the EOS after them)."""
+    def add_conversation(self, source: str | None, ids: np.ndarray, mask: np.ndarray, dataset: int) -> None:
+        """One conversation's part of the stream (its tokens and the EOS after them), from dataset ``dataset``."""
         supervised = mask != 0
         count = int(np.count_nonzero(supervised))
-        self.sources.append(source or "(none)")
+        self.datasets.append(dataset)
+        self.sources.append(source or NO_SOURCE)
         self.conversation_tokens.append(len(ids))
         self.conversation_supervised.append(count)
         if count == 0:
@@ -42,15 +48,31 @@ class BuildStats:
         self.row_supervised.append(int(np.count_nonzero(row.loss_mask)))
 
     def by_source(self) -> list[dict]:
-        """Per source: conversations, tokens and supervised tokens consumed, most tokens first."""
+        """Per value of the data's ``source`` field: conversations, tokens and supervised tokens consumed,
+        most tokens first."""
+        table = self._totals(self.sources)
+        return [{"source": s, "conversations": c, "tokens": t, "supervised_tokens": u}
+                for s, (c, t, u) in sorted(table.items(), key=lambda item: (-item[1][1], item[0]))]
+
+    def by_dataset(self) -> list[dict]:
+        """Per dataset of the manifest, in its order: what it contributed (nothing, for one the stream
+        did not reach)."""
+        table = self._totals(self.datasets)
+        return [{"dataset": name, "conversations": table[j][0], "tokens": table[j][1],
+                 "supervised_tokens": table[j][2]} for j, name in enumerate(self.dataset_names)]
+
+    def has_source(self) -> bool:
+        """Whether any consumed conversation has a ``source`` value."""
+        return any(source != NO_SOURCE for source in self.sources)
+
+    def _totals(self, keys: list) -> dict:
         table = defaultdict(lambda: [0, 0, 0])
-        for source, tokens, supervised in zip(self.sources, self.conversation_tokens, self.conversation_supervised):
-            entry = table[source]
+        for key, tokens, supervised in zip(keys, self.conversation_tokens, self.conversation_supervised):
+            entry = table[key]
             entry[0] += 1
             entry[1] += tokens
             entry[2] += supervised
-        return [{"source": s, "conversations": c, "tokens": t, "supervised_tokens": u}
-                for s, (c, t, u) in sorted(table.items(), key=lambda item: (-item[1][1], item[0]))]
+        return table
 
     def summary(self) -> dict:
         lengths = np.asarray(self.conversation_tokens, dtype=np.int64)
@@ -65,4 +87,5 @@ class BuildStats:
                 f"p{p}": int(np.percentile(lengths, p, method="inverted_cdf")) for p in PERCENTILES
             } if lengths.size else {},
             "by_source": self.by_source(),
+            "by_dataset": self.by_dataset(),
         }

@@ -37,7 +37,7 @@ import pyarrow as pa
 from builders.errors import SourceDataError
 from builders.parallel import encode_rows
 from builders.records import EncodedConversation
-from builders.source import ParquetSource
+from builders.source import Source
 
 READ_THREADS = 2  # row groups decoded at once
 READ_AHEAD = 2 * READ_THREADS  # row groups decoded or decoding, not yet taken apart
@@ -63,10 +63,11 @@ class StreamStats:
 class Stream:
     """Encoded conversations in permutation order; stop iterating when the rows are complete."""
 
-    def __init__(self, source: ParquetSource, order: np.ndarray, needed_tokens: int):
+    def __init__(self, source: Source, order: np.ndarray, needed_tokens: int):
+        """``order``: the source indices in stream order (all of them, or what a mixture's ``take`` keeps)."""
         self.source, self.order, self.needed_tokens = source, order, needed_tokens
         self.encoding = None  # set by encoded_with
-        self.position = np.empty(len(order), dtype=np.int64)
+        self.position = np.full(source.num_rows, -1, dtype=np.int64)  # -1: not in the stream
         self.position[order] = np.arange(len(order), dtype=np.int64)
         self.stats = StreamStats()
         self._decoded: dict[int, pa.Table] = {}  # the sample's row groups, kept for the first pass

@@ -53,7 +53,8 @@ from builders import errors
 from builders.errors import BuildError, SourceDataError, UsageError, WorkerError
 from builders.formats import FormatSpec
 from builders.records import EncodedConversation
-from builders.source import ParquetSource
+from builders.manifest import DatasetPin
+from builders.source import Source
 
 ROOT = Path(__file__).resolve().parents[1]  # the folder that holds this package: workers run the same code
 BOOTSTRAP = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); sys.path.insert(0, sys.argv[1]); "
@@ -76,10 +77,10 @@ class Worker:
         self.started = False  # it said ready
         self.in_flight = 0  # batches sent, not yet returned
 
-    def send_start_up(self, encoder: ConversationEncoder, tokenizer_json: str, source_files: list[Path]) -> None:
+    def send_start_up(self, encoder: ConversationEncoder, tokenizer_json: str, source: Source | None) -> None:
         """What the worker encodes with (``tokenizer_json``: the pinned file's text, which ``encoder``'s
-        tokenizer was loaded from) and the source files it decodes."""
-        self._send(start_up_message(encoder, source_files))
+        tokenizer was loaded from) and the source whose row groups it decodes."""
+        self._send(start_up_message(encoder, source))
         self._send(tokenizer_json.encode("utf-8"))
 
     def send_batch(self, table: pa.Table, positions: np.ndarray) -> None:
@@ -171,7 +172,7 @@ def serve(fd: int) -> None:
         engine = engines.named(start_up["engine"], tokenizer, tokenizer_json)
         encoder = ConversationEncoder(tokenizer, _format_spec(start_up["format"]), Contract(**start_up["contract"]),
                                       engine)
-        files = [Path(path) for path in start_up["source_files"]]
+        datasets = start_up["source"]
     except (EOFError, OSError):
         return  # the build is gone
     except Exception as err:  # noqa: BLE001 (reported to the build, which names it)
@@ -185,7 +186,7 @@ def serve(fd: int) -> None:
                 table = _read(body)
                 later = None
                 if "group" in header:
-                    source = source or ParquetSource(files)
+                    source = source or _source(datasets)
                     table, later = _group_rows(source, header["group"], table, header["eager"])
                 results = encode_rows(encoder, table.drop_columns(["position"]).to_pylist(),
                                       table.column("position").to_numpy())
@@ -204,10 +205,10 @@ def serve(fd: int) -> None:
         return  # the build is gone
 
 
-def start_up_message(encoder: ConversationEncoder, source_files: list[Path] = ()) -> bytes:
+def start_up_message(encoder: ConversationEncoder, source: Source | None = None) -> bytes:
     """What a worker's encoder is made of besides the tokenizer: the contract, the engine's name and the
-    chat format's inputs, and the source files it decodes, as JSON. A format whose template variables
-    JSON does not carry exactly (a mapping with keys that are not text, binary data) is refused here:
+    chat format's inputs, and the source it decodes (each dataset's pin and files), as JSON. A format
+    whose template variables JSON does not carry exactly (a mapping with keys that are not text, binary data) is refused here:
     workers would render otherwise."""
     spec = asdict(encoder.spec)
     try:
@@ -218,8 +219,19 @@ def start_up_message(encoder: ConversationEncoder, source_files: list[Path] = ()
         raise UsageError("tokenizer.template_vars and tokenizer.prefills hold data other than plain JSON (text "
                          "keys, text, numbers, lists): worker processes could not render as this process does; "
                          "build with --workers 1")
+    datasets = [] if source is None else [(asdict(pin), [(f.name, str(f.path)) for f in source.files if f.dataset == j])
+                                          for j, pin in enumerate(source.pins)]
     return json.dumps({"contract": encoder.contract.as_dict(), "engine": encoder.engine.name, "format": spec,
-                       "source_files": [str(path) for path in source_files]}).encode("utf-8")
+                       "source": datasets}).encode("utf-8")
+
+
+def _source(datasets: list) -> Source:
+    """The source a start-up message describes, opened again in the worker."""
+    def pin(data: dict) -> DatasetPin:
+        roles = data["roles"]
+        return DatasetPin(**{**data, "keys": tuple(data["keys"]),
+                             "roles": None if roles is None else tuple(tuple(r) for r in roles)})
+    return Source([(pin(data), [(name, Path(path)) for name, path in files]) for data, files in datasets])
 
 
 def _format_spec(data: dict) -> FormatSpec:
@@ -232,7 +244,7 @@ def batch_message(table: pa.Table, positions: np.ndarray) -> pa.Buffer:
     return _ipc(table.append_column("position", pa.array(positions, pa.int64())))
 
 
-def _group_rows(source: ParquetSource, group: int, wanted: pa.Table, eager: int) -> tuple[pa.Table, pa.Table]:
+def _group_rows(source: Source, group: int, wanted: pa.Table, eager: int) -> tuple[pa.Table, pa.Table]:
     """The wanted rows of ``group``, decoded, with their ``position``: those before ``eager`` in stream
     order (to encode), and the others (to send back)."""
     positions = wanted.column("position").to_numpy()

@@ -1,6 +1,8 @@
 """A slow, deliberately plain implementation of the row contract (ROWS.md), for checking the builder.
 
-It shares no code with ``builders``: it reads the parquet files whole, orders them with
+It shares no code with ``builders``: it reads the dataset files whole (parquet with pyarrow.parquet,
+JSON Lines and JSON lists with Python's ``json``), applies a layout and a mixture's ``take`` by
+its own code (ROWS.md, "Other datasets, and mixtures"), orders them with
 ``datasets.Dataset.shuffle`` (and the other orders by their own library calls), renders and
 tokenizes through transformers (``apply_chat_template``, the tokenizer's call with offsets),
 places tokens in message pieces by their character offsets, marks the slime rules' characters
@@ -12,7 +14,9 @@ text of ROWS.md, independently of ``builders.contract``.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
+import json
 import random
 import struct
 from pathlib import Path
@@ -223,6 +227,54 @@ def read_source(files: list[Path]) -> list[dict]:
     return rows
 
 
+def read_dataset(snapshot: Path, pin: dict) -> list[dict]:
+    """A dataset pin's rows as {id, messages}, read whole and laid out as ROWS.md says: the files the
+    ``files`` glob names (``*`` crossing ``/``, as the Hub's filter matches) in sorted path order, the
+    conversation from ``messages``, each message's role and content from ``keys`` with its role mapped
+    by ``roles``, and the id from ``id`` (``None``: the row's place in the whole source, added later)."""
+    pattern = pin.get("files") or f"data/{pin.get('split', 'train')}-*.parquet"
+    names = sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file())
+    keys, roles = pin.get("keys", {"role": "role", "content": "content"}), pin.get("roles")
+    rows = []
+    for name in (n for n in names if fnmatch.fnmatchcase(n, pattern)):
+        path = snapshot / name
+        if name.endswith(".parquet"):
+            records = pq.read_table(path).to_pylist()
+        elif name.endswith(".jsonl"):
+            records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        else:
+            records = json.loads(path.read_text(encoding="utf-8"))
+        for record in records:
+            messages = []
+            for m in record[pin.get("messages", "messages")]:
+                role = m[keys["role"]]
+                message = {"role": roles[role] if roles else role, "content": m[keys["content"]]}
+                if m.get("reasoning_content") is not None:
+                    message["reasoning_content"] = m["reasoning_content"]
+                messages.append(message)
+            id_field = pin["id"] if "id" in pin else "id"
+            rows.append({"id": None if id_field is None else str(record[id_field]), "messages": messages})
+    return rows
+
+
+def mixture(datasets: list[tuple[Path, dict]], seed: int) -> tuple[list[dict], list[int]]:
+    """Every source row of the datasets (snapshot, pin) in manifest order, with its source index, and the
+    source indices each keeps (with ``take: K``, ``sorted(default_rng([seed, j]).permutation(N_j)[:K])``)."""
+    rows, kept = [], []
+    for j, (snapshot, pin) in enumerate(datasets):
+        own = read_dataset(snapshot, pin)
+        if "take" in pin:
+            chosen = sorted(np.random.default_rng([seed, j]).permutation(len(own))[:pin["take"]].tolist())
+        else:
+            chosen = range(len(own))
+        kept += [len(rows) + k for k in chosen]
+        rows += own
+    for index, row in enumerate(rows):
+        row["index"] = index
+        row["id"] = str(index) if row["id"] is None else row["id"]
+    return rows, kept
+
+
 def stream_order(reading: str, seed: int, n: int) -> list[int]:
     """The source indices in stream order, by each reading's own library call."""
     if reading == "numpy-generator":
@@ -243,13 +295,26 @@ def stream_order(reading: str, seed: int, n: int) -> list[int]:
     return list(range(n))
 
 
-def reference_rows(files, tokenizer_json, chat_template, seed, row_tokens, rows, readings: dict | None = None):
-    """The contract's rows under ``readings``: list of (ids, mask) lists."""
+def reference_rows(files, tokenizer_json, chat_template, seed, row_tokens, rows, readings: dict | None = None,
+                   source: list[dict] | None = None, kept: list[int] | None = None, consumed: list | None = None):
+    """The contract's rows under ``readings``: list of (ids, mask) lists. The source is ``files`` (Tulu-shaped
+    parquet), or ``source`` rows of which ``kept`` enter the permutation (``mixture``); the source rows the
+    stream consumes, in order, are appended to ``consumed``."""
     r = {**DEFAULTS, **(readings or {})}
-    source = read_source(files)
+    source = read_source(files) if source is None else source
+    kept = list(range(len(source))) if kept is None else kept
     ref = Reference(tokenizer_json, chat_template)
-    conversations = (ref.conversation(source[i]["messages"], readings=r) for i in stream_order(r["order"], seed, len(source)))
-    return cut_rows((c for c in conversations if c is not None), row_tokens, rows, r["skip"] == "keep-all")
+
+    def conversations():
+        for k in stream_order(r["order"], seed, len(kept)):
+            i = kept[k]
+            if consumed is not None:
+                consumed.append(source[i])
+            conversation = ref.conversation(source[i]["messages"], readings=r)
+            if conversation is not None:
+                yield conversation
+
+    return cut_rows(conversations(), row_tokens, rows, r["skip"] == "keep-all")
 
 
 def cut_rows(conversations, row_tokens: int, rows: int | None, keep_all: bool = False):

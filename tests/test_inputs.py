@@ -10,7 +10,7 @@ from builders.errors import PinnedInputError
 from builders.fixture.hf_cache import MESSAGE, parquet_shards, put_snapshot
 from builders.manifest import DatasetPin
 from builders.pinned import Hub, dataset_files, dataset_repo, resolve_snapshot
-from builders.source import ParquetSource
+from builders.source import Source
 
 ROWS = [{"id": f"r{i}", "source": "s", "messages": [{"role": "user", "content": f"q{i}"},
                                                        {"role": "assistant", "content": f"a{i}"}]}
@@ -32,7 +32,7 @@ def parquet_bytes(table):
 
 def test_source_index_spans_files_and_row_groups(tmp_path):
     pin, snapshot = lay_out(tmp_path, parquet_shards(ROWS, shards=3, row_group_rows=2, message_type=MESSAGE))
-    source = ParquetSource(dataset_files(pin, snapshot))
+    source = Source([(pin, dataset_files(pin, snapshot))])
     assert source.num_rows == 10
     taken = source.take([9, 0, 4, 4, 7]).to_pylist()
     assert [r["id"] for r in taken] == ["r9", "r0", "r4", "r4", "r7"]
@@ -42,7 +42,7 @@ def test_source_index_spans_files_and_row_groups(tmp_path):
 
 def test_split_without_parquet_files(tmp_path):
     pin, snapshot = lay_out(tmp_path, {"data/test-00000-of-00001.parquet": b"x", "README.md": b"hi"})
-    with pytest.raises(PinnedInputError, match=r"no parquet files match data/train-\*\.parquet"):
+    with pytest.raises(PinnedInputError, match=r"no files match data/train-\*\.parquet"):
         dataset_files(pin, snapshot)
 
 
@@ -57,7 +57,7 @@ def test_bad_shard_is_named(tmp_path, content, problem):
     files = {**good, "data/train-00001-of-00002.parquet": content}
     pin, snapshot = lay_out(tmp_path, files)
     with pytest.raises(PinnedInputError) as err:
-        ParquetSource(dataset_files(pin, snapshot))
+        Source([(pin, dataset_files(pin, snapshot))])
     assert "train-00001-of-00002.parquet" in str(err.value) and problem in str(err.value)
 
 
@@ -66,4 +66,4 @@ def test_truncated_shard_is_named(tmp_path):
     name, data = next(iter(files.items()))
     pin, snapshot = lay_out(tmp_path, {name: data[: len(data) // 2]})
     with pytest.raises(PinnedInputError, match="train-00000-of-00001.parquet"):
-        ParquetSource(dataset_files(pin, snapshot))
+        Source([(pin, dataset_files(pin, snapshot))])

@@ -96,7 +96,7 @@ def test_a_file_whose_blob_is_not_named_by_sha256_is_hashed_and_recorded(tmp_pat
     blob.parent.mkdir()
     blob.write_bytes(b"not what any sha256 names")
     (tmp_path / "linked.json").symlink_to(blob)
-    files = pinned_files({"data/plain.jsonl": plain, "data/linked.json": tmp_path / "linked.json"})
+    files = pinned_files({"data/plain.jsonl": plain, "data/linked.json": tmp_path / "linked.json"}.items())
     assert [f.expected_sha256 for f in files] == [None, None]
     named = [PinnedFile("data/lfs.parquet", lfs, hashlib.sha256(lfs.read_bytes()).hexdigest(), "its LFS object id")]
     with hashed_files(files + named) as hashes:

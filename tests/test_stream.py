@@ -144,7 +144,7 @@ def test_workers_encode_as_this_process_does():
                     out[position] = str(err)
         return out
 
-    here, there = encoded(InProcess(enc)), encoded(Pool(enc, 2, enc.tokenizer.to_str(), []))
+    here, there = encoded(InProcess(enc)), encoded(Pool(enc, 2, enc.tokenizer.to_str(), None))
     assert "role 'function'" in here[107] and there[107] == here[107]
     for position in positions.tolist():
         mine, theirs = here[position], there[position]

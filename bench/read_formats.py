@@ -1,0 +1,82 @@
+"""Reading a dataset in each format the builder takes: time to open (count rows, find blocks) and to
+decode every block, and the process's peak memory, for the same rows stored as parquet, JSON Lines and
+one JSON list (ShareGPT layout for the JSON). The memory bound is the claim: a block at a time, so the
+peak stays far below the file's size.
+
+    .venv/bin/python bench/read_formats.py [--mb 300]     # writes bench/read_formats.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from builders.fixture.make import synthetic_rows  # noqa: E402
+
+READ = """
+import json, re, sys, time
+from pathlib import Path
+from builders.manifest import DatasetPin
+from builders.source import Source
+path, fields = Path(sys.argv[1]), json.loads(sys.argv[2])
+def peak_mib():  # this process's own high-water mark (ru_maxrss carries the parent's over fork and exec)
+    return int(re.search(r"VmHWM:\\s+(\\d+)", Path("/proc/self/status").read_text()).group(1)) / 1024
+imported = peak_mib()
+started = time.perf_counter()
+source = Source([(DatasetPin(repo="b/b", revision="0" * 40, files=path.name, **fields), [(path.name, path)])])
+opened = time.perf_counter()
+messages = sum(len(source.read_group(g).column("messages").combine_chunks().values) for g in range(source.num_groups))
+print(json.dumps({"rows": source.num_rows, "blocks": source.num_groups, "messages": messages,
+                  "open_s": round(opened - started, 2), "read_s": round(time.perf_counter() - opened, 2),
+                  "peak_rss_mib": round(peak_mib()),
+                  "peak_rss_after_imports_mib": round(imported)}))
+"""
+SHAREGPT = {"messages": "conversations", "keys": ("from", "value"),
+            "roles": [["system", "system"], ["human", "user"], ["gpt", "assistant"], ["tool", "tool"]]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=float, default=300, help="size of the JSON Lines file (MB)")
+    args = parser.parse_args()
+    base = synthetic_rows(seed=1, count=2000)
+    names = {"user": "human", "assistant": "gpt", "system": "system", "tool": "tool"}
+    records = [{"id": r["id"], "source": r["source"],
+                "conversations": [{"from": names[m["role"]], "value": m["content"]} for m in r["messages"]]}
+               for r in base]
+    lines = [json.dumps(r) for r in records]
+    repeat = max(1, int(args.mb * 1e6 / sum(len(line) + 1 for line in lines)))
+    results = {}
+    with tempfile.TemporaryDirectory() as folder:
+        folder = Path(folder)
+        with open(folder / "x.jsonl", "w") as jsonl, open(folder / "x.json", "w") as whole:
+            whole.write("[\n")
+            for k in range(repeat):
+                jsonl.write("\n".join(lines) + "\n")
+                whole.write(",\n".join(lines) + (",\n" if k < repeat - 1 else "\n"))
+            whole.write("]\n")
+        table = pa.Table.from_pylist([{"id": r["id"], "source": r["source"],
+                                       "messages": [{"role": m["role"], "content": m["content"]}
+                                                    for m in r["messages"]]} for r in base] * repeat)
+        pq.write_table(table, folder / "x.parquet", row_group_size=10_000, compression="zstd")
+        del table
+        for name, fields in (("x.parquet", {}), ("x.jsonl", SHAREGPT), ("x.json", SHAREGPT)):
+            done = subprocess.run([sys.executable, "-c", READ, str(folder / name), json.dumps(fields)],
+                                  capture_output=True, text=True, cwd=REPO, check=True)
+            results[name] = {"file_mb": round((folder / name).stat().st_size / 1e6), **json.loads(done.stdout)}
+            print(name, results[name], flush=True)
+    (REPO / "bench" / "read_formats.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
