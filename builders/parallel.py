@@ -104,7 +104,7 @@ class Pool(InProcess):
         """Have a worker decode row group ``group``, encode its ``rows`` at ``positions`` before ``eager``
         and send back the others, which go to ``hold`` (rows, positions)."""
         self.hold = hold
-        self._least_busy(encoded).send_group(group, rows, positions, eager)
+        self._least_busy(encoded).send_group(group, self.source.group_rows(group), rows, positions, eager)
 
     def wait_all(self, encoded: Encoded) -> None:
         """Take every answer still on its way (so each group's held-back rows are held)."""

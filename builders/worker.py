@@ -87,10 +87,12 @@ class Worker:
         """Source rows to encode, with their stream positions."""
         self._send_task({}, batch_message(table, positions))
 
-    def send_group(self, group: int, rows: np.ndarray, positions: np.ndarray, eager: int) -> None:
-        """Row group ``group`` to decode there: its ``rows`` (in the group) at ``positions``; those
-        before ``eager`` encoded, the others sent back as they are."""
-        self._send_task({"group": group, "eager": eager}, _ipc(pa.table(
+    def send_group(self, group: int, bounds: tuple[int, int], rows: np.ndarray, positions: np.ndarray,
+                   eager: int) -> None:
+        """Row group ``group`` (its first source index and rows, ``bounds``, which the worker's reading
+        must match) to decode there: its ``rows`` (in the group) at ``positions``; those before
+        ``eager`` encoded, the others sent back as they are."""
+        self._send_task({"group": group, "bounds": list(bounds), "eager": eager}, _ipc(pa.table(
             {"row": pa.array(rows, pa.int64()), "position": pa.array(positions, pa.int64())})))
 
     def receive(self) -> tuple[list[tuple[int, object]], pa.Table | None]:
@@ -187,6 +189,9 @@ def serve(fd: int) -> None:
                 later = None
                 if "group" in header:
                     source = source or _source(datasets)
+                    if list(source.group_rows(header["group"])) != header["bounds"]:
+                        raise RuntimeError(f"row group {header['group']}: the worker reads rows "
+                                           f"{source.group_rows(header['group'])}, the build {header['bounds']}")
                     table, later = _group_rows(source, header["group"], table, header["eager"])
                 results = encode_rows(encoder, table.drop_columns(["position"]).to_pylist(),
                                       table.column("position").to_numpy())
