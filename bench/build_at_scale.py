@@ -4,6 +4,7 @@
     pip install -r bench/requirements.txt
     python bench/build_at_scale.py                 # full scale: 939,343 conversations, 6,400 rows of 8,192
     python bench/build_at_scale.py --scale 0.01 --rows 40    # a smoke run (its results go to bench/.cache)
+    python bench/build_at_scale.py --workers 1,2,4,8,16 --engines fastokens --profile
 
 It lays out (once, in --cache) a GLM-scale tokenizer with the pinned chat template and a
 Tulu-shaped source (bench/scale_inputs.py), then measures, each build in a fresh process as
@@ -11,8 +12,14 @@ users run it (``generate_fixed_sft.py --manifest M``), on an otherwise idle mach
 CPU time other processes used in the 2 seconds before each measurement is recorded, and the run
 says whether the machine was idle):
 
-- the build with each engine (fastokens, tokenizers) and with 1 and 2 workers: seconds, peak RSS
-  (the main process; and the largest worker), rows_sha256, which must be the same for all;
+- the build with each engine (``--engines``, default fastokens,tokenizers) and each worker count
+  (``--workers``, default 1,2; ``auto`` is the builder's own choice): seconds, the CPU of the main
+  process and of its workers (``getrusage`` SELF and CHILDREN), the main process's share of it,
+  cores busy (CPU / seconds), peak RSS (the main process; and the largest worker), rows_sha256,
+  which must be the same for all;
+- with ``--profile`` (needs py-spy), each build once more under py-spy: the main process's CPU by
+  stage (bench/stages.py: source decode, hand-off to and from workers, the guard's cross-check,
+  placement and masking, hashing, the parquet writer, ...);
 - the tokenizer floor: ``tokenizers.Tokenizer.encode_batch_fast`` of exactly the rendered texts of
   the conversations the build consumed, on the same cores (the fastest way tokenizers encodes);
 - the source-decode floor: one pyarrow pass over the ``messages`` column of every shard;
@@ -41,6 +48,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from measure import CLI, IDLE_BUSY, busy, child, scale_options  # noqa: E402
 from scale_inputs import lay_out, manifest_text  # noqa: E402
+from stages import profiled  # noqa: E402
 
 TOKENIZER_FLOOR = """
 import json, sys, time
@@ -98,21 +106,32 @@ print(json.dumps({"seconds_per_conversation": (time.perf_counter() - started) / 
 """
 
 
-def build(manifest: Path, out: Path, hf_home: Path, engine: str, workers: int) -> dict:
+def build(manifest: Path, out: Path, hf_home: Path, engine: str, workers: str, profile: bool = False) -> dict:
     load = busy()
-    result = child(CLI, "--manifest", str(manifest), "--out", str(out), "--engine", engine, "--workers",
-                   str(workers), "-q", "--no-card", hf_home=hf_home)
+    command = ("--manifest", str(manifest), "--out", str(out), "--engine", engine, "--workers", workers, "-q",
+               "--no-card")
+    result = child(CLI, *command, hf_home=hf_home)
     if result["exit"] != 0:
         raise SystemExit(f"build failed: {result['stderr']}")
     report = json.loads(next(out.glob("*.report.json")).read_text())
-    return {"engine": engine, "workers": workers, "busy_before": round(load, 3),
-            "seconds": round(result["seconds"], 2), "main_peak_rss_mib": round(result["main_peak_rss_mib"]),
-            "worker_peak_rss_mib": round(result["worker_peak_rss_mib"]),
-            "conversations": report["stats"]["conversations_consumed"],
-            "tokens": report["figures"]["rows"] * report["figures"]["row_tokens"],
-            "rows_sha256": report["figures"]["rows_sha256"], "cross_checked": report["engine"][
-                "conversations_cross_checked"], "source_reading": report["source_reading"],
-            "timings": report["timings"]}
+    cpu = result["main_cpu_s"] + result["workers_cpu_s"]
+    measured = {"engine": engine, "workers": workers, "workers_used": report["workers"], "busy_before": round(load, 3),
+                "seconds": round(result["seconds"], 2), "main_cpu_s": round(result["main_cpu_s"], 2),
+                "workers_cpu_s": round(result["workers_cpu_s"], 2), "main_cpu_share": round(result["main_cpu_s"] / cpu, 3),
+                "cores_busy": round(cpu / result["seconds"], 2),
+                "main_peak_rss_mib": round(result["main_peak_rss_mib"]),
+                "worker_peak_rss_mib": round(result["worker_peak_rss_mib"]),
+                "conversations": report["stats"]["conversations_consumed"],
+                "tokens": report["figures"]["rows"] * report["figures"]["row_tokens"],
+                "rows_sha256": report["figures"]["rows_sha256"], "cross_checked": report["engine"][
+                    "conversations_cross_checked"], "source_reading": report["source_reading"],
+                "timings": report["timings"]}
+    if profile:  # once more, under py-spy: the main process's CPU by stage (not timed: the sampler costs CPU)
+        spied = child(CLI, *command, hf_home=hf_home, run=profiled)
+        measured["profiled_main_cpu_s"] = round(spied["main_cpu_s"], 2)
+        measured["main_cpu_by_stage_s"] = {stage: round(share * spied["main_cpu_s"], 2)
+                                           for stage, share in spied["stage_shares"].items() if share}
+    return measured
 
 
 def whole_source_rows(manifest: Path, out: Path, hf_home: Path) -> int:
@@ -124,8 +143,17 @@ def whole_source_rows(manifest: Path, out: Path, hf_home: Path) -> int:
     return int(found.group(1))
 
 
+def options(parser) -> None:
+    parser.add_argument("--workers", type=lambda text: text.split(","), default=["1", "2"],
+                        help="worker counts to build with, comma-separated (auto: the builder's choice); default 1,2")
+    parser.add_argument("--engines", type=lambda text: text.split(","), default=["fastokens", "tokenizers"],
+                        help="engines to build with, comma-separated; default fastokens,tokenizers")
+    parser.add_argument("--profile", action="store_true",
+                        help="run each build once more under py-spy: the main process's CPU by stage")
+
+
 def main() -> None:
-    args, results, template = scale_options(__doc__, "build_at_scale", "rows of 8,192 tokens to build")
+    args, results, template = scale_options(__doc__, "build_at_scale", "rows of 8,192 tokens to build", options)
     hf_home = args.cache / "hf"
     started = time.perf_counter()
     facts = lay_out(hf_home, template, args.scale)
@@ -135,9 +163,11 @@ def main() -> None:
     manifest = args.cache / "bench.yaml"
     manifest.write_text(manifest_text(facts, "bench", args.rows))
     builds = []
-    for engine, workers in (("fastokens", 1), ("tokenizers", 1), ("fastokens", 2), ("tokenizers", 2)):
-        builds.append(build(manifest, args.cache / "out" / f"{engine}-{workers}", hf_home, engine, workers))
-        print(f"  {engine}, {workers} worker(s): {builds[-1]['seconds']} s", file=sys.stderr, flush=True)
+    for workers in args.workers:
+        for engine in args.engines:
+            builds.append(build(manifest, args.cache / "out" / f"{engine}-{workers}", hf_home, engine, workers,
+                                args.profile))
+            print(f"  {engine}, {workers} worker(s): {builds[-1]['seconds']} s", file=sys.stderr, flush=True)
     consumed = builds[0]["conversations"]
     tokenizer_floor = child(TOKENIZER_FLOOR, str(manifest), str(consumed), hf_home=hf_home)
     decode_floor = child(DECODE_FLOOR, str(manifest), hf_home=hf_home)
@@ -147,7 +177,7 @@ def main() -> None:
     whole_manifest.write_text(manifest_text(quarter, "benchwhole", 10 ** 9))
     rows = whole_source_rows(whole_manifest, args.cache / "out" / "whole-probe", hf_home)
     whole_manifest.write_text(manifest_text(quarter, "benchwhole", rows))
-    whole = build(whole_manifest, args.cache / "out" / "whole", hf_home, "fastokens", 1)
+    whole = build(whole_manifest, args.cache / "out" / "whole", hf_home, args.engines[0], args.workers[0])
     print(f"  whole source ({quarter['dataset_rows']} conversations, {rows} rows): {whole['seconds']} s",
           file=sys.stderr, flush=True)
 
@@ -175,12 +205,23 @@ def main() -> None:
         "scale": args.scale, "rows": args.rows, "source_conversations": int(facts["dataset_rows"]),
     }
     print(f"\n{'engine':<11} {'workers':>7} {'seconds':>8} {'× tok floor':>11} {'× decode floor':>14} "
+          f"{'main CPU':>8} {'workers CPU':>11} {'main share':>10} {'cores busy':>10} "
           f"{'RSS MiB':>8} {'worker RSS':>10} {'cross-checked':>13}  rows_sha256")
     for b in builds:
-        print(f"{b['engine']:<11} {b['workers']:>7} {b['seconds']:>8} "
+        workers = b["workers"] if b["workers"] == str(b["workers_used"]) else f"{b['workers']}={b['workers_used']}"
+        print(f"{b['engine']:<11} {workers:>7} {b['seconds']:>8} "
               f"{b['seconds'] / tokenizer_floor['seconds']:>11.3f} {b['seconds'] / decode_floor['seconds']:>14.2f} "
+              f"{b['main_cpu_s']:>8} {b['workers_cpu_s']:>11} {b['main_cpu_share']:>10.1%} {b['cores_busy']:>10} "
               f"{b['main_peak_rss_mib']:>8} {b['worker_peak_rss_mib'] or '-':>10} {b['cross_checked']:>13}  "
               f"{b['rows_sha256'][:16]}")
+    if args.profile:
+        print("\nthe main process's CPU seconds by stage (a second run of each build: its CPU time split by the "
+              "shares of py-spy's samples):")
+        names = list(dict.fromkeys(stage for b in builds for stage in b["main_cpu_by_stage_s"]))
+        print(f"{'stage':<30} " + " ".join(f"{b['engine'][:4] + '-' + b['workers']:>10}" for b in builds))
+        for name in names:
+            print(f"{name:<30} " + " ".join(f"{b['main_cpu_by_stage_s'].get(name, 0):>10}" for b in builds))
+        print(f"{'(main CPU of that run)':<30} " + " ".join(f"{b['profiled_main_cpu_s']:>10}" for b in builds))
     print(f"\ntokenizer floor (encode_batch_fast of the {consumed:,} consumed conversations' texts, "
           f"{tokenizer_floor['tokens']:,} tokens): {tokenizer_floor['seconds']:.2f} s; source-decode floor (messages "
           f"column of every shard): {decode_floor['seconds']:.2f} s; same rows for every engine and worker count: "

@@ -19,23 +19,31 @@ CLI = """
 import json, resource, sys, time
 sys.argv = ["generate_fixed_sft.py", *sys.argv[1:]]
 from builders.cli import main
+before = resource.getrusage(resource.RUSAGE_SELF)
 started = time.perf_counter()
 code = main()
 elapsed = time.perf_counter() - started
+own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"exit": code, "seconds": elapsed,
-                  "main_peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                  "worker_peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
+                  "main_cpu_s": own.ru_utime + own.ru_stime - before.ru_utime - before.ru_stime,
+                  "workers_cpu_s": children.ru_utime + children.ru_stime,
+                  "main_peak_rss_mib": own.ru_maxrss / 1024, "worker_peak_rss_mib": children.ru_maxrss / 1024}))
 """
 
 
-def child(code: str, *args: str, hf_home: Path) -> dict:
-    """Run ``code`` in a fresh process, offline from ``hf_home``; its last stdout line is JSON."""
+def child(code: str, *args: str, hf_home: Path, run=None) -> dict:
+    """Run ``code`` in a fresh process, offline from ``hf_home``; its last stdout line is JSON.
+    ``run(command, env, cwd)`` runs it another way (under a profiler) and returns (its result, more JSON)."""
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=REPO)
+    command, more = [sys.executable, "-c", code, *args], {}
+    if run is None:
+        done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO)
+    else:
+        done, more = run(command, env, REPO)
     lines = done.stdout.strip().splitlines()
     if not lines:
         raise SystemExit(f"benchmark step failed: {done.stderr}")
-    return {**json.loads(lines[-1]), "stdout": "\n".join(lines[:-1]), "stderr": done.stderr}
+    return {**json.loads(lines[-1]), **more, "stdout": "\n".join(lines[:-1]), "stderr": done.stderr}
 
 
 def busy(seconds: float = 2.0) -> float:
@@ -49,10 +57,10 @@ def busy(seconds: float = 2.0) -> float:
     return 1 - (idle2 - idle) / max(1, total2 - total)
 
 
-def scale_options(doc: str, name: str, rows_help: str) -> tuple[argparse.Namespace, Path, bytes]:
-    """A scale benchmark's options (--scale, --rows, --cache), where its results go (bench/NAME.json
-    for the full-scale run, bench/.cache/NAME.smoke.json for any other, so a smoke run never
-    overwrites committed results) and the pinned chat template it renders with."""
+def scale_options(doc: str, name: str, rows_help: str, more=None) -> tuple[argparse.Namespace, Path, bytes]:
+    """A scale benchmark's options (--scale, --rows, --cache, and what ``more(parser)`` adds), where its
+    results go (bench/NAME.json for the full-scale run, bench/.cache/NAME.smoke.json for any other, so
+    a smoke run never overwrites committed results) and the pinned chat template it renders with."""
     from builders.fixture.make import PINNED_TEMPLATE, shared_dir
 
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -60,6 +68,8 @@ def scale_options(doc: str, name: str, rows_help: str) -> tuple[argparse.Namespa
                                                                         "conversations")
     parser.add_argument("--rows", type=int, default=FULL_ROWS, help=rows_help)
     parser.add_argument("--cache", type=Path, default=REPO / "bench" / ".cache", help="where inputs are laid out")
+    if more is not None:
+        more(parser)
     args = parser.parse_args()
     full = args.scale == FULL_SCALE and args.rows == FULL_ROWS
     results = REPO / "bench" / f"{name}.json" if full else args.cache / f"{name}.smoke.json"

@@ -11,6 +11,7 @@ one that verified. A build that fails leaves nothing of itself in the folder.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 from collections.abc import Iterable, Iterator
@@ -57,12 +58,14 @@ class BuildResult:
 
 
 def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporter = Reporter.silent(),
-          card: bool = True, workers: int = 1, engine: str = "auto") -> BuildResult:
+          card: bool = True, workers: int | str = "auto", engine: str = "auto") -> BuildResult:
     """Build ``manifest`` into ``out_dir``: the parquet, its JSON report and (with ``card``) its data card.
 
-    ``workers`` processes render and tokenize (1: this process); ``engine`` encodes (``auto``:
-    fastokens where it agrees with tokenizers, see ``builders.engines``). The rows depend on neither.
+    ``workers`` processes decode, render and tokenize (1: this process; ``auto``: see
+    ``parallel.worker_count``); ``engine`` encodes (``auto``: fastokens where it agrees with
+    tokenizers, see ``builders.engines``). The rows depend on neither.
     """
+    requested, workers = str(workers), parallel.worker_count(workers)
     timings = Timings()
     with ExitStack() as build_scope:
         with timings.stage("resolve_inputs_s"):
@@ -93,7 +96,8 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
             raise OutputError(f"{out_dir}: cannot write the build output here ({err.strerror or err})") from err
         with outputs(out_dir) as files:
             with files.writing(f"{manifest.name}.parquet") as parquet:
-                with timings.stage("build_s"), parallel.encoding(encoder, workers) as encoding:
+                encoding = parallel.encoding(encoder, workers, pinned.tokenizer_json, source)
+                with timings.stage("build_s"), encoding:
                     figures, stats = _write_rows(manifest, source, encoder, stream.encoded_with(encoding),
                                                  parquet.temporary, reporter)
                     engines.finish(encoder.engine)  # the last cross-checks, before anything is kept
@@ -103,8 +107,8 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
                                      **hashed} for f, hashed in zip(source.files, source_hashes.checked())]
             verification = verify(computed, manifest, built_from=manifest.recipe())
             parquet.final = out_dir / f"{manifest.name}{'' if verification.verified else '.unverified'}.parquet"
-            document = _report(manifest, parquet.final, computed, verification, stats, workers, source_files, chosen,
-                               stream.stats, encoder.format.describe())
+            document = _report(manifest, parquet.final, computed, verification, stats, (requested, workers),
+                               source_files, chosen, stream.stats, encoder.format.describe())
             if card:
                 with timings.stage("card_s"):
                     write_card(files, manifest, document, stats)
@@ -186,7 +190,7 @@ def _write_rows(manifest: Manifest, source: Source, encoder: ConversationEncoder
 
 
 def _report(manifest: Manifest, final: Path, computed: dict, verification: Verification, stats: BuildStats,
-            workers: int, source_files: list[dict], chosen: engines.Choice, stream: StreamStats,
+            workers: tuple[str, int], source_files: list[dict], chosen: engines.Choice, stream: StreamStats,
             chat_format: dict) -> dict:
     """What the report records (its timings are added last); the data card is made from it too."""
     return {
@@ -204,7 +208,8 @@ def _report(manifest: Manifest, final: Path, computed: dict, verification: Verif
         "stats": stats.summary(),
         "source_reading": stream.as_dict(),
         "versions": toolchain(),
-        "workers": workers,
+        "workers": workers[1],  # the processes that encoded; what --workers asked, and the cores it could use:
+        "workers_requested": workers[0], "cores": len(os.sched_getaffinity(0)),
         "engine": {"name": chosen.engine.name, "version": chosen.engine.version, "requested": chosen.requested,
                    "note": chosen.note, "conversations_cross_checked": stats.cross_checked},
         "argv": sys.argv,

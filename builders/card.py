@@ -35,6 +35,11 @@ def write_card(outputs: Outputs, manifest: Manifest, report: dict, stats: BuildS
     outputs.write(f"{manifest.name}.md", card_text(manifest, report, stats).encode("utf-8"))
 
 
+def _workers(report: dict) -> str:
+    count = report["workers"]
+    return "the building process itself" if count == 1 else f"{count} worker processes"
+
+
 def front_matter(manifest: Manifest) -> str:
     """The card's YAML metadata block, emitted by a YAML writer so any manifest text stays valid YAML."""
     licenses = list(dict.fromkeys(pin.license or "" for pin in manifest.datasets))
@@ -130,6 +135,8 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         + (f", {engine['conversations_cross_checked']:,} conversations also encoded by tokenizers (the reference), "
            f"which agreed" if engine["name"] != "tokenizers" else " (the reference engine)")
         + (f"; {engine['note']}" if engine["note"] else ""),
+        f"- encoded in {_workers(report)} (`--workers {report['workers_requested']}`, {report['cores']} cores "
+        f"available; the rows are the same for any number)",
         "",
         *_datasets_table(manifest, summary),
         *_sources_table(summary, stats, name),

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
-import os
 import signal
 import sys
 import traceback
@@ -79,10 +78,10 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--out", metavar="DIR", type=Path, default=Path("out"),
                    help="output folder for NAME.parquet, NAME.report.json and the data card NAME.md (default: out)")
     b.add_argument("--no-card", action="store_true", help="do not write the data card and its plots")
-    b.add_argument("--workers", type=int, default=1, metavar="N",
-                   help="processes that render and tokenize (default 1, whose tokenizer already uses all "
-                        f"{os.cpu_count()} cores; more processes also spread the Python-side work, which measured "
-                        "slower on 2 cores: see bench/); the rows are the same for any number")
+    b.add_argument("--workers", type=_workers, default="auto", metavar="N|auto",
+                   help="processes that decode, render and tokenize (default auto: one per core the build may "
+                        "use, or this process alone, whose tokenizer uses every core, on 2 cores or fewer, where "
+                        "that measured fastest: see docs/performance.md); the rows are the same for any number")
     _engine_option(b)
     _hub_options(b)
 
@@ -262,11 +261,17 @@ def _manifest(args, file: Path | None = None):
     return shipped_manifest(name, args.manifests)
 
 
+def _workers(text: str) -> str | int:
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a number of at least 1, or auto, not {text!r}")
+    return int(text)
+
+
 def _build(args) -> int:
     from builders.build import build
 
-    if args.workers < 1:
-        raise UsageError(f"--workers must be at least 1, not {args.workers}")
     manifest = _manifest(args)
     result = build(manifest, args.out, _hub(args, manifest), _reporter(args), card=not args.no_card,
                    workers=args.workers, engine=args.engine)

@@ -73,13 +73,11 @@ class Guarded:
     latest, by ``finish``, which the build calls before its file reaches the final path.
     """
 
-    def __init__(self, fast, reference: TokenizersEngine, deferred: bool = False):
+    def __init__(self, fast, reference: TokenizersEngine):
         self.fast, self.reference = fast, reference
         self.name, self.version = fast.name, fast.version
         self._checker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cross-check")
         self._pending: list[Future] = []
-        # a worker process's engine keeps its samples for the main process to compare (``take_deferred``)
-        self._deferred: list[tuple] | None = [] if deferred else None
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
         return self.fast.encode(texts)
@@ -93,21 +91,12 @@ class Guarded:
         sampled = [i % CROSS_CHECK_EVERY == 0 or len(t) > CROSS_CHECK_LONG for i, t in zip(indices, ids)]
         chosen = [k for k, s in enumerate(sampled) if s]
         if chosen:
-            sample = ([texts[k] for k in chosen], [ids[k] for k in chosen], [indices[k] for k in chosen])
-            if self._deferred is None:
-                self.check(*sample)
-            else:
-                self._deferred.append(sample)
+            self.check([texts[k] for k in chosen], [ids[k] for k in chosen], [indices[k] for k in chosen])
         return sampled
 
     def check(self, texts: list[str], ids: list[np.ndarray], indices: list[int]) -> None:
         """Compare ``ids`` with the reference's encoding of ``texts``, beside the build."""
         self._pending.append(self._checker.submit(self._compare, texts, ids, indices))
-
-    def take_deferred(self) -> list[tuple]:
-        """The samples kept since the last call, each ``(texts, ids, indices)`` for ``check``."""
-        samples, self._deferred = self._deferred, []
-        return samples
 
     def finish(self) -> None:
         """Wait for every comparison; raise the first disagreement."""
@@ -175,15 +164,10 @@ def choose(requested: str, tokenizer: Tokenizer, tokenizer_json: str, chat_templ
 
 
 def named(name: str, tokenizer: Tokenizer, tokenizer_json: str):
-    """The engine a choice settled on, made again in a worker process: a guarded one keeps its
-    samples for the main process to compare (the worker does not wait for the comparisons)."""
+    """The engine a choice settled on, made again in a worker process: a guarded one cross-checks
+    the worker's own samples there."""
     reference = TokenizersEngine(tokenizer)
-    return Guarded(FastokensEngine(tokenizer_json), reference, deferred=True) if name == "fastokens" else reference
-
-
-def take_deferred(engine) -> list[tuple]:
-    """A worker engine's samples not yet compared (none for an unguarded engine)."""
-    return engine.take_deferred() if isinstance(engine, Guarded) else []
+    return Guarded(FastokensEngine(tokenizer_json), reference) if name == "fastokens" else reference
 
 
 def _disagreements(fast, reference, texts: list[str]) -> list[str]:

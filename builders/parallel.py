@@ -4,9 +4,13 @@ Both take batches of source rows with their stream positions and leave each enco
 conversation (or the error that names it) at its position; the stream takes them back in
 order. Each worker (``builders.worker``) holds its own copy of the tokenizer, template, contract
 and engine and runs the same ``ConversationEncoder``, so the rows do not depend on the number of
-workers. At most ``2 × workers`` batches are in flight: memory stays bounded. A guarded engine's
-cross-check samples come back with each batch and are compared in the main process, beside the
-build, so no worker waits for them.
+workers. A pool's workers also decode the source's row groups themselves (``submit_group``) and
+cross-check their own samples: what scales with the source runs in them, and the main process
+only orders, cuts and writes. At most ``2 × workers`` tasks are in flight: memory stays bounded.
+
+``--workers auto`` (``worker_count``) is one process where the machine has at most
+``IN_PROCESS_UP_TO`` cores (the engine's own threads use them; measured fastest there, see
+docs/performance.md), else a worker for each core the process may use.
 
 The pool waits on every worker's own channel at once: a worker that dies, at any moment, ends
 its channel, and the build stops with ``WorkerError`` (exit 7); the other workers are ended and
@@ -15,6 +19,8 @@ reaped as the pool closes, on any way out (an error, Ctrl-C or SIGTERM). Nothing
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from multiprocessing.connection import wait
 
 import numpy as np
@@ -23,13 +29,25 @@ import pyarrow as pa
 from builders.encode import ConversationEncoder
 from builders.errors import SourceDataError
 from builders.records import EncodedConversation
+from builders.source import Source
 from builders.worker import Worker, encode_rows
 
 Encoded = dict  # stream position → EncodedConversation, or the SourceDataError of that conversation
+IN_PROCESS_UP_TO = 2  # cores on which --workers auto encodes in this process
+
+
+def worker_count(requested: str | int) -> int:
+    """The worker processes ``--workers`` asks for: a number, or ``auto`` for this machine."""
+    if requested != "auto":
+        return int(requested)
+    cores = len(os.sched_getaffinity(0))
+    return 1 if cores <= IN_PROCESS_UP_TO else cores
 
 
 class InProcess:
     """Encodes in this process, at once (the engine's own threads use the cores)."""
+
+    decodes_groups = False  # the stream decodes the source here
 
     def __init__(self, encoder: ConversationEncoder):
         self.encoder = encoder
@@ -51,19 +69,24 @@ class InProcess:
 
 
 class Pool(InProcess):
-    """Encodes in ``workers`` processes, each with its own encoder; they start when the pool is entered."""
+    """Encodes in ``workers`` processes, each with its own encoder (from ``tokenizer_json``, the pinned
+    file's text) and its own reader of ``source``'s files; they start when the pool is entered."""
 
-    def __init__(self, encoder: ConversationEncoder, workers: int):
+    decodes_groups = True  # the stream hands row groups to the workers (``submit_group``)
+
+    def __init__(self, encoder: ConversationEncoder, workers: int, tokenizer_json: str, source: Source | None):
         super().__init__(encoder)
         self.count, self.depth = workers, 2 * workers
+        self.tokenizer_json, self.source = tokenizer_json, source
         self.workers: list[Worker] = []
+        self.hold: Callable[[pa.Table, np.ndarray], None] | None = None  # takes the rows a group sends back
 
     def __enter__(self):
         try:
             for _ in range(self.count):  # all start at once; each then reads its start-up message
                 self.workers.append(Worker())
             for worker in self.workers:
-                worker.send_start_up(self.encoder)
+                worker.send_start_up(self.encoder, self.tokenizer_json, self.source)
         except BaseException:
             self._stop()
             raise
@@ -74,9 +97,19 @@ class Pool(InProcess):
         return False
 
     def submit(self, table: pa.Table, positions: np.ndarray, encoded: Encoded) -> None:
-        while sum(worker.in_flight for worker in self.workers) >= self.depth:
+        self._least_busy(encoded).send_batch(table, positions)
+
+    def submit_group(self, group: int, rows: np.ndarray, positions: np.ndarray, eager: int, encoded: Encoded,
+                     hold: Callable[[pa.Table, np.ndarray], None]) -> None:
+        """Have a worker decode row group ``group``, encode its ``rows`` at ``positions`` before ``eager``
+        and send back the others, which go to ``hold`` (rows, positions)."""
+        self.hold = hold
+        self._least_busy(encoded).send_group(group, self.source.group_rows(group), rows, positions, eager)
+
+    def wait_all(self, encoded: Encoded) -> None:
+        """Take every answer still on its way (so each group's held-back rows are held)."""
+        while any(worker.in_flight for worker in self.workers):
             self._collect(encoded, block=True)
-        min(self.workers, key=lambda worker: worker.in_flight).send_batch(table, positions)
 
     def ready(self, encoded: Encoded, position: int) -> bool:
         if position not in encoded:
@@ -95,10 +128,15 @@ class Pool(InProcess):
         failed or died raises here."""
         by_channel = {worker.channel: worker for worker in self.workers}
         for channel in wait(list(by_channel), timeout=None if block else 0):
-            batch, samples = by_channel[channel].receive()
+            batch, later = by_channel[channel].receive()
             encoded.update(batch)
-            if samples[0]:  # the worker's cross-check samples, compared here beside the build
-                self.encoder.engine.check(*samples)
+            if later is not None:
+                self.hold(later.drop_columns(["position"]), later.column("position").to_numpy())
+
+    def _least_busy(self, encoded: Encoded) -> Worker:
+        while sum(worker.in_flight for worker in self.workers) >= self.depth:
+            self._collect(encoded, block=True)
+        return min(self.workers, key=lambda worker: worker.in_flight)
 
     def _stop(self) -> None:
         for worker in self.workers:
@@ -106,9 +144,10 @@ class Pool(InProcess):
         self.workers = []
 
 
-def encoding(encoder: ConversationEncoder, workers: int) -> InProcess:
-    """This process when ``workers`` is 1 (the engine then uses all cores itself), else a pool."""
-    return InProcess(encoder) if workers <= 1 else Pool(encoder, workers)
+def encoding(encoder: ConversationEncoder, workers: int, tokenizer_json: str, source: Source) -> InProcess:
+    """This process when ``workers`` is 1 (the engine then uses all cores itself), else a pool of
+    workers that load ``tokenizer_json`` and read ``source``'s files themselves."""
+    return InProcess(encoder) if workers <= 1 else Pool(encoder, workers, tokenizer_json, source)
 
 
 def _unwrap(item) -> EncodedConversation:

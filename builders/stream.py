@@ -120,24 +120,13 @@ class Stream:
         held = _Held(eager + in_memory // 2, in_memory // 2, spill)
         encoded: dict[int, EncodedConversation | SourceDataError] = {}
         position, last_eager = start, eager
-        with ThreadPoolExecutor(max_workers=READ_THREADS) as readers:
-            queue = iter(groups)  # decoded groups wait for the encoder: at most READ_AHEAD of them at once
-            pending = {readers.submit(self._read, group) for group in islice(queue, READ_AHEAD)}
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                pending |= {readers.submit(self._read, group) for group in islice(queue, len(done))}
-                for future in done:
-                    table = future.result()
-                    positions = self.position[table.column("index").to_numpy()]
-                    inside = (positions >= start) & (positions < end)
-                    now, later = inside & (positions < eager), inside & (positions >= eager)
-                    if now.any():
-                        self.encoding.submit(*_in_order(table.filter(now), positions[now]), encoded)
-                    if later.any():
-                        held.add(table.filter(later), positions[later])
-                while position < last_eager and self.encoding.ready(encoded, position):  # the prefix decoded so far
-                    yield self.encoding.take(encoded, position)
-                    position += 1
+        bounds = start, end, eager
+        feed = self._hand_out(groups, bounds, encoded, held) if self.encoding.decodes_groups \
+            else self._decode(groups, bounds, encoded, held)
+        for _ in feed:  # after each row group handed out: the prefix encoded so far
+            while position < last_eager and self.encoding.ready(encoded, position):
+                yield self.encoding.take(encoded, position)
+                position += 1
         self._decoded.clear()
         self.stats.rows_spilled += held.spilled
         while position < last_eager:
@@ -150,6 +139,45 @@ class Stream:
                     yield self.encoding.take(encoded, position)
                     position += 1
             del table, positions  # before the next bucket is read
+
+    def _decode(self, groups: list[int], bounds: tuple[int, int, int], encoded: dict, held: _Held) -> Iterator[None]:
+        """Decode the groups here (``READ_THREADS`` at a time) and take each apart."""
+        with ThreadPoolExecutor(max_workers=READ_THREADS) as readers:
+            queue = iter(groups)  # decoded groups wait for the encoder: at most READ_AHEAD of them at once
+            pending = {readers.submit(self._read, group) for group in islice(queue, READ_AHEAD)}
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                pending |= {readers.submit(self._read, group) for group in islice(queue, len(done))}
+                for future in done:
+                    self._take_apart(future.result(), bounds, encoded, held)
+                yield
+
+    def _hand_out(self, groups: list[int], bounds: tuple[int, int, int], encoded: dict, held: _Held) -> Iterator[None]:
+        """Have the workers decode the groups (each its own), encode their rows before ``eager`` and send
+        back the rest, which ``held`` keeps; the sample's groups, decoded already, are taken apart here."""
+        start, end, eager = bounds
+        for group in groups:
+            if group in self._decoded:
+                self._take_apart(self._decoded.pop(group), bounds, encoded, held)
+            else:
+                first, count = self.source.group_rows(group)
+                positions = self.position[first:first + count]
+                rows = np.flatnonzero((positions >= start) & (positions < end))
+                self.encoding.submit_group(group, rows, positions[rows], eager, encoded, held.add)
+                self.stats.row_groups_decoded += 1
+            yield
+        self.encoding.wait_all(encoded)
+
+    def _take_apart(self, table: pa.Table, bounds: tuple[int, int, int], encoded: dict, held: _Held) -> None:
+        """A decoded group's rows in [start, eager) to the encoder, those in [eager, end) to ``held``."""
+        start, end, eager = bounds
+        positions = self.position[table.column("index").to_numpy()]
+        inside = (positions >= start) & (positions < end)
+        now, later = inside & (positions < eager), inside & (positions >= eager)
+        if now.any():
+            self.encoding.submit(*_in_order(table.filter(now), positions[now]), encoded)
+        if later.any():
+            held.add(table.filter(later), positions[later])
 
 
 def _in_order(table: pa.Table, positions: np.ndarray) -> tuple[pa.Table, np.ndarray]:

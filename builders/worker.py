@@ -7,13 +7,21 @@ therefore closes its channel at once: the build sees the end of it, or a broken 
 lock or pipe shared with other processes can be left blocked. Only JSON and Arrow IPC travel on
 the channel:
 
-- build → worker: the start-up message (contract, engine name and chat format's inputs, as JSON), the
-  tokenizer's JSON text, then batches: Arrow IPC streams of source rows with a ``position``
-  column (their stream positions). Closing the channel ends the worker.
+- build → worker: the start-up message (contract, engine name, the chat format's inputs and
+  the source's files, as JSON), the tokenizer's JSON text, then tasks, each a JSON header and an
+  Arrow IPC stream: ``{}`` and source rows with a ``position`` column (their stream positions), or
+  ``{"group": G, "eager": E}`` and the rows of source row group G the pass wants (``row`` in the
+  group, ``position``): the worker decodes the group itself, encodes the rows before position E
+  and sends the others back undecoded-to-Python (Arrow) for the build to hold. Closing the
+  channel ends the worker.
 - worker → build: a JSON header for each message: ``ready`` once it has loaded what it encodes
-  with; for each batch ``batch`` (with the conversations the contract cannot encode, by position
-  and message), followed by two Arrow IPC streams, the encoded conversations and the engine's
-  cross-check samples; or ``failed`` with the reason, after which it exits.
+  with; for each task ``batch`` (with the conversations the contract cannot encode, by position
+  and message), followed by an Arrow IPC stream of the encoded conversations and, for a group,
+  one of the rows held back; or ``failed`` with the reason (and, for an error the user can
+  cause, its class), after which it exits.
+
+A guarded engine's cross-check runs in the worker, on its own samples, and a batch is sent only
+once its comparisons passed: the build never re-encodes anything.
 
 A worker reads its channel in a thread of its own, so the build's sends never wait for an
 encoding to finish, and it exits quietly when the channel ends (the build finished, or died).
@@ -41,9 +49,12 @@ from tokenizers import Tokenizer
 from builders import engines
 from builders.contract import Contract
 from builders.encode import ConversationEncoder
-from builders.errors import SourceDataError, UsageError, WorkerError
+from builders import errors
+from builders.errors import BuildError, SourceDataError, UsageError, WorkerError
 from builders.formats import FormatSpec
 from builders.records import EncodedConversation
+from builders.manifest import DatasetPin
+from builders.source import Source
 
 ROOT = Path(__file__).resolve().parents[1]  # the folder that holds this package: workers run the same code
 BOOTSTRAP = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); sys.path.insert(0, sys.argv[1]); "
@@ -66,35 +77,48 @@ class Worker:
         self.started = False  # it said ready
         self.in_flight = 0  # batches sent, not yet returned
 
-    def send_start_up(self, encoder: ConversationEncoder) -> None:
-        self._send(start_up_message(encoder))
-        self._send(encoder.tokenizer.to_str().encode("utf-8"))
+    def send_start_up(self, encoder: ConversationEncoder, tokenizer_json: str, source: Source | None) -> None:
+        """What the worker encodes with (``tokenizer_json``: the pinned file's text, which ``encoder``'s
+        tokenizer was loaded from) and the source whose row groups it decodes."""
+        self._send(start_up_message(encoder, source))
+        self._send(tokenizer_json.encode("utf-8"))
 
     def send_batch(self, table: pa.Table, positions: np.ndarray) -> None:
-        self._send(batch_message(table, positions))
-        self.in_flight += 1
+        """Source rows to encode, with their stream positions."""
+        self._send_task({}, batch_message(table, positions))
 
-    def receive(self) -> tuple[list[tuple[int, object]], tuple[list, list, list]]:
-        """The next message: for a batch, each position's EncodedConversation or SourceDataError,
-        and the engine's cross-check samples (texts, ids, source indices); nothing for ``ready``.
-        A worker that failed or died raises WorkerError (a fault in the builder, RuntimeError)."""
+    def send_group(self, group: int, bounds: tuple[int, int], rows: np.ndarray, positions: np.ndarray,
+                   eager: int) -> None:
+        """Row group ``group`` (its first source index and rows, ``bounds``, which the worker's reading
+        must match) to decode there: its ``rows`` (in the group) at ``positions``; those before
+        ``eager`` encoded, the others sent back as they are."""
+        self._send_task({"group": group, "bounds": list(bounds), "eager": eager}, _ipc(pa.table(
+            {"row": pa.array(rows, pa.int64()), "position": pa.array(positions, pa.int64())})))
+
+    def receive(self) -> tuple[list[tuple[int, object]], pa.Table | None]:
+        """The next message: for a task, each position's EncodedConversation or SourceDataError, and
+        for a group the rows held back (with their ``position``); nothing for ``ready``. A worker
+        that died raises WorkerError; one that failed, the user's error it met, or RuntimeError
+        (a fault in the builder)."""
         try:
             header = json.loads(self.channel.recv_bytes())
             if "batch" in header:
-                results, samples = _read(self.channel.recv_bytes()), _read(self.channel.recv_bytes())
+                results = _read(self.channel.recv_bytes())
+                later = _read(self.channel.recv_bytes()) if header["later"] else None
         except (EOFError, OSError):
             raise self._died() from None
         if "failed" in header:
+            if header.get("error"):  # the user's error, as it would be without workers
+                raise getattr(errors, header["error"])(header["message"])
             if self.started:  # a fault in the builder, as it would be without workers
                 raise RuntimeError(f"a tokenizing worker failed while encoding a batch:\n{header['traceback']}")
             raise WorkerError(f"a tokenizing worker process could not start: {header['failed']}; {NOTHING_LEFT}")
         if "ready" in header:
             self.started = True
-            return [], ([], [], [])
+            return [], None
         self.in_flight -= 1
-        errors = [(position, SourceDataError(message)) for position, message in header["errors"]]
-        return _conversations(results) + errors, (samples.column("text").to_pylist(), _split(
-            samples.column("ids"), np.int32), samples.column("index").to_pylist())
+        failed = [(position, SourceDataError(message)) for position, message in header["errors"]]
+        return _conversations(results) + failed, later
 
     def stop(self) -> None:
         """Close the channel, end the process and reap it (it holds nothing worth a goodbye)."""
@@ -102,6 +126,11 @@ class Worker:
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait()
+
+    def _send_task(self, header: dict, body: pa.Buffer) -> None:
+        self._send(json.dumps(header).encode("utf-8"))
+        self._send(body)
+        self.in_flight += 1
 
     def _send(self, data) -> None:
         try:
@@ -134,17 +163,18 @@ class Worker:
 
 
 def serve(fd: int) -> None:
-    """A worker's life: start up, then encode each batch the build sends until the channel ends."""
+    """A worker's life: start up, then do each task the build sends until the channel ends."""
     channel = Connection(fd)
-    batches: queue.SimpleQueue = queue.SimpleQueue()
+    tasks: queue.SimpleQueue = queue.SimpleQueue()
     try:
         start_up = json.loads(channel.recv_bytes())
         tokenizer_json = channel.recv_bytes().decode("utf-8")
-        threading.Thread(target=_receive, args=(channel, batches), daemon=True).start()
+        threading.Thread(target=_receive, args=(channel, tasks), daemon=True).start()
         tokenizer = Tokenizer.from_str(tokenizer_json)
         engine = engines.named(start_up["engine"], tokenizer, tokenizer_json)
         encoder = ConversationEncoder(tokenizer, _format_spec(start_up["format"]), Contract(**start_up["contract"]),
                                       engine)
+        datasets = start_up["source"]
     except (EOFError, OSError):
         return  # the build is gone
     except Exception as err:  # noqa: BLE001 (reported to the build, which names it)
@@ -152,20 +182,81 @@ def serve(fd: int) -> None:
         return
     try:
         channel.send_bytes(json.dumps({"ready": True}).encode("utf-8"))
-        for batch in iter(batches.get, None):
+        source = None  # opened at the first group
+        for header, body in iter(tasks.get, None):
             try:
-                results = encode_rows(encoder, *read_batch(batch))
-                samples = engines.take_deferred(encoder.engine)
-            except Exception as err:  # noqa: BLE001 (a fault in the builder: the build raises it)
+                table = _read(body)
+                later = None
+                if "group" in header:
+                    source = source or _source(datasets)
+                    if list(source.group_rows(header["group"])) != header["bounds"]:
+                        raise RuntimeError(f"row group {header['group']}: the worker reads rows "
+                                           f"{source.group_rows(header['group'])}, the build {header['bounds']}")
+                    table, later = _group_rows(source, header["group"], table, header["eager"])
+                results = encode_rows(encoder, table.drop_columns(["position"]).to_pylist(),
+                                      table.column("position").to_numpy())
+                engines.finish(encoder.engine)  # its cross-checks passed before it is sent
+            except Exception as err:  # noqa: BLE001 (the user's error, or a fault in the builder: the build raises it)
                 _fail(channel, err)
                 return
-            errors = [(position, str(item)) for position, item in results if isinstance(item, SourceDataError)]
-            channel.send_bytes(json.dumps({"batch": len(results), "errors": errors}).encode("utf-8"))
+            failed = [(position, str(item)) for position, item in results if isinstance(item, SourceDataError)]
+            channel.send_bytes(json.dumps({"batch": len(results), "errors": failed,
+                                           "later": later is not None}).encode("utf-8"))
             channel.send_bytes(_ipc(_conversations_table(
                 [(p, c) for p, c in results if isinstance(c, EncodedConversation)])))
-            channel.send_bytes(_ipc(_samples_table(samples)))
+            if later is not None:
+                channel.send_bytes(_ipc(later))
     except OSError:
         return  # the build is gone
+
+
+def start_up_message(encoder: ConversationEncoder, source: Source | None = None) -> bytes:
+    """What a worker's encoder is made of besides the tokenizer: the contract, the engine's name and the
+    chat format's inputs, and the source it decodes (each dataset's pin and files), as JSON. A format
+    whose template variables JSON does not carry exactly (a mapping with keys that are not text, binary data) is refused here:
+    workers would render otherwise."""
+    spec = asdict(encoder.spec)
+    try:
+        text = json.dumps(spec, allow_nan=False)
+    except (TypeError, ValueError):
+        text = None
+    if text is None or _format_spec(json.loads(text)) != encoder.spec:
+        raise UsageError("tokenizer.template_vars and tokenizer.prefills hold data other than plain JSON (text "
+                         "keys, text, numbers, lists): worker processes could not render as this process does; "
+                         "build with --workers 1")
+    datasets = [] if source is None else [(asdict(pin), [(f.name, str(f.path)) for f in source.files if f.dataset == j])
+                                          for j, pin in enumerate(source.pins)]
+    return json.dumps({"contract": encoder.contract.as_dict(), "engine": encoder.engine.name, "format": spec,
+                       "source": datasets}).encode("utf-8")
+
+
+def _source(datasets: list) -> Source:
+    """The source a start-up message describes, opened again in the worker."""
+    def pin(data: dict) -> DatasetPin:
+        roles = data["roles"]
+        return DatasetPin(**{**data, "keys": tuple(data["keys"]),
+                             "roles": None if roles is None else tuple(tuple(r) for r in roles)})
+    return Source([(pin(data), [(name, Path(path)) for name, path in files]) for data, files in datasets])
+
+
+def _format_spec(data: dict) -> FormatSpec:
+    return FormatSpec(**{**data, "stop": tuple(data["stop"]), "prefills": tuple(data["prefills"])})
+
+
+def batch_message(table: pa.Table, positions: np.ndarray) -> pa.Buffer:
+    """Source rows and their stream positions as they travel to a worker: Arrow IPC, which
+    carries a slice's own rows only."""
+    return _ipc(table.append_column("position", pa.array(positions, pa.int64())))
+
+
+def _group_rows(source: Source, group: int, wanted: pa.Table, eager: int) -> tuple[pa.Table, pa.Table]:
+    """The wanted rows of ``group``, decoded, with their ``position``: those before ``eager`` in stream
+    order (to encode), and the others (to send back)."""
+    positions = wanted.column("position").to_numpy()
+    rows = source.read_group(group).take(wanted.column("row")).append_column("position", wanted.column("position"))
+    now = np.flatnonzero(positions < eager)
+    now = now[np.argsort(positions[now], kind="stable")]
+    return rows.take(pa.array(now)), rows.filter(pa.array(positions >= eager))
 
 
 def encode_rows(encoder: ConversationEncoder, rows: list[dict], positions) -> list[tuple[int, object]]:
@@ -183,50 +274,19 @@ def encode_rows(encoder: ConversationEncoder, rows: list[dict], positions) -> li
         return out
 
 
-def start_up_message(encoder: ConversationEncoder) -> bytes:
-    """What a worker's encoder is made of besides the tokenizer: the contract, the engine's name and the
-    chat format's inputs, as JSON. A format whose template variables JSON does not carry exactly (a
-    mapping with keys that are not text, binary data) is refused here: workers would render otherwise."""
-    spec = asdict(encoder.spec)
-    try:
-        text = json.dumps(spec, allow_nan=False)
-    except (TypeError, ValueError):
-        text = None
-    if text is None or _format_spec(json.loads(text)) != encoder.spec:
-        raise UsageError("tokenizer.template_vars and tokenizer.prefills hold data other than plain JSON (text "
-                         "keys, text, numbers, lists): worker processes could not render as this process does; "
-                         "build with --workers 1")
-    return json.dumps({"contract": encoder.contract.as_dict(), "engine": encoder.engine.name,
-                       "format": spec}).encode("utf-8")
-
-
-def _format_spec(data: dict) -> FormatSpec:
-    return FormatSpec(**{**data, "stop": tuple(data["stop"]), "prefills": tuple(data["prefills"])})
-
-
-def batch_message(table: pa.Table, positions: np.ndarray) -> pa.Buffer:
-    """Source rows and their stream positions as they travel to a worker: Arrow IPC, which
-    carries a slice's own rows only."""
-    return _ipc(table.append_column("position", pa.array(positions, pa.int64())))
-
-
-def read_batch(message) -> tuple[list[dict], np.ndarray]:
-    """A batch message's rows (as the encoder takes them) and their positions."""
-    table = _read(message)
-    return table.drop_columns(["position"]).to_pylist(), table.column("position").to_numpy()
-
-
-def _receive(channel: Connection, batches: queue.SimpleQueue) -> None:
+def _receive(channel: Connection, tasks: queue.SimpleQueue) -> None:
     try:
         while True:
-            batches.put(channel.recv_bytes())
+            tasks.put((json.loads(channel.recv_bytes()), channel.recv_bytes()))
     except (EOFError, OSError):
-        batches.put(None)
+        tasks.put(None)
 
 
 def _fail(channel: Connection, err: Exception) -> None:
+    user = isinstance(err, BuildError) and getattr(errors, type(err).__name__, None) is type(err)
     try:
-        channel.send_bytes(json.dumps({"failed": f"{type(err).__name__}: {err}",
+        channel.send_bytes(json.dumps({"failed": f"{type(err).__name__}: {err}", "message": str(err),
+                                       "error": type(err).__name__ if user else None,
                                        "traceback": "".join(traceback.format_exception(err))}).encode("utf-8"))
     except OSError:
         pass  # the build is gone
@@ -280,11 +340,3 @@ def _conversations(table: pa.Table) -> list[tuple[int, EncodedConversation]]:
     return [(columns["position"][k], EncodedConversation(
         columns["index"][k], columns["id"][k], columns["source"][k], ids[k], mask[k], columns["ends_with_answer"][k],
         left_out=columns["left_out"][k], cross_checked=columns["cross_checked"][k])) for k in range(table.num_rows)]
-
-
-def _samples_table(samples: list[tuple]) -> pa.Table:
-    return pa.table({
-        "text": pa.array([t for texts, _, _ in samples for t in texts], pa.string()),
-        "ids": _lists([a for _, ids, _ in samples for a in ids], np.int32),
-        "index": pa.array([i for _, _, indices in samples for i in indices], pa.int64()),
-    })

@@ -31,11 +31,11 @@ def laid_out(tmp_path_factory):
     return load_manifest(manifest), Hub(hf_home / "hub", offline=True)
 
 
-def build_with(laid_out, tmp_path, monkeypatch, **constants):
+def build_with(laid_out, tmp_path, monkeypatch, workers=1, **constants):
     for name, value in constants.items():
         monkeypatch.setattr(stream, name, value)
     manifest, hub = laid_out
-    result = build(manifest, tmp_path, hub, card=False)
+    result = build(manifest, tmp_path, hub, card=False, workers=workers)
     report = json.loads(result.report.read_text())
     return result.parquet.read_bytes(), report["source_reading"], report["stats"]
 
@@ -43,7 +43,7 @@ def build_with(laid_out, tmp_path, monkeypatch, **constants):
 @pytest.fixture(scope="module")
 def plain(laid_out, tmp_path_factory):
     manifest, hub = laid_out
-    result = build(manifest, tmp_path_factory.mktemp("plain"), hub, card=False)
+    result = build(manifest, tmp_path_factory.mktemp("plain"), hub, card=False, workers=1)
     return result.parquet.read_bytes(), json.loads(result.report.read_text())
 
 
@@ -54,21 +54,31 @@ def test_each_row_group_is_decoded_once(plain):
     assert report["stats"]["conversations_consumed"] > 0.8 * len(ROWS)  # nearly the whole source
 
 
-def test_rows_beyond_memory_wait_on_disk_and_change_nothing(laid_out, plain, tmp_path, monkeypatch):
-    data, reading, _ = build_with(laid_out, tmp_path, monkeypatch, MEMORY_ROWS_BYTES=1, ENCODE_BATCH=16)
+def test_workers_decode_the_row_groups_and_change_nothing(laid_out, plain, tmp_path, monkeypatch):
+    """With 3 workers each row group is decoded once, by a worker (the sample's, here): the same rows."""
+    data, reading, stats = build_with(laid_out, tmp_path, monkeypatch, workers=3)
+    assert data == plain[0] and stats == plain[1]["stats"]
+    assert reading == plain[1]["source_reading"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_rows_beyond_memory_wait_on_disk_and_change_nothing(laid_out, plain, tmp_path, monkeypatch, workers):
+    data, reading, _ = build_with(laid_out, tmp_path, monkeypatch, workers, MEMORY_ROWS_BYTES=1, ENCODE_BATCH=16)
     assert data == plain[0]  # 32 rows in memory at once, the rest on disk
     assert reading["passes"] == 1 and reading["row_groups_decoded"] == 60 and reading["rows_spilled"] > 400
 
 
-def test_a_short_estimate_makes_another_pass_and_changes_nothing(laid_out, plain, tmp_path, monkeypatch):
-    data, reading, _ = build_with(laid_out, tmp_path, monkeypatch, HORIZON_MARGIN=0.5, EAGER_SHARE=0.3,
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_short_estimate_makes_another_pass_and_changes_nothing(laid_out, plain, tmp_path, monkeypatch, workers):
+    data, reading, _ = build_with(laid_out, tmp_path, monkeypatch, workers, HORIZON_MARGIN=0.5, EAGER_SHARE=0.3,
                                   ENCODE_BATCH=16)
     assert data == plain[0]
     assert reading["passes"] >= 2 and reading["horizon"] < 0.6 * len(ROWS)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("constants", [{}, {"MEMORY_ROWS_BYTES": 1}, {"EAGER_SHARE": 0.0}])
-def test_the_first_bad_conversation_in_stream_order_is_the_one_reported(tmp_path, monkeypatch, constants):
+def test_the_first_bad_conversation_in_stream_order_is_the_one_reported(tmp_path, monkeypatch, constants, workers):
     """Two conversations the contract cannot render, in different row groups: whichever is decoded or
     encoded first, the error names the one the stream reaches first."""
     for name, value in constants.items():
@@ -81,7 +91,8 @@ def test_the_first_bad_conversation_in_stream_order_is_the_one_reported(tmp_path
     manifest = lay_out_build(tmp_path / "hf", rows, name="bad", row_tokens=256, build_rows=800, shards=3,
                              row_group_rows=10)
     with pytest.raises(SourceDataError, match=rf"source row {early} \(id 'c{early}'\)"):
-        build(load_manifest(manifest), tmp_path / "out", Hub(tmp_path / "hf" / "hub", offline=True), card=False)
+        build(load_manifest(manifest), tmp_path / "out", Hub(tmp_path / "hf" / "hub", offline=True), card=False,
+              workers=workers)
 
 
 def test_rows_are_the_stream_prefix(plain, laid_out):
@@ -96,13 +107,14 @@ def test_a_batch_sent_to_a_worker_carries_only_its_rows():
     """A batch is a slice of a held table; the Arrow IPC a worker gets holds just the batch's rows."""
     import pyarrow as pa
 
-    from builders.worker import batch_message, read_batch
+    from builders.worker import batch_message
 
     held = pa.table({"index": pa.array(range(10_000)), "messages": pa.array(["x" * 1000] * 10_000)})
     batch = held.slice(5_000, 8)
     sent = batch_message(batch, np.arange(100, 108))
-    rows, positions = read_batch(sent)
-    assert rows == batch.to_pylist() and positions.tolist() == list(range(100, 108))
+    received = pa.ipc.open_stream(sent).read_all()
+    assert received.drop_columns(["position"]).equals(batch)
+    assert received.column("position").to_pylist() == list(range(100, 108))
     assert len(sent) < 20 * 1000  # 8 rows of 1 kB, not the 10 MB of the held table
 
 
@@ -132,7 +144,7 @@ def test_workers_encode_as_this_process_does():
                     out[position] = str(err)
         return out
 
-    here, there = encoded(InProcess(enc)), encoded(Pool(enc, 2))
+    here, there = encoded(InProcess(enc)), encoded(Pool(enc, 2, enc.tokenizer.to_str(), None))
     assert "role 'function'" in here[107] and there[107] == here[107]
     for position in positions.tolist():
         mine, theirs = here[position], there[position]

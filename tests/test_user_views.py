@@ -1,6 +1,7 @@
 """What users see: progress and logs, the data card and its plots, inspect, diff, ecosystem fit."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -107,6 +108,24 @@ def test_card_describes_the_build(cli_build):
     for plot in PLOTS:
         assert f"({SELF_CONTAINED}.{plot}.png)" in card
         assert (out / f"{SELF_CONTAINED}.{plot}.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_report_and_card_say_how_many_workers_encoded(cli_build, fixture_cache, tmp_path):
+    """--workers auto (the default) is recorded with what it chose on this machine; a number as given."""
+    out, _ = cli_build
+    cores = len(os.sched_getaffinity(0))
+    report = json.loads((out / f"{SELF_CONTAINED}.report.json").read_text())
+    assert (report["workers_requested"], report["cores"]) == ("auto", cores)
+    assert report["workers"] == (1 if cores <= 2 else cores)  # docs/performance.md: in-process on 2 cores
+    card = (out / f"{SELF_CONTAINED}.md").read_text(encoding="utf-8")
+    assert f"(`--workers auto`, {cores} cores available;" in card
+    done = run_cli("--build", SELF_CONTAINED, "--out", str(tmp_path), "--workers", "2", "--no-card",
+                   hf_home=fixture_cache)
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / f"{SELF_CONTAINED}.report.json").read_text())
+    assert (report["workers_requested"], report["workers"]) == ("2", 2)
+    refused = run_cli("--build", SELF_CONTAINED, "--out", str(tmp_path), "--workers", "0", hf_home=fixture_cache)
+    assert refused.returncode == 2 and "--workers: a number of at least 1, or auto, not '0'" in refused.stderr
 
 
 def test_conversations_that_train_nothing_are_counted(tmp_path):
