@@ -12,6 +12,7 @@ it (``hashed_files``) and checked against the sha256 that names them before its 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import re
@@ -22,7 +23,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import httpx2
 from huggingface_hub import constants, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 from huggingface_hub.utils import filter_repo_objects, get_session
@@ -136,9 +136,12 @@ def hub_unreachable(hub: Hub) -> str | None:
     """Why the Hub does not answer (one request, no retries), or None: it answers, or the build is offline."""
     if hub.offline or constants.HF_HUB_OFFLINE:
         return None
+    session = get_session()
+    # huggingface_hub's HTTP library (httpx2 in the lock, httpx in older releases such as miles' pin)
+    transport_error = importlib.import_module(type(session).__module__.split(".")[0]).TransportError
     try:
-        get_session().head(constants.ENDPOINT, timeout=HUB_PROBE_TIMEOUT_S)
-    except httpx2.TransportError as err:
+        session.head(constants.ENDPOINT, timeout=HUB_PROBE_TIMEOUT_S)
+    except transport_error as err:
         return f"{constants.ENDPOINT}: {type(err).__name__}: {err}"
     return None
 
