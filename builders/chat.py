@@ -13,11 +13,19 @@ from datetime import datetime
 # transformers advises at import that "PyTorch was not found": rendering a template needs no torch
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 from transformers.utils.chat_template_utils import (  # noqa: E402
-    _alias_reasoning_fields,
     _cached_compile_jinja_template,
-    _plain_template_data,
     _render_with_assistant_indices,
 )
+
+try:  # the message normalization of transformers 5.23 and later (the lock's)
+    from transformers.utils.chat_template_utils import _alias_reasoning_fields, _plain_template_data
+except ImportError:  # earlier releases (miles' pinned 5.12.1) render the messages as they are given
+
+    def _alias_reasoning_fields(messages):
+        return messages
+
+    def _plain_template_data(data):
+        return data
 
 from builders.errors import ConversationError
 
