@@ -74,7 +74,7 @@ def main() -> None:
     print(f"inputs laid out in {time.perf_counter() - started:.0f} s; measuring", file=sys.stderr, flush=True)
     runs = {}
     for name, manifest in (("glm5", glm5), ("turns", turns)):
-        runs[name] = build(manifest, args.cache / "out" / f"{name}-vs", hf_home, "fastokens", 1)
+        runs[name] = build(manifest, args.cache / "out" / f"{name}-vs", hf_home, "fastokens", "1")
         print(f"  {name}: {runs[name]['seconds']} s, peak RSS {runs[name]['main_peak_rss_mib']} MiB",
               file=sys.stderr, flush=True)
     ratio = runs["turns"]["seconds"] / runs["glm5"]["seconds"]
