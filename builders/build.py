@@ -15,7 +15,6 @@ import os
 import platform
 import sys
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from importlib import metadata
@@ -73,15 +72,14 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
             # every source file's bytes are hashed beside the build, and checked before anything is put in place
             source_hashes = build_scope.enter_context(
                 hashed_files(pinned_files((f.name, f.path) for f in source.files)))
-            with ThreadPoolExecutor(1) as loader:  # the engine loads and passes its probes beside the planning
-                choice = loader.submit(engines.choose, engine, pinned.tokenizer, pinned.tokenizer_json,
-                                       pinned.chat_template)
-                order = _checked_order(manifest, source)
-                reference = ConversationEncoder(pinned.tokenizer, pinned.spec, manifest.contract)
-                stream = Stream(source, order, manifest.rows * manifest.row_tokens)
-                stream.plan(reference)
-                chosen = choice.result()
-            encoder = reference.with_engine(chosen.engine)
+            order = _checked_order(manifest, source)
+            reference = ConversationEncoder(pinned.tokenizer, pinned.spec, manifest.contract)
+            # the engine is chosen (in the workers, where there are workers) while the build plans
+            encoding = build_scope.enter_context(
+                parallel.encoding(reference, workers, engine, pinned.tokenizer_json, source))
+            stream = Stream(source, order, manifest.rows * manifest.row_tokens)
+            stream.plan(reference)
+            chosen = encoding.settle()
         reporter.info(f"inputs resolved: {source.num_rows:,} source rows in {len(source.files)} files"
                       + (f" of {len(source.pins)} datasets, {len(order):,} kept" if manifest.mixture else "")
                       + " (their bytes are hashed and checked beside the build)")
@@ -96,11 +94,10 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
             raise OutputError(f"{out_dir}: cannot write the build output here ({err.strerror or err})") from err
         with outputs(out_dir) as files:
             with files.writing(f"{manifest.name}.parquet") as parquet:
-                encoding = parallel.encoding(encoder, workers, pinned.tokenizer_json, source)
-                with timings.stage("build_s"), encoding:
-                    figures, stats = _write_rows(manifest, source, encoder, stream.encoded_with(encoding),
+                with timings.stage("build_s"):
+                    figures, stats = _write_rows(manifest, source, reference, stream.encoded_with(encoding),
                                                  parquet.temporary, reporter)
-                    engines.finish(encoder.engine)  # the last cross-checks, before anything is kept
+                    encoding.finish()  # the last cross-checks, before anything is kept
                 with timings.stage("hash_s"):
                     computed = {**figures.as_dict(), **file_hash(parquet.temporary)}
                     source_files = [{"repo": source.pins[f.dataset].repo, "revision": source.pins[f.dataset].revision,
@@ -108,7 +105,7 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
             verification = verify(computed, manifest, built_from=manifest.recipe())
             parquet.final = out_dir / f"{manifest.name}{'' if verification.verified else '.unverified'}.parquet"
             document = _report(manifest, parquet.final, computed, verification, stats, (requested, workers),
-                               source_files, chosen, stream.stats, encoder.format.describe())
+                               source_files, chosen, stream.stats, reference.format.describe())
             if card:
                 with timings.stage("card_s"):
                     write_card(files, manifest, document, stats)
@@ -210,8 +207,7 @@ def _report(manifest: Manifest, final: Path, computed: dict, verification: Verif
         "versions": toolchain(),
         "workers": workers[1],  # the processes that encoded; what --workers asked, and the cores it could use:
         "workers_requested": workers[0], "cores": len(os.sched_getaffinity(0)),
-        "engine": {"name": chosen.engine.name, "version": chosen.engine.version, "requested": chosen.requested,
-                   "note": chosen.note, "conversations_cross_checked": stats.cross_checked},
+        "engine": {**chosen.as_dict(), "conversations_cross_checked": stats.cross_checked},
         "argv": sys.argv,
     }
 

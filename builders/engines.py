@@ -130,12 +130,24 @@ def finish(engine) -> None:
 
 @dataclass(frozen=True)
 class Choice:
-    engine: object  # TokenizersEngine or Guarded
+    """The engine a build encodes with, and why; ``engine`` is None where the worker processes made
+    their own (each makes the same choice: ``builders.worker``)."""
+
+    name: str
+    version: str | None
     requested: str
     note: str | None  # why auto did not use fastokens
+    engine: object | None = None  # TokenizersEngine or Guarded, made in this process
+
+    @classmethod
+    def of(cls, engine, requested: str, note: str | None) -> Choice:
+        return cls(engine.name, engine.version, requested, note, engine)
 
     def describe(self) -> str:
-        return f"encoding with {self.engine.name} {self.engine.version}" + (f" ({self.note})" if self.note else "")
+        return f"encoding with {self.name} {self.version}" + (f" ({self.note})" if self.note else "")
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "version": self.version, "requested": self.requested, "note": self.note}
 
 
 def choose(requested: str, tokenizer: Tokenizer, tokenizer_json: str, chat_template: str) -> Choice:
@@ -145,29 +157,22 @@ def choose(requested: str, tokenizer: Tokenizer, tokenizer_json: str, chat_templ
         raise UsageError(f"unknown engine {requested!r} (known: {', '.join(ENGINES)})")
     reference = TokenizersEngine(tokenizer)
     if requested == "tokenizers":
-        return Choice(reference, requested, None)
+        return Choice.of(reference, requested, None)
     try:
         fast = FastokensEngine(tokenizer_json)
     except Exception as err:  # not installed, or cannot load this tokenizer.json
         problem = f"fastokens cannot load the pinned tokenizer.json ({type(err).__name__}: {err})"
         if requested == "fastokens":
             raise UsageError(f"--engine fastokens: {problem}") from err
-        return Choice(reference, requested, f"{problem}; encoding with tokenizers")
+        return Choice.of(reference, requested, f"{problem}; encoding with tokenizers")
     differing = _disagreements(fast, reference, probes(tokenizer, chat_template))
     if differing:
         problem = f"fastokens and tokenizers encode {len(differing)} probe strings differently (first: " \
                   f"{differing[0]!r})"
         if requested == "fastokens":
             raise EngineDisagreement(f"--engine fastokens: {problem}; build with --engine tokenizers")
-        return Choice(reference, requested, f"{problem}; encoding with tokenizers")
-    return Choice(Guarded(fast, reference), requested, None)
-
-
-def named(name: str, tokenizer: Tokenizer, tokenizer_json: str):
-    """The engine a choice settled on, made again in a worker process: a guarded one cross-checks
-    the worker's own samples there."""
-    reference = TokenizersEngine(tokenizer)
-    return Guarded(FastokensEngine(tokenizer_json), reference) if name == "fastokens" else reference
+        return Choice.of(reference, requested, f"{problem}; encoding with tokenizers")
+    return Choice.of(Guarded(fast, reference), requested, None)
 
 
 def _disagreements(fast, reference, texts: list[str]) -> list[str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from builders.digest import file_digest
 from builders.errors import VerificationError
 from builders.manifest import Manifest, cli_command
 from builders.rowfile import ROW_GROUP_ROWS, iter_token_batches, writer_version
@@ -99,16 +100,6 @@ def file_hash(path: Path) -> dict:
     """A built file's ``parquet_sha256`` and ``parquet_bytes``."""
     sha256, size = file_digest(path)
     return {"parquet_sha256": sha256, "parquet_bytes": size}
-
-
-def file_digest(path: Path) -> tuple[str, int]:
-    """The sha256 and size of a file, read in blocks."""
-    sha, size = hashlib.sha256(), 0
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            sha.update(block)
-            size += len(block)
-    return sha.hexdigest(), size
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,11 @@ Both take batches of source rows with their stream positions and leave each enco
 conversation (or the error that names it) at its position; the stream takes them back in
 order. Each worker (``builders.worker``) holds its own copy of the tokenizer, template, contract
 and engine and runs the same ``ConversationEncoder``, so the rows do not depend on the number of
-workers. A pool's workers also decode the source's row groups themselves (``submit_group``) and
-cross-check their own samples: what scales with the source runs in them, and the main process
-only orders, cuts and writes. At most ``2 × workers`` tasks are in flight: memory stays bounded.
+workers. A pool's workers also choose the engine (its probes), decode the source's row groups
+themselves (``submit_group``) and cross-check their own samples: what scales with the source runs
+in them, and the main process only orders, cuts and writes. At most ``2 × workers`` tasks are in
+flight: memory stays bounded. Either way the engine is chosen while the build plans, and
+``settle`` waits for that choice.
 
 ``--workers auto`` (``worker_count``) is one process where the machine has at most
 ``IN_PROCESS_UP_TO`` cores (the engine's own threads use them; measured fastest there, see
@@ -19,15 +21,18 @@ reaped as the pool closes, on any way out (an error, Ctrl-C or SIGTERM). Nothing
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import wait
 
 import numpy as np
 import pyarrow as pa
 
+from builders import engines
 from builders.encode import ConversationEncoder
-from builders.errors import SourceDataError
+from builders.errors import EngineDisagreement, SourceDataError
 from builders.records import EncodedConversation
 from builders.source import Source
 from builders.worker import Worker, encode_rows
@@ -45,18 +50,35 @@ def worker_count(requested: str | int) -> int:
 
 
 class InProcess:
-    """Encodes in this process, at once (the engine's own threads use the cores)."""
+    """Encodes in this process, at once (the engine's own threads use the cores); the engine is
+    chosen in a thread of its own while the build plans."""
 
     decodes_groups = False  # the stream decodes the source here
 
-    def __init__(self, encoder: ConversationEncoder):
-        self.encoder = encoder
+    def __init__(self, encoder: ConversationEncoder, engine: str, tokenizer_json: str):
+        """``encoder``: the format and contract, with the reference engine until ``settle``; ``engine``:
+        what ``--engine`` asks for; ``tokenizer_json``: the pinned file's text."""
+        self.encoder, self.requested, self.tokenizer_json = encoder, engine, tokenizer_json
 
     def __enter__(self):
+        self._chooser = ThreadPoolExecutor(1, thread_name_prefix="engine-choice")
+        self._choice = self._chooser.submit(engines.choose, self.requested, self.encoder.tokenizer,
+                                            self.tokenizer_json, self.encoder.spec.chat_template)
         return self
 
     def __exit__(self, *exc):
+        self._chooser.shutdown(wait=True, cancel_futures=True)
         return False
+
+    def settle(self) -> engines.Choice:
+        """The engine chosen (a refused ``--engine`` raises here); encode with it from now on."""
+        choice = self._choice.result()
+        self.encoder = self.encoder.with_engine(choice.engine)
+        return choice
+
+    def finish(self) -> None:
+        """Let the engine's last cross-checks finish (a disagreement raises)."""
+        engines.finish(self.encoder.engine)
 
     def submit(self, table: pa.Table, positions: np.ndarray, encoded: Encoded) -> None:
         encoded.update(encode_rows(self.encoder, table.to_pylist(), positions))
@@ -70,14 +92,16 @@ class InProcess:
 
 class Pool(InProcess):
     """Encodes in ``workers`` processes, each with its own encoder (from ``tokenizer_json``, the pinned
-    file's text) and its own reader of ``source``'s files; they start when the pool is entered."""
+    file's text), its own choice of ``engine`` and its own reader of ``source``'s files; they start
+    when the pool is entered."""
 
     decodes_groups = True  # the stream hands row groups to the workers (``submit_group``)
 
-    def __init__(self, encoder: ConversationEncoder, workers: int, tokenizer_json: str, source: Source | None):
-        super().__init__(encoder)
+    def __init__(self, encoder: ConversationEncoder, engine: str, tokenizer_json: str, workers: int,
+                 source: Source | None):
+        super().__init__(encoder, engine, tokenizer_json)
         self.count, self.depth = workers, 2 * workers
-        self.tokenizer_json, self.source = tokenizer_json, source
+        self.source = source
         self.workers: list[Worker] = []
         self.hold: Callable[[pa.Table, np.ndarray], None] | None = None  # takes the rows a group sends back
 
@@ -86,7 +110,7 @@ class Pool(InProcess):
             for _ in range(self.count):  # all start at once; each then reads its start-up message
                 self.workers.append(Worker())
             for worker in self.workers:
-                worker.send_start_up(self.encoder, self.tokenizer_json, self.source)
+                worker.send_start_up(self.encoder, self.requested, self.tokenizer_json, self.source)
         except BaseException:
             self._stop()
             raise
@@ -95,6 +119,20 @@ class Pool(InProcess):
     def __exit__(self, *exc):
         self._stop()
         return False
+
+    def settle(self) -> engines.Choice:
+        """The engine every worker chose once it started (a worker that could not start, or a refused
+        ``--engine``, raises here)."""
+        while not all(worker.started for worker in self.workers):
+            self._collect({}, block=True)
+        chosen = {json.dumps(worker.choice, sort_keys=True) for worker in self.workers}
+        if len(chosen) > 1:
+            raise EngineDisagreement(f"the worker processes chose different engines ({'; '.join(sorted(chosen))}); "
+                                     f"build with --engine tokenizers")
+        return engines.Choice(**self.workers[0].choice)
+
+    def finish(self) -> None:
+        """Nothing: each worker's cross-checks passed before it sent its batch."""
 
     def submit(self, table: pa.Table, positions: np.ndarray, encoded: Encoded) -> None:
         self._least_busy(encoded).send_batch(table, positions)
@@ -144,10 +182,14 @@ class Pool(InProcess):
         self.workers = []
 
 
-def encoding(encoder: ConversationEncoder, workers: int, tokenizer_json: str, source: Source) -> InProcess:
+def encoding(encoder: ConversationEncoder, workers: int, engine: str, tokenizer_json: str,
+             source: Source) -> InProcess:
     """This process when ``workers`` is 1 (the engine then uses all cores itself), else a pool of
-    workers that load ``tokenizer_json`` and read ``source``'s files themselves."""
-    return InProcess(encoder) if workers <= 1 else Pool(encoder, workers, tokenizer_json, source)
+    workers that load ``tokenizer_json`` and read ``source``'s files themselves; either chooses
+    ``engine`` (``--engine``) while the build plans."""
+    if workers <= 1:
+        return InProcess(encoder, engine, tokenizer_json)
+    return Pool(encoder, engine, tokenizer_json, workers, source)
 
 
 def _unwrap(item) -> EncodedConversation:

@@ -5,7 +5,7 @@
 Each repo is asked for exactly the files a build reads (``PinnedRepo.patterns``), so online a
 build fetches nothing else, and ``download`` fetches the same. The tokenizer files are read
 once, as bytes, and hashed before anything parses them: what is parsed is exactly what was
-checked. The source files, too large to read twice before a build, are hashed in a thread beside
+checked. The source files, too large to read twice before a build, are hashed in a process beside
 it (``hashed_files``) and checked against the sha256 that names them before its output is kept.
 """
 
@@ -18,7 +18,7 @@ import os
 import re
 import shlex
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,7 +29,7 @@ from huggingface_hub.utils import filter_repo_objects, get_session
 from tokenizers import Tokenizer
 
 from builders.errors import BuildError, PinnedInputError
-from builders.figures import file_digest
+from builders.digest import HashingProcess
 from builders.formats import FormatSpec, format_class
 from builders.manifest import DatasetPin, Manifest, TokenizerPin, cli_command
 from builders.source import Source
@@ -287,7 +287,7 @@ def pinned_files(files: Iterable[tuple[str, Path]]) -> list[PinnedFile]:
 
 
 class FileHashes:
-    """The sha256 of files' bytes, each read by a thread beside the build (see ``hashed_files``)."""
+    """The sha256 of files' bytes, each read by a process beside the build (see ``hashed_files``)."""
 
     def __init__(self, files: list[PinnedFile], digests: list[Future]):
         self._files = files
@@ -315,14 +315,14 @@ class FileHashes:
 
 @contextmanager
 def hashed_files(files: list[PinnedFile]) -> Iterator[FileHashes]:
-    """Hash ``files`` in a thread while the block runs (hashlib reads and hashes without the GIL).
+    """Hash ``files`` in a process of their own while the block runs (``builders.digest``).
 
     A build that fails otherwise (a conversation it cannot render, say) first waits for the hashes:
     a file that is not what names it is the cause to report. Otherwise the block's end does not wait:
-    the thread stops after the file it is reading.
+    the process is ended.
     """
-    reader = ThreadPoolExecutor(1, thread_name_prefix="input-hashes")
-    hashes = FileHashes(files, [reader.submit(file_digest, file.path) for file in files])
+    hashing = HashingProcess([file.path for file in files])
+    hashes = FileHashes(files, hashing.digests)
     try:
         yield hashes
     except BuildError as err:
@@ -330,7 +330,7 @@ def hashed_files(files: list[PinnedFile]) -> Iterator[FileHashes]:
             hashes.checked()
         raise
     finally:
-        reader.shutdown(wait=False, cancel_futures=True)
+        hashing.stop()
 
 
 def read_checked(path: Path, expected_sha256: str) -> bytes:

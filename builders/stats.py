@@ -41,8 +41,14 @@ class BuildStats:
         self.conversation_supervised.append(count)
         if count == 0:
             self.unsupervised += 1
-        elif np.isin(ids[supervised], self.stop_ids).all():
+        elif self._only_stop_tokens(ids[supervised]):
             self.only_stop_tokens += 1
+
+    def _only_stop_tokens(self, tokens: np.ndarray) -> bool:
+        stop = np.zeros(len(tokens), dtype=bool)  # a comparison per stop token (a few): np.isin costs more per call
+        for stop_id in self.stop_ids.tolist():
+            stop |= tokens == stop_id
+        return bool(stop.all())
 
     def add_row(self, row: Row) -> None:
         self.row_supervised.append(int(np.count_nonzero(row.loss_mask)))

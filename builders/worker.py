@@ -7,15 +7,15 @@ therefore closes its channel at once: the build sees the end of it, or a broken 
 lock or pipe shared with other processes can be left blocked. Only JSON and Arrow IPC travel on
 the channel:
 
-- build → worker: the start-up message (contract, engine name, the chat format's inputs and
-  the source's files, as JSON), the tokenizer's JSON text, then tasks, each a JSON header and an
+- build → worker: the start-up message (contract, the engine ``--engine`` asks for, the chat
+  format's inputs and the source's files, as JSON), the tokenizer's JSON text, then tasks, each a JSON header and an
   Arrow IPC stream: ``{}`` and source rows with a ``position`` column (their stream positions), or
   ``{"group": G, "eager": E}`` and the rows of source row group G the pass wants (``row`` in the
   group, ``position``): the worker decodes the group itself, encodes the rows before position E
   and sends the others back undecoded-to-Python (Arrow) for the build to hold. Closing the
   channel ends the worker.
 - worker → build: a JSON header for each message: ``ready`` once it has loaded what it encodes
-  with; for each task ``batch`` (with the conversations the contract cannot encode, by position
+  with, with the engine it chose (``builders.engines.choose``: the same probes in every worker); for each task ``batch`` (with the conversations the contract cannot encode, by position
   and message), followed by an Arrow IPC stream of the encoded conversations and, for a group,
   one of the rows held back; or ``failed`` with the reason (and, for an error the user can
   cause, its class), after which it exits.
@@ -75,12 +75,15 @@ class Worker:
                 stdin=subprocess.DEVNULL, env=environment, start_new_session=True)
         self.channel = Connection(ours.detach())
         self.started = False  # it said ready
+        self.choice: dict | None = None  # the engine it chose (``Choice.as_dict``), once ready
         self.in_flight = 0  # batches sent, not yet returned
 
-    def send_start_up(self, encoder: ConversationEncoder, tokenizer_json: str, source: Source | None) -> None:
-        """What the worker encodes with (``tokenizer_json``: the pinned file's text, which ``encoder``'s
-        tokenizer was loaded from) and the source whose row groups it decodes."""
-        self._send(start_up_message(encoder, source))
+    def send_start_up(self, encoder: ConversationEncoder, engine: str, tokenizer_json: str,
+                      source: Source | None) -> None:
+        """What the worker encodes with (``encoder``'s format and contract, the ``engine`` asked for,
+        ``tokenizer_json``: the pinned file's text, which ``encoder``'s tokenizer was loaded from) and
+        the source whose row groups it decodes."""
+        self._send(start_up_message(encoder, engine, source))
         self._send(tokenizer_json.encode("utf-8"))
 
     def send_batch(self, table: pa.Table, positions: np.ndarray) -> None:
@@ -114,7 +117,7 @@ class Worker:
                 raise RuntimeError(f"a tokenizing worker failed while encoding a batch:\n{header['traceback']}")
             raise WorkerError(f"a tokenizing worker process could not start: {header['failed']}; {NOTHING_LEFT}")
         if "ready" in header:
-            self.started = True
+            self.started, self.choice = True, header["engine"]
             return [], None
         self.in_flight -= 1
         failed = [(position, SourceDataError(message)) for position, message in header["errors"]]
@@ -171,9 +174,9 @@ def serve(fd: int) -> None:
         tokenizer_json = channel.recv_bytes().decode("utf-8")
         threading.Thread(target=_receive, args=(channel, tasks), daemon=True).start()
         tokenizer = Tokenizer.from_str(tokenizer_json)
-        engine = engines.named(start_up["engine"], tokenizer, tokenizer_json)
-        encoder = ConversationEncoder(tokenizer, _format_spec(start_up["format"]), Contract(**start_up["contract"]),
-                                      engine)
+        encoder = ConversationEncoder(tokenizer, _format_spec(start_up["format"]), Contract(**start_up["contract"]))
+        choice = engines.choose(start_up["engine"], tokenizer, tokenizer_json, encoder.spec.chat_template)
+        encoder = encoder.with_engine(choice.engine)
         datasets = start_up["source"]
     except (EOFError, OSError):
         return  # the build is gone
@@ -181,7 +184,7 @@ def serve(fd: int) -> None:
         _fail(channel, err)
         return
     try:
-        channel.send_bytes(json.dumps({"ready": True}).encode("utf-8"))
+        channel.send_bytes(json.dumps({"ready": True, "engine": choice.as_dict()}).encode("utf-8"))
         source = None  # opened at the first group
         for header, body in iter(tasks.get, None):
             try:
@@ -210,9 +213,11 @@ def serve(fd: int) -> None:
         return  # the build is gone
 
 
-def start_up_message(encoder: ConversationEncoder, source: Source | None = None) -> bytes:
-    """What a worker's encoder is made of besides the tokenizer: the contract, the engine's name and the
-    chat format's inputs, and the source it decodes (each dataset's pin and files), as JSON. A format
+def start_up_message(encoder: ConversationEncoder, engine: str = "tokenizers",
+                     source: Source | None = None) -> bytes:
+    """What a worker's encoder is made of besides the tokenizer: the contract, the engine asked for
+    (``--engine``) and the chat format's inputs, and the source it decodes (each dataset's pin and
+    files), as JSON. A format
     whose template variables JSON does not carry exactly (a mapping with keys that are not text, binary data) is refused here:
     workers would render otherwise."""
     spec = asdict(encoder.spec)
@@ -226,7 +231,7 @@ def start_up_message(encoder: ConversationEncoder, source: Source | None = None)
                          "build with --workers 1")
     datasets = [] if source is None else [(asdict(pin), [(f.name, str(f.path)) for f in source.files if f.dataset == j])
                                           for j, pin in enumerate(source.pins)]
-    return json.dumps({"contract": encoder.contract.as_dict(), "engine": encoder.engine.name, "format": spec,
+    return json.dumps({"contract": encoder.contract.as_dict(), "engine": engine, "format": spec,
                        "source": datasets}).encode("utf-8")
 
 

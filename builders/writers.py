@@ -23,7 +23,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from builders.figures import file_digest
+from builders.digest import file_digest
 
 ID_TYPES = {"int32": pa.int32(), "int64": pa.int64()}
 MASK_TYPES = {"uint8": pa.uint8(), "int8": pa.int8(), "int64": pa.int64(), "bool": pa.bool_()}

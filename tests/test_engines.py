@@ -89,7 +89,7 @@ def test_the_guard_stops_a_build_whose_fast_engine_differs(monkeypatch, hub, tmp
         from builders.chat import ChatRenderer, normalize_messages
 
         victim = ChatRenderer(chat_template).render(normalize_messages(hard_cases()[0]))  # source row 0
-        return engines.Choice(engines.Guarded(_Wrong(reference, victim), reference), requested, None)
+        return engines.Choice.of(engines.Guarded(_Wrong(reference, victim), reference), requested, None)
 
     monkeypatch.setattr(engines, "choose", choose)
     with pytest.raises(EngineDisagreement, match=r"source row 0: the wrong engine's tokens differ from tokenizers' "
@@ -127,9 +127,9 @@ def test_auto_falls_back_to_tokenizers_with_a_note(fixture_cache, tmp_path):
     assert refused.returncode == 2 and "--engine fastokens: fastokens cannot load" in refused.stderr
 
 
-def test_a_worker_whose_fast_engine_differs_stops_the_build(fixture_cache, tmp_path):
-    """Each worker cross-checks its own samples before it sends a batch: a fast engine that differs
-    from tokenizers in the workers only stops the build with exit 9, the worker's message intact."""
+def _wrong_in_workers(tmp_path, after_probes: bool) -> dict:
+    """An environment whose worker processes' fast engine gives one token too many: on every call, or only
+    after its first (the probes, which the worker encodes in one call)."""
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(
@@ -137,10 +137,40 @@ def test_a_worker_whose_fast_engine_differs_stops_the_build(fixture_cache, tmp_p
         "if any('builders.worker' in a for a in sys.orig_argv):\n"
         "    import numpy as np\n"
         "    from builders import engines\n"
-        "    real = engines.FastokensEngine.encode\n"  # the worker's fast engine gives one token too many
-        "    engines.FastokensEngine.encode = lambda self, texts: [np.append(i, 0) for i in real(self, texts)]\n")
+        "    real, calls = engines.FastokensEngine.encode, []\n"
+        "    def wrong(self, texts):\n"
+        "        calls.append(1)\n"
+        f"        honest = {after_probes} and len(calls) == 1\n"
+        "        return real(self, texts) if honest else [np.append(i, 0) for i in real(self, texts)]\n"
+        "    engines.FastokensEngine.encode = wrong\n")
+    return {"PYTHONPATH": str(site)}
+
+
+def test_a_worker_whose_fast_engine_differs_stops_the_build(fixture_cache, tmp_path):
+    """Each worker cross-checks its own samples before it sends a batch: a fast engine that passes the
+    probes and then differs from tokenizers in the workers stops the build with exit 9, the worker's
+    message intact."""
     out = tmp_path / "out"
     done = run_cli("--build", SELF_CONTAINED, "--out", str(out), "--workers", "2", "--engine", "fastokens",
-                   hf_home=fixture_cache, env={"PYTHONPATH": str(site)})
+                   hf_home=fixture_cache, env=_wrong_in_workers(tmp_path, after_probes=True))
     assert done.returncode == 9 and "the fastokens engine's tokens differ from tokenizers'" in done.stderr, done.stderr
     assert not (out / f"{SELF_CONTAINED}.parquet").exists()
+
+
+def test_workers_choose_the_engine_by_its_probes(fixture_cache, built, tmp_path):
+    """The workers run the probes: where the fast engine differs on them, --engine fastokens is refused
+    (exit 9) and auto builds the same rows with tokenizers, saying why."""
+    env = _wrong_in_workers(tmp_path, after_probes=False)
+    refused = run_cli("--build", SELF_CONTAINED, "--out", str(tmp_path / "refused"), "--workers", "2", "--engine",
+                      "fastokens", hf_home=fixture_cache, env=env)
+    assert refused.returncode == 9 and "--engine fastokens: fastokens and tokenizers encode" in refused.stderr \
+        and "probe strings differently" in refused.stderr, refused.stderr
+    assert not (tmp_path / "refused").exists() or not list((tmp_path / "refused").iterdir())
+    out = tmp_path / "auto"
+    done = run_cli("--build", SELF_CONTAINED, "--out", str(out), "--workers", "2", hf_home=fixture_cache, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "encoding with tokenizers" in done.stderr and "probe strings differently" in done.stderr
+    report = json.loads((out / f"{SELF_CONTAINED}.report.json").read_text())
+    assert report["engine"]["name"] == "tokenizers" and report["engine"]["requested"] == "auto"
+    assert report["workers"] == 2
+    assert (out / f"{SELF_CONTAINED}.parquet").read_bytes() == built(SELF_CONTAINED).parquet.read_bytes()

@@ -17,14 +17,14 @@ from builders.fixture.hf_cache import MESSAGE, parquet_shards
 from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows
 from helpers import REPO, SELF_CONTAINED, encoder, lay_out_build, run_cli, start_cli
 
-BIG = dict(name="big", row_tokens=512, build_rows=1200, shards=3, row_group_rows=200)
+BIG = dict(name="big", row_tokens=512, build_rows=4800, shards=3, row_group_rows=200)
 
 
 @pytest.fixture(scope="module")
 def big_build(tmp_path_factory):
     """A build that takes a few seconds, to interrupt, and its uninterrupted bytes."""
     hf_home = tmp_path_factory.mktemp("big")
-    manifest = lay_out_build(hf_home, synthetic_rows(seed=11, count=2400), **BIG)
+    manifest = lay_out_build(hf_home, synthetic_rows(seed=11, count=9600), **BIG)
     out = tmp_path_factory.mktemp("big-out")
     done = run_cli("--manifest", str(manifest), "--out", str(out), hf_home=hf_home)
     assert done.returncode == 0, done.stderr

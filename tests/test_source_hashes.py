@@ -127,3 +127,23 @@ def test_an_unreadable_file_is_a_pinned_input_error(tmp_path):
     with hashed_files([PinnedFile("data/gone.parquet", tmp_path / "gone.parquet", None, None)]) as hashes:
         with pytest.raises(PinnedInputError, match="gone.parquet: cannot read"):
             hashes.checked()
+
+
+
+def test_a_hashing_process_that_dies_is_a_worker_error(tmp_path):
+    """The source files are hashed in a process of their own: one killed before it has hashed them all
+    (here while it waits to read a named pipe) is exit 7, as a worker that dies; the files it hashed
+    before keep their digests."""
+    from builders.digest import HashingProcess
+    from builders.errors import WorkerError
+
+    first, fifo = tmp_path / "first.parquet", tmp_path / "shard.parquet"
+    first.write_bytes(b"PAR1")
+    os.mkfifo(fifo)
+    hashing = HashingProcess([first, fifo])
+    assert hashing.digests[0].result(timeout=30) == (hashlib.sha256(b"PAR1").hexdigest(), 4)
+    hashing.process.kill()
+    with pytest.raises(WorkerError, match=r"the process hashing the source files died .*killed by SIGKILL"):
+        hashing.digests[1].result(timeout=30)
+    hashing.stop()
+    assert WorkerError.exit_code == 7

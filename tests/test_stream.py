@@ -135,6 +135,7 @@ def test_workers_encode_as_this_process_does():
     def encoded(encoding) -> dict:
         waiting, out = {}, {}
         with encoding:
+            assert encoding.settle().name == "tokenizers"
             encoding.submit(table.slice(0, 25), positions[:25], waiting)  # one batch for each worker
             encoding.submit(table.slice(25), positions[25:], waiting)
             for position in positions.tolist():
@@ -144,7 +145,8 @@ def test_workers_encode_as_this_process_does():
                     out[position] = str(err)
         return out
 
-    here, there = encoded(InProcess(enc)), encoded(Pool(enc, 2, enc.tokenizer.to_str(), None))
+    text = enc.tokenizer.to_str()
+    here, there = encoded(InProcess(enc, "tokenizers", text)), encoded(Pool(enc, "tokenizers", text, 2, None))
     assert "role 'function'" in here[107] and there[107] == here[107]
     for position in positions.tolist():
         mine, theirs = here[position], there[position]
