@@ -68,6 +68,7 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
     timings = Timings()
     with ExitStack() as build_scope:
         with timings.stage("resolve_inputs_s"):
+            encoding = build_scope.enter_context(parallel.encoding(workers))  # workers start while inputs open
             pinned, source = pinned_inputs(manifest, hub)
             # every source file's bytes are hashed beside the build, and checked before anything is put in place
             source_hashes = build_scope.enter_context(
@@ -75,8 +76,7 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
             order = _checked_order(manifest, source)
             reference = ConversationEncoder(pinned.tokenizer, pinned.spec, manifest.contract)
             # the engine is chosen (in the workers, where there are workers) while the build plans
-            encoding = build_scope.enter_context(
-                parallel.encoding(reference, workers, engine, pinned.tokenizer_json, source))
+            encoding.start(reference, engine, pinned.tokenizer_json, source)
             stream = Stream(source, order, manifest.rows * manifest.row_tokens)
             stream.plan(reference)
             chosen = encoding.settle()

@@ -8,7 +8,7 @@ workers. A pool's workers also choose the engine (its probes), decode the source
 themselves (``submit_group``) and cross-check their own samples: what scales with the source runs
 in them, and the main process only orders, cuts and writes. At most ``2 × workers`` tasks are in
 flight: memory stays bounded. Either way the engine is chosen while the build plans, and
-``settle`` waits for that choice.
+``settle`` waits for that choice; a pool's interpreters start before the build opens its inputs.
 
 ``--workers auto`` (``worker_count``) is one process where the machine has at most
 ``IN_PROCESS_UP_TO`` cores (the engine's own threads use them; measured fastest there, see
@@ -54,21 +54,22 @@ class InProcess:
     chosen in a thread of its own while the build plans."""
 
     decodes_groups = False  # the stream decodes the source here
-
-    def __init__(self, encoder: ConversationEncoder, engine: str, tokenizer_json: str):
-        """``encoder``: the format and contract, with the reference engine until ``settle``; ``engine``:
-        what ``--engine`` asks for; ``tokenizer_json``: the pinned file's text."""
-        self.encoder, self.requested, self.tokenizer_json = encoder, engine, tokenizer_json
+    ahead = 0  # batches the stream hands out before it takes the oldest: none, each is encoded as it is handed out
 
     def __enter__(self):
         self._chooser = ThreadPoolExecutor(1, thread_name_prefix="engine-choice")
-        self._choice = self._chooser.submit(engines.choose, self.requested, self.encoder.tokenizer,
-                                            self.tokenizer_json, self.encoder.spec.chat_template)
         return self
 
     def __exit__(self, *exc):
         self._chooser.shutdown(wait=True, cancel_futures=True)
         return False
+
+    def start(self, encoder: ConversationEncoder, engine: str, tokenizer_json: str, source: Source) -> None:
+        """Begin choosing ``engine`` (what ``--engine`` asks for) for ``encoder`` (the format and contract,
+        with the reference engine until ``settle``); ``tokenizer_json`` is the pinned file's text."""
+        self.encoder = encoder
+        self._choice = self._chooser.submit(engines.choose, engine, encoder.tokenizer, tokenizer_json,
+                                            encoder.spec.chat_template)
 
     def settle(self) -> engines.Choice:
         """The engine chosen (a refused ``--engine`` raises here); encode with it from now on."""
@@ -91,26 +92,23 @@ class InProcess:
 
 
 class Pool(InProcess):
-    """Encodes in ``workers`` processes, each with its own encoder (from ``tokenizer_json``, the pinned
-    file's text), its own choice of ``engine`` and its own reader of ``source``'s files; they start
-    when the pool is entered."""
+    """Encodes in ``workers`` processes, each with its own encoder, its own choice of the engine and
+    its own reader of the source's files. Their interpreters start (and import) when the pool is
+    entered, before the build has opened its inputs; ``start`` tells them what to encode with."""
 
     decodes_groups = True  # the stream hands row groups to the workers (``submit_group``)
 
-    def __init__(self, encoder: ConversationEncoder, engine: str, tokenizer_json: str, workers: int,
-                 source: Source | None):
-        super().__init__(encoder, engine, tokenizer_json)
+    def __init__(self, workers: int):
         self.count, self.depth = workers, 2 * workers
-        self.source = source
+        self.ahead = self.depth  # every worker busy with two batches while the build takes the oldest
         self.workers: list[Worker] = []
+        self.source: Source | None = None
         self.hold: Callable[[pa.Table, np.ndarray], None] | None = None  # takes the rows a group sends back
 
     def __enter__(self):
         try:
-            for _ in range(self.count):  # all start at once; each then reads its start-up message
+            for _ in range(self.count):  # all start at once; each then waits for its start-up message
                 self.workers.append(Worker())
-            for worker in self.workers:
-                worker.send_start_up(self.encoder, self.requested, self.tokenizer_json, self.source)
         except BaseException:
             self._stop()
             raise
@@ -119,6 +117,14 @@ class Pool(InProcess):
     def __exit__(self, *exc):
         self._stop()
         return False
+
+    def start(self, encoder: ConversationEncoder, engine: str, tokenizer_json: str, source: Source | None) -> None:
+        """Send each worker what it encodes with: ``encoder``'s format and contract, the ``engine`` asked
+        for, ``tokenizer_json`` (the pinned file's text, which ``encoder``'s tokenizer was loaded from),
+        and the ``source`` whose row groups it decodes."""
+        self.encoder, self.source = encoder, source
+        for worker in self.workers:
+            worker.send_start_up(encoder, engine, tokenizer_json, source)
 
     def settle(self) -> engines.Choice:
         """The engine every worker chose once it started (a worker that could not start, or a refused
@@ -182,14 +188,10 @@ class Pool(InProcess):
         self.workers = []
 
 
-def encoding(encoder: ConversationEncoder, workers: int, engine: str, tokenizer_json: str,
-             source: Source) -> InProcess:
+def encoding(workers: int) -> InProcess:
     """This process when ``workers`` is 1 (the engine then uses all cores itself), else a pool of
-    workers that load ``tokenizer_json`` and read ``source``'s files themselves; either chooses
-    ``engine`` (``--engine``) while the build plans."""
-    if workers <= 1:
-        return InProcess(encoder, engine, tokenizer_json)
-    return Pool(encoder, engine, tokenizer_json, workers, source)
+    ``workers`` processes; either is told what to encode with by ``start``."""
+    return InProcess() if workers <= 1 else Pool(workers)
 
 
 def _unwrap(item) -> EncodedConversation:

@@ -12,7 +12,8 @@ known only at the end. The stream plans for it:
   in a temporary folder) and read back in order;
 - the conversations surely consumed (before ``EAGER_SHARE`` of the estimate) are encoded as soon
   as their row group is decoded, in whatever order, while the other groups decode; the rest are
-  encoded in stream order, only as far as the rows need;
+  encoded in stream order, in batches, only as far as the rows need (with workers, the batches
+  that keep them busy are handed out ahead: ``encoding.ahead``);
 - a build that outruns the horizon (the estimate was short) makes another pass for the next
   stretch of the permutation, decoding the groups again; the report counts the passes.
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
@@ -132,13 +134,20 @@ class Stream:
         while position < last_eager:
             yield self.encoding.take(encoded, position)
             position += 1
+        submitted: deque[int] = deque()  # the sizes of the held batches handed out and not yet taken, in order
         for table, positions in held.in_order():  # held rows are the positions from eager to end, in order
             for first in range(0, table.num_rows, ENCODE_BATCH):
                 self.encoding.submit(table.slice(first, ENCODE_BATCH), positions[first:first + ENCODE_BATCH], encoded)
-                for _ in range(min(ENCODE_BATCH, table.num_rows - first)):
-                    yield self.encoding.take(encoded, position)
-                    position += 1
+                submitted.append(min(ENCODE_BATCH, table.num_rows - first))
+                while len(submitted) > self.encoding.ahead:  # the oldest batch, while the later ones encode
+                    for _ in range(submitted.popleft()):
+                        yield self.encoding.take(encoded, position)
+                        position += 1
             del table, positions  # before the next bucket is read
+        for size in submitted:
+            for _ in range(size):
+                yield self.encoding.take(encoded, position)
+                position += 1
 
     def _decode(self, groups: list[int], bounds: tuple[int, int, int], encoded: dict, held: _Held) -> Iterator[None]:
         """Decode the groups here (``READ_THREADS`` at a time) and take each apart."""

@@ -135,6 +135,7 @@ def test_workers_encode_as_this_process_does():
     def encoded(encoding) -> dict:
         waiting, out = {}, {}
         with encoding:
+            encoding.start(enc, "tokenizers", enc.tokenizer.to_str(), None)
             assert encoding.settle().name == "tokenizers"
             encoding.submit(table.slice(0, 25), positions[:25], waiting)  # one batch for each worker
             encoding.submit(table.slice(25), positions[25:], waiting)
@@ -145,8 +146,7 @@ def test_workers_encode_as_this_process_does():
                     out[position] = str(err)
         return out
 
-    text = enc.tokenizer.to_str()
-    here, there = encoded(InProcess(enc, "tokenizers", text)), encoded(Pool(enc, "tokenizers", text, 2, None))
+    here, there = encoded(InProcess()), encoded(Pool(2))
     assert "role 'function'" in here[107] and there[107] == here[107]
     for position in positions.tolist():
         mine, theirs = here[position], there[position]
