@@ -20,21 +20,24 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from measure import PEAK_RSS  # noqa: E402
 
 from builders.packing import Row  # noqa: E402
 from builders.rowfile import RowWriter  # noqa: E402
 
-CHILD = """
-import resource, sys, time
+CHILD = PEAK_RSS + """
+import sys, time
 from builders.rows import RowReader
 reader = RowReader(sys.argv[1])
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+base = peak_rss_mib()
 started = time.perf_counter()
 tokens = 0
 for row in reader.rows():
     tokens += int(row["loss_mask"].sum())
 elapsed = time.perf_counter() - started
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+peak = peak_rss_mib()
 print(base, peak, elapsed, len(reader))
 """
 
@@ -54,10 +57,10 @@ def measure(rows: int, row_tokens: int, folder: Path) -> dict:
     write_file(path, rows, row_tokens)
     out = subprocess.run([sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1])
-    base_kib, peak_kib, elapsed, count = out.stdout.split()
+    base_mib, peak_mib, elapsed, count = out.stdout.split()
     return {"rows": int(count), "row_tokens": row_tokens, "file_mib": round(path.stat().st_size / 2**20, 1),
-            "baseline_rss_mib": round(int(base_kib) / 1024, 1), "peak_rss_mib": round(int(peak_kib) / 1024, 1),
-            "iteration_growth_mib": round((int(peak_kib) - int(base_kib)) / 1024, 1),
+            "baseline_rss_mib": round(float(base_mib), 1), "peak_rss_mib": round(float(peak_mib), 1),
+            "iteration_growth_mib": round(float(peak_mib) - float(base_mib), 1),
             "rows_per_s": round(int(count) / float(elapsed), 1)}
 
 

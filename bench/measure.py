@@ -14,8 +14,14 @@ REPO = Path(__file__).resolve().parents[1]
 FULL_SCALE, FULL_ROWS = 1.0, 6400
 IDLE_BUSY = 0.05  # share of the CPUs used by other processes below which the machine counts as idle
 
+# a child program's own peak RSS: VmHWM starts at exec, where ru_maxrss keeps what the forking parent had
+PEAK_RSS = """
+def peak_rss_mib():
+    return int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) / 1024
+"""
+
 # the command line, as users run it, timed in its own process; the last stdout line is the measurement
-CLI = """
+CLI = PEAK_RSS + """
 import json, resource, sys, time
 sys.argv = ["generate_fixed_sft.py", *sys.argv[1:]]
 from builders.cli import main
@@ -27,7 +33,7 @@ own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(res
 print(json.dumps({"exit": code, "seconds": elapsed,
                   "main_cpu_s": own.ru_utime + own.ru_stime - before.ru_utime - before.ru_stime,
                   "workers_cpu_s": children.ru_utime + children.ru_stime,
-                  "main_peak_rss_mib": own.ru_maxrss / 1024, "worker_peak_rss_mib": children.ru_maxrss / 1024}))
+                  "main_peak_rss_mib": peak_rss_mib(), "worker_peak_rss_mib": children.ru_maxrss / 1024}))
 """
 
 
