@@ -166,7 +166,10 @@ class Worker:
 
 
 def serve(fd: int) -> None:
-    """A worker's life: start up, then do each task the build sends until the channel ends."""
+    """A worker's life: import what rendering needs (transformers, while the build still opens its
+    inputs), start up, then do each task the build sends until the channel ends."""
+    import builders.chat  # noqa: F401 (every chat format renders with it)
+
     channel = Connection(fd)
     tasks: queue.SimpleQueue = queue.SimpleQueue()
     try:
