@@ -152,10 +152,10 @@ class _NotInCache(PinnedInputError):
 
 def resolve_snapshot(repo: PinnedRepo, hub: Hub) -> Path:
     """Return the local folder of ``repo`` at its revision, downloading its files if online."""
-    try:
+    try:  # offline, local files only: huggingface_hub before 2 would ask the Hub's API, and fail, not read the cache
         folder = snapshot_download(repo.repo, repo_type=repo.repo_type, revision=repo.revision,
                                    allow_patterns=list(repo.patterns), cache_dir=hub.cache_dir,
-                                   local_files_only=hub.offline)
+                                   local_files_only=hub.offline or constants.HF_HUB_OFFLINE)
     except LocalEntryNotFoundError as err:
         raise _NotInCache(f"{repo.repo_type} repo {repo.repo} at revision {repo.revision} is not in the HF "
                           f"cache") from err

@@ -36,6 +36,24 @@ def test_download_asks_the_hub_for_exactly_what_a_build_reads(monkeypatch, tmp_p
     ]
 
 
+def test_offline_reads_only_the_cache(monkeypatch, tmp_path):
+    """With HF_HUB_OFFLINE=1 the snapshots are asked for as local files only: huggingface_hub before 2
+    (miles pins 1.33) otherwise asks the Hub's API for the file list and fails with
+    OfflineModeIsEnabled instead of reading the cache."""
+    asked = []
+
+    def snapshot_download(repo, **kwargs):
+        asked.append(kwargs["local_files_only"])
+        folder = tmp_path / repo.replace("/", "--")
+        folder.mkdir(parents=True, exist_ok=True)
+        return str(folder)
+
+    monkeypatch.setattr(builders.pinned, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(builders.pinned.constants, "HF_HUB_OFFLINE", True)
+    builders.pinned.resolve(load_manifest(MANIFESTS / "glm47flash-tulu3-fixed8192-v1.yaml"), Hub(cache_dir=tmp_path))
+    assert asked == [True, True]
+
+
 def test_download_from_a_filled_cache_says_what_it_holds_and_how_to_build(fixture_cache):
     done = run_cli("download", "--build", SELF_CONTAINED, hf_home=fixture_cache)
     assert done.returncode == 0, done.stderr
