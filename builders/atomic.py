@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from glob import escape
 from pathlib import Path
 
+from builders import stopping
 from builders.errors import OutputError
 
 _TEMPORARY = re.compile(r"\.(?P<final>.+)\.(?P<pid>[0-9]+)\.tmp")
@@ -58,6 +59,7 @@ class Outputs:
 
         If any of this fails, the files already renamed are removed again: all or nothing.
         """
+        stopping.check()
         files = [file for file in self._staged if file is not last] + [last]
         for file in files:
             with self._naming(file.final):
@@ -70,6 +72,7 @@ class Outputs:
                 placed.append(file.final)
             with self._naming(self.folder):
                 _sync(self.folder)
+            stopping.check()  # a stop asked for while the files were put in place
         except BaseException:
             for path in placed:
                 path.unlink(missing_ok=True)

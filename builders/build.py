@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from builders import engines, parallel
+from builders import engines, parallel, stopping
 from builders.atomic import outputs, remove_stale_temporaries
 from builders.card import write_card
 from builders.encode import ConversationEncoder
@@ -171,6 +171,7 @@ def _write_rows(manifest: Manifest, source: Source, encoder: ConversationEncoder
                        stop_ids=stop_ids)
     with RowWriter(path) as writer, reporter.progress("building rows", total=manifest.rows, unit="rows") as progress:
         for row in islice(_rows(conversations, packer, stats, source), manifest.rows):
+            stopping.check()
             writer.write(row)
             figures.add(row.input_ids, row.loss_mask)
             stats.add_row(row)

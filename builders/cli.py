@@ -17,6 +17,7 @@ import traceback
 from importlib import metadata
 from pathlib import Path
 
+from builders import stopping
 from builders.errors import BuildError, OutputError, UsageError, VerificationError
 
 COMMANDS = ("build", "verify", "inspect", "diff", "download", "explain", "manifest", "check-recipe")
@@ -176,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     args = None
     try:
         args = parser().parse_args(_with_command(sys.argv[1:] if argv is None else argv))
-        signal.signal(signal.SIGTERM, _terminate)  # unwind like Ctrl-C, so temporary files are removed
+        for signum in (signal.SIGINT, signal.SIGTERM):  # unwind, so temporary files are removed
+            signal.signal(signum, stopping.ask)
         return {"build": _build, "verify": _verify, "inspect": _inspect, "diff": _diff,
                 "download": _download, "explain": _explain, "manifest": _manifest_from_recipe,
                 "check-recipe": _check_recipe}[args.command](args)
@@ -210,9 +212,6 @@ def _with_command(argv: list[str]) -> list[str]:
         return ["verify", *argv[v + 1:v + 2], *argv[:v], *argv[v + 2:]]
     return ["build", *argv]
 
-
-def _terminate(signum, frame):
-    raise KeyboardInterrupt
 
 
 def _prog() -> str:

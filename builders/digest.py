@@ -45,13 +45,18 @@ class HashingProcess:
         self.digests: list[Future] = [Future() for _ in paths]
         self.process = subprocess.Popen([sys.executable, "-c", BOOTSTRAP, str(ROOT)], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, start_new_session=True)
-        self._reader = threading.Thread(target=self._read, name="source-hashes", daemon=True)
-        self._reader.start()
         try:
-            self.process.stdin.write(json.dumps([str(p) for p in paths]).encode("utf-8"))
-            self.process.stdin.close()
-        except OSError:
-            pass  # it died at once: its digests say so
+            self._reader = threading.Thread(target=self._read, name="source-hashes", daemon=True)
+            self._reader.start()
+            try:
+                self.process.stdin.write(json.dumps([str(p) for p in paths]).encode("utf-8"))
+                self.process.stdin.close()
+            except OSError:
+                pass  # it died at once: its digests say so
+        except BaseException:  # interrupted (Ctrl-C) while it starts: it goes with the build
+            self.process.kill()
+            self.process.wait()
+            raise
 
     def stop(self) -> None:
         """End the process (where it is still hashing) and reap it."""
@@ -82,7 +87,11 @@ class HashingProcess:
 
 def serve() -> None:
     """The hashing process: the paths from stdin, a line for each on stdout."""
-    for path in json.loads(sys.stdin.read()):
+    try:
+        paths = json.loads(sys.stdin.read())
+    except ValueError:  # the build stopped before it had said which files: nothing to hash
+        return
+    for path in paths:
         try:
             sha256, size = file_digest(path)
             line = json.dumps([sha256, size])

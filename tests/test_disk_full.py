@@ -44,11 +44,12 @@ def build_command(fixture_cache, tmp_path):
     out = tmp_path / "out"
 
     def run(capsys) -> tuple[int, str]:
-        handler = signal.getsignal(signal.SIGTERM)
+        handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
         try:
             code = cli.main(["-q", "--build", SELF_CONTAINED, "--out", str(out), "--fixture-cache", str(fixture_cache)])
         finally:
-            signal.signal(signal.SIGTERM, handler)
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
         return code, capsys.readouterr().err
 
     run.out = out

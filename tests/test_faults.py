@@ -69,6 +69,32 @@ def test_interrupted_build_leaves_no_file_and_a_rerun_is_identical(big_build, tm
     assert not [p for p in out.iterdir() if p.suffix == ".tmp"], "a killed build's temporary file was left"
 
 
+def test_a_stop_signal_landing_in_a_finalizer_still_stops_the_build(fixture_cache, tmp_path):
+    """A SIGTERM whose KeyboardInterrupt Python swallows (it landed while a ``__del__`` ran: "Exception
+    ignored", seen with regex's Group.__del__ while the template compiles) still ends the build with
+    exit 130 and nothing left: the stop is remembered and checked at every row and at the commit."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, signal, sys\n"
+        "if any('generate_fixed_sft' in a for a in sys.orig_argv):\n"
+        "    import builders.stream\n"
+        "    real = builders.stream.Stream.plan\n"
+        "    class Finalizer:\n"
+        "        def __del__(self):\n"
+        "            os.kill(os.getpid(), signal.SIGTERM)\n"
+        "            sum(range(1000))  # the handler runs here, inside __del__, and its exception is ignored\n"
+        "    def plan(self, encoder):\n"
+        "        Finalizer()\n"
+        "        return real(self, encoder)\n"
+        "    builders.stream.Stream.plan = plan\n")
+    out = tmp_path / "out"
+    done = run_cli("--build", SELF_CONTAINED, "--out", str(out), hf_home=fixture_cache, env={"PYTHONPATH": str(site)})
+    assert "Exception ignored" in done.stderr, done.stderr  # the KeyboardInterrupt was swallowed where it landed
+    assert done.returncode == 130 and "interrupted" in done.stderr.strip().splitlines()[-1], done.stderr
+    assert not out.exists() or not list(out.iterdir())
+
+
 def worker_pids(pid: int) -> list[int]:
     """The build's worker processes (started as ``python -c ... builders.worker ...``)."""
     children = Path(f"/proc/{pid}/task/{pid}/children")
