@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from measure import CLI, IDLE_BUSY, busy, child, scale_options  # noqa: E402
+from measure import CLI, IDLE_BUSY, busy, child, scale_options, write_results  # noqa: E402
 from scale_inputs import lay_out, manifest_text  # noqa: E402
 from stages import profiled  # noqa: E402
 
@@ -234,9 +234,7 @@ def main() -> None:
           f"conversations, {summary['naive_over_build']}× the build")
     print(f"machine: {os.cpu_count()} cores, idle (other processes below {IDLE_BUSY:.0%} of the CPUs before every "
           f"build): {summary['machine']['idle']} (busy: {', '.join(f'{b:.1%}' for b in loads)})")
-    results.parent.mkdir(parents=True, exist_ok=True)
-    results.write_text(json.dumps({"builds": builds, "summary": summary}, indent=2) + "\n")
-    print(f"results: {results}")
+    write_results(results, {"builds": builds, "summary": summary})
 
 
 if __name__ == "__main__":

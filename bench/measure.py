@@ -52,6 +52,13 @@ def child(code: str, *args: str, hf_home: Path, run=None) -> dict:
     return {**json.loads(lines[-1]), **more, "stdout": "\n".join(lines[:-1]), "stderr": done.stderr}
 
 
+def write_results(path: Path, results: dict) -> None:
+    """Write a benchmark's results as JSON at ``path`` (its folder made) and say where."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"results: {path}")
+
+
 def busy(seconds: float = 2.0) -> float:
     """The share of all CPUs busy during ``seconds`` (this process sleeps: the rest is others' work)."""
     def ticks():

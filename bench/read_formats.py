@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from measure import PEAK_RSS  # noqa: E402
+from measure import PEAK_RSS, write_results  # noqa: E402
 
 from builders.fixture.make import synthetic_rows  # noqa: E402
 
@@ -78,9 +78,9 @@ def main() -> None:
                                   capture_output=True, text=True, cwd=REPO, check=True)
             results[name] = {"file_mb": round((folder / name).stat().st_size / 1e6), **json.loads(done.stdout)}
             print(name, results[name], flush=True)
-    results_path = REPO / "bench" / ("read_formats.json" if args.mb == FULL_MB else ".cache/read_formats.smoke.json")
-    results_path.parent.mkdir(parents=True, exist_ok=True)  # a smoke run never overwrites the committed results
-    results_path.write_text(json.dumps(results, indent=2) + "\n")
+    # a smoke run never overwrites the committed results
+    write_results(REPO / "bench" / ("read_formats.json" if args.mb == FULL_MB else ".cache/read_formats.smoke.json"),
+                  results)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
-from measure import CLI, busy, child, scale_options  # noqa: E402
+from measure import CLI, busy, child, scale_options, write_results  # noqa: E402
 from scale_inputs import lay_out, manifest_text  # noqa: E402
 
 REPEATS = 2
@@ -102,8 +102,7 @@ def main() -> None:
     for kind, runs in builds.items():
         print(f"{kind:>9}: seconds {[b['seconds'] for b in runs]}, hash_s {[b['timings']['hash_s'] for b in runs]}, "
               f"build_s {[b['timings']['build_s'] for b in runs]}")
-    results.parent.mkdir(parents=True, exist_ok=True)
-    results.write_text(json.dumps(summary, indent=2) + "\n")
+    write_results(results, summary)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "tests"))
 from build_at_scale import build  # noqa: E402
-from measure import IDLE_BUSY, scale_options  # noqa: E402
+from measure import IDLE_BUSY, scale_options, write_results  # noqa: E402
 from scale_inputs import lay_out, manifest_text  # noqa: E402
 
 from builders.fixture.hf_cache import put_snapshot  # noqa: E402
@@ -93,9 +93,7 @@ def main() -> None:
           f"{runs['turns']['seconds']} s, {runs['turns']['main_peak_rss_mib']} MiB; turns/glm5 = {ratio:.3f} "
           f"(target {TIME_TARGET}x, {RSS_TARGET_MIB} MiB); machine idle: {summary['machine']['idle']} "
           f"(busy: {', '.join(f'{b:.1%}' for b in loads)})")
-    results.parent.mkdir(parents=True, exist_ok=True)
-    results.write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"results: {results}")
+    write_results(results, summary)
 
 
 if __name__ == "__main__":
