@@ -213,7 +213,6 @@ def _with_command(argv: list[str]) -> list[str]:
     return ["build", *argv]
 
 
-
 def _prog() -> str:
     name = Path(sys.argv[0]).name
     return name if name in ("fixed-sft", "generate_fixed_sft.py") else "fixed-sft"

@@ -45,17 +45,15 @@ class HashingProcess:
         self.digests: list[Future] = [Future() for _ in paths]
         self.process = subprocess.Popen([sys.executable, "-c", BOOTSTRAP, str(ROOT)], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, start_new_session=True)
+        self._reader = threading.Thread(target=self._read, name="source-hashes", daemon=True)
+        self._reader.start()
         try:
-            self._reader = threading.Thread(target=self._read, name="source-hashes", daemon=True)
-            self._reader.start()
-            try:
-                self.process.stdin.write(json.dumps([str(p) for p in paths]).encode("utf-8"))
-                self.process.stdin.close()
-            except OSError:
-                pass  # it died at once: its digests say so
+            self.process.stdin.write(json.dumps([str(p) for p in paths]).encode("utf-8"))
+            self.process.stdin.close()
+        except OSError:
+            pass  # it died at once: its digests say so
         except BaseException:  # interrupted (Ctrl-C) while it starts: it goes with the build
-            self.process.kill()
-            self.process.wait()
+            self.stop()
             raise
 
     def stop(self) -> None:

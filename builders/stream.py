@@ -131,23 +131,24 @@ class Stream:
                 position += 1
         self._decoded.clear()
         self.stats.rows_spilled += held.spilled
-        while position < last_eager:
-            yield self.encoding.take(encoded, position)
-            position += 1
+        yield from self._taken(encoded, position, last_eager)
+        position = last_eager
         submitted: deque[int] = deque()  # the sizes of the held batches handed out and not yet taken, in order
         for table, positions in held.in_order():  # held rows are the positions from eager to end, in order
             for first in range(0, table.num_rows, ENCODE_BATCH):
                 self.encoding.submit(table.slice(first, ENCODE_BATCH), positions[first:first + ENCODE_BATCH], encoded)
                 submitted.append(min(ENCODE_BATCH, table.num_rows - first))
                 while len(submitted) > self.encoding.ahead:  # the oldest batch, while the later ones encode
-                    for _ in range(submitted.popleft()):
-                        yield self.encoding.take(encoded, position)
-                        position += 1
+                    size = submitted.popleft()
+                    yield from self._taken(encoded, position, position + size)
+                    position += size
             del table, positions  # before the next bucket is read
-        for size in submitted:
-            for _ in range(size):
-                yield self.encoding.take(encoded, position)
-                position += 1
+        yield from self._taken(encoded, position, position + sum(submitted))
+
+    def _taken(self, encoded: dict, start: int, end: int) -> Iterator[EncodedConversation]:
+        """The encoded conversations at positions [start, end), in order (waiting for each)."""
+        for position in range(start, end):
+            yield self.encoding.take(encoded, position)
 
     def _decode(self, groups: list[int], bounds: tuple[int, int, int], encoded: dict, held: _Held) -> Iterator[None]:
         """Decode the groups here (``READ_THREADS`` at a time) and take each apart."""

@@ -8,15 +8,16 @@ lock or pipe shared with other processes can be left blocked. Only JSON and Arro
 the channel:
 
 - build → worker: the start-up message (contract, the engine ``--engine`` asks for, the chat
-  format's inputs and the source's files, as JSON), the tokenizer's JSON text, then tasks, each a JSON header and an
-  Arrow IPC stream: ``{}`` and source rows with a ``position`` column (their stream positions), or
-  ``{"group": G, "eager": E}`` and the rows of source row group G the pass wants (``row`` in the
-  group, ``position``): the worker decodes the group itself, encodes the rows before position E
-  and sends the others back undecoded-to-Python (Arrow) for the build to hold. Closing the
-  channel ends the worker.
+  format's inputs and the source's files, as JSON), the tokenizer's JSON text, then tasks, each a
+  JSON header and an Arrow IPC stream: ``{}`` and source rows with a ``position`` column (their
+  stream positions), or ``{"group": G, "eager": E}`` and the rows of source row group G the pass
+  wants (``row`` in the group, ``position``): the worker decodes the group itself, encodes the
+  rows before position E and sends the others back undecoded-to-Python (Arrow) for the build to
+  hold. Closing the channel ends the worker.
 - worker → build: a JSON header for each message: ``ready`` once it has loaded what it encodes
-  with, with the engine it chose (``builders.engines.choose``: the same probes in every worker); for each task ``batch`` (with the conversations the contract cannot encode, by position
-  and message), followed by an Arrow IPC stream of the encoded conversations and, for a group,
+  with, with the engine it chose (``builders.engines.choose``: the same probes in every worker);
+  for each task ``batch`` (with the conversations the contract cannot encode, by position and
+  message), followed by an Arrow IPC stream of the encoded conversations and, for a group,
   one of the rows held back; or ``failed`` with the reason (and, for an error the user can
   cause, its class), after which it exits.
 
@@ -220,9 +221,8 @@ def start_up_message(encoder: ConversationEncoder, engine: str = "tokenizers",
                      source: Source | None = None) -> bytes:
     """What a worker's encoder is made of besides the tokenizer: the contract, the engine asked for
     (``--engine``) and the chat format's inputs, and the source it decodes (each dataset's pin and
-    files), as JSON. A format
-    whose template variables JSON does not carry exactly (a mapping with keys that are not text, binary data) is refused here:
-    workers would render otherwise."""
+    files), as JSON. A format whose template variables JSON does not carry exactly (a mapping with
+    keys that are not text, binary data) is refused here: workers would render otherwise."""
     spec = asdict(encoder.spec)
     try:
         text = json.dumps(spec, allow_nan=False)
