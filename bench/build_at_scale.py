@@ -52,10 +52,11 @@ from stages import profiled  # noqa: E402
 
 TOKENIZER_FLOOR = """
 import json, sys, time
-from builders.chat import ChatRenderer, normalize_messages
+from builders.formats.render import ChatRenderer
+from builders.messages import normalize_messages
 from builders.manifest import load_manifest
-from builders.order import permutation
-from builders.pinned import Hub, pinned_inputs
+from builders.rows.order import permutation
+from builders.inputs.pinned import Hub, pinned_inputs
 manifest = load_manifest(sys.argv[1])
 pinned, source = pinned_inputs(manifest, Hub())
 rows = source.take(permutation(manifest.seed, source.num_rows)[:int(sys.argv[2])]).to_pylist()
@@ -71,7 +72,7 @@ DECODE_FLOOR = """
 import json, sys, time
 import pyarrow.parquet as pq
 from builders.manifest import load_manifest
-from builders.pinned import Hub, dataset_files, resolve
+from builders.inputs.pinned import Hub, dataset_files, resolve
 manifest = load_manifest(sys.argv[1])
 files = dataset_files(manifest.dataset, resolve(manifest, Hub()).datasets[0])
 started = time.perf_counter()
@@ -82,10 +83,10 @@ print(json.dumps({"seconds": time.perf_counter() - started, "rows": rows}))
 NAIVE = """
 import json, sys, time
 from transformers import PreTrainedTokenizerFast
-from builders.chat import normalize_messages
+from builders.messages import normalize_messages
 from builders.manifest import load_manifest
-from builders.order import permutation
-from builders.pinned import Hub, open_source, resolve
+from builders.rows.order import permutation
+from builders.inputs.pinned import Hub, open_source, resolve
 manifest = load_manifest(sys.argv[1])
 snapshots = resolve(manifest, Hub())
 tok = PreTrainedTokenizerFast(tokenizer_file=str(snapshots.tokenizer / "tokenizer.json"),

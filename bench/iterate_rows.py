@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from measure import PEAK_RSS  # noqa: E402
 
-from builders.packing import Row  # noqa: E402
-from builders.rowfile import RowWriter  # noqa: E402
+from builders.rows.packing import Row  # noqa: E402
+from builders.rows.rowfile import RowWriter  # noqa: E402
 
 CHILD = PEAK_RSS + """
 import sys, time

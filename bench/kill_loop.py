@@ -32,7 +32,7 @@ CLI = REPO / "data" / "generate_fixed_sft.py"
 
 
 def workers_of(pid: int) -> list[int]:
-    """The build's worker processes (``python -c ... builders.worker ...``)."""
+    """The build's worker processes (``python -c ... builders.encode.worker ...``)."""
     children = Path(f"/proc/{pid}/task/{pid}/children")
     try:
         pids = [int(p) for p in children.read_text().split()]
@@ -43,7 +43,7 @@ def workers_of(pid: int) -> list[int]:
 
 def _is_worker(pid: int) -> bool:
     try:
-        return b"builders.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"builders.encode.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 

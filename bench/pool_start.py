@@ -18,10 +18,10 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HOME", str(REPO / "bench" / ".cache" / "hf"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from builders import parallel  # noqa: E402
-from builders.encode import ConversationEncoder  # noqa: E402
+from builders.encode import pool as parallel  # noqa: E402
+from builders.encode.encoder import ConversationEncoder  # noqa: E402
 from builders.manifest import load_manifest  # noqa: E402
-from builders.pinned import Hub, pinned_inputs  # noqa: E402
+from builders.inputs.pinned import Hub, pinned_inputs  # noqa: E402
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ READ = PEAK_RSS + """
 import json, sys, time
 from pathlib import Path
 from builders.manifest import DatasetPin
-from builders.source import Source
+from builders.inputs.source import Source
 path, fields = Path(sys.argv[1]), json.loads(sys.argv[2])
 imported = peak_rss_mib()
 started = time.perf_counter()

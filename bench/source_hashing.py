@@ -5,7 +5,7 @@
     python bench/source_hashing.py --scale 0.01 --rows 40  # a smoke run
 
 On the inputs of bench/build_at_scale.py (laid out once in --cache), each in a fresh process:
-the hashing alone (``builders.pinned.hashed_files`` over the source's shards), and builds as
+the hashing alone (``builders.inputs.pinned.hashed_files`` over the source's shards), and builds as
 users run them (``--no-card``), with the hashing and with it skipped (its hashing process
 replaced by one that reads nothing), alternately, twice each. A build records in
 its report's ``timings.hash_s`` how long it waited, after its rows, for the parquet's and the
@@ -30,7 +30,7 @@ REPEATS = 2
 HASHING_ALONE = """
 import json, resource, sys, time
 from builders.manifest import load_manifest
-from builders.pinned import Hub, dataset_files, hashed_files, pinned_files, resolve
+from builders.inputs.pinned import Hub, dataset_files, hashed_files, pinned_files, resolve
 manifest = load_manifest(sys.argv[1])
 files = dataset_files(manifest.dataset, resolve(manifest, Hub()).datasets[0])
 def cpu():  # this process's and its children's (the hashing process's, once reaped)
@@ -49,7 +49,7 @@ UNHASHED = """
 import os
 from concurrent.futures import Future
 from pathlib import Path
-import builders.pinned
+import builders.inputs.pinned
 
 class Unhashed:
     def __init__(self, paths):
@@ -60,7 +60,7 @@ class Unhashed:
     def stop(self):
         pass
 
-builders.pinned.HashingProcess = Unhashed
+builders.inputs.pinned.HashingProcess = Unhashed
 """ + CLI
 
 

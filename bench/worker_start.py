@@ -4,8 +4,8 @@
     pip install -r bench/requirements.txt
     python bench/worker_start.py ../shared/pinned/GLM-4.7-Flash/chat_template.jinja 4 16
 
-Each worker is a fresh interpreter (as ``builders.worker`` starts them, one thread each) that
-imports ``builders.worker``, reads the GLM-scale ``tokenizer.json`` of bench/scale_inputs.py,
+Each worker is a fresh interpreter (as ``builders.encode.worker`` starts them, one thread each) that
+imports ``builders.encode.worker``, reads the GLM-scale ``tokenizer.json`` of bench/scale_inputs.py,
 loads it with tokenizers, makes the glm5 ``ConversationEncoder``, loads fastokens and runs the
 engine's probes: what every worker does before its first batch. It prints the steps' times and,
 for N at once, their medians.
@@ -35,11 +35,11 @@ def step(name):
     out[name] = [round(time.perf_counter() - started, 2), round(cpu() - used, 2)]
     started, used = time.perf_counter(), cpu()
 sys.path.insert(0, sys.argv[1])
-import builders.worker; step("import builders.worker")
+import builders.encode.worker; step("import builders.encode.worker")
 text, template = open(sys.argv[2]).read(), open(sys.argv[3]).read(); step("read tokenizer.json")
 from tokenizers import Tokenizer
-from builders import engines
-from builders.encode import ConversationEncoder
+from builders.encode import engines
+from builders.encode.encoder import ConversationEncoder
 from builders.formats import FormatSpec
 tokenizer = Tokenizer.from_str(text); step("Tokenizer.from_str")
 encoder = ConversationEncoder(tokenizer, FormatSpec("glm5", template)); step("ConversationEncoder")

@@ -3,7 +3,7 @@
 Nothing is written before the pinned inputs have been resolved and the tokenizer files checked;
 the source files' bytes are hashed beside the build and checked before anything is put in place.
 Every output is written under a temporary name in the output folder, and all are put in place
-together (``builders.atomic``), the parquet last: at ``NAME.parquet`` when every pinned figure
+together (``builders.runtime.atomic``), the parquet last: at ``NAME.parquet`` when every pinned figure
 matches, at ``NAME.unverified.parquet`` when one differs, so a file at the final path is always
 one that verified. A build that fails leaves nothing of itself in the folder.
 """
@@ -23,23 +23,25 @@ from pathlib import Path
 
 import numpy as np
 
-from builders import engines, parallel, stopping
-from builders.atomic import outputs, remove_stale_temporaries
-from builders.card import write_card
-from builders.encode import ConversationEncoder
+from builders.encode import engines
+from builders.encode import pool as parallel
+from builders.runtime import stopping
+from builders.runtime.atomic import outputs, remove_stale_temporaries
+from builders.rows.card import write_card
+from builders.encode.encoder import ConversationEncoder
 from builders.errors import OutputError, PinnedInputError, SourceDataError
-from builders.figures import RowFigures, Verification, file_hash, verify
+from builders.rows.figures import RowFigures, Verification, file_hash, verify
 from builders.manifest import Manifest
-from builders.order import kept_rows, permutation, permutation_sha256
-from builders.packing import Packer
-from builders.pinned import Hub, hashed_files, pinned_files, pinned_inputs
-from builders.progress import Reporter
-from builders.records import EncodedConversation, Row
-from builders.rowfile import RowWriter
-from builders.source import Source
-from builders.stats import BuildStats
-from builders.stream import Stream, StreamStats
-from builders.timings import Timings
+from builders.rows.order import kept_rows, permutation, permutation_sha256
+from builders.encode.encoder import EncodedConversation
+from builders.rows.packing import Packer, Row
+from builders.inputs.pinned import Hub, hashed_files, pinned_files, pinned_inputs
+from builders.runtime.progress import Reporter
+from builders.rows.rowfile import RowWriter
+from builders.inputs.source import Source
+from builders.rows.stats import BuildStats
+from builders.encode.stream import Stream, StreamStats
+from builders.runtime.timings import Timings
 
 LIBRARIES = ("numpy", "pyarrow", "tokenizers", "fastokens", "transformers", "huggingface_hub", "jinja2", "datasets",
              "PyYAML", "matplotlib")
@@ -62,7 +64,7 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
 
     ``workers`` processes decode, render and tokenize (1: this process; ``auto``: see
     ``parallel.worker_count``); ``engine`` encodes (``auto``: fastokens where it agrees with
-    tokenizers, see ``builders.engines``). The rows depend on neither.
+    tokenizers, see ``builders.encode.engines``). The rows depend on neither.
     """
     requested, workers = str(workers), parallel.worker_count(workers)
     timings = Timings()

@@ -17,7 +17,7 @@ import traceback
 from importlib import metadata
 from pathlib import Path
 
-from builders import stopping
+from builders.runtime import stopping
 from builders.errors import BuildError, OutputError, UsageError, VerificationError
 
 COMMANDS = ("build", "verify", "inspect", "diff", "download", "explain", "manifest", "check-recipe")
@@ -219,7 +219,7 @@ def _prog() -> str:
 
 
 def _reporter(args):
-    from builders.progress import Reporter
+    from builders.runtime.progress import Reporter
 
     if args.quiet and args.verbose:
         raise UsageError("-q and -v together: choose one")
@@ -229,7 +229,7 @@ def _reporter(args):
 def _hub(args, manifest):
     """Where the pinned inputs come from: the HF cache (and the Hub, online), or the fixture cache."""
     from builders.fixture.make import OWNER, make_fixture_cache, shared_dir, shared_repos
-    from builders.pinned import Hub
+    from builders.inputs.pinned import Hub
 
     repos = {manifest.tokenizer.repo, *(pin.repo for pin in manifest.datasets)}
     if args.fixture_cache is None:
@@ -284,8 +284,8 @@ def _build(args) -> int:
 def _verify(args) -> int:
     from dataclasses import asdict
 
-    from builders.figures import file_figures, recorded_recipe, verify
-    from builders.rowfile import check_row_file
+    from builders.rows.figures import file_figures, recorded_recipe, verify
+    from builders.rows.rowfile import check_row_file
 
     check_row_file(args.file)
     manifest = _manifest(args, args.file)
@@ -312,12 +312,12 @@ def _exit_code(verification) -> int:
 
 
 def _inspect(args) -> int:
-    from builders.row_view import inspect_row, inspect_source
+    from builders.views.inspect import inspect_row, inspect_source
 
     if args.file is None and args.source_index is None:
         raise UsageError("inspect: give a built FILE (and --row N), or --source-index I with --build/--manifest")
     if args.file is not None:
-        from builders.rowfile import check_row_file
+        from builders.rows.rowfile import check_row_file
 
         check_row_file(args.file)
     manifest = _manifest(args, args.file)
@@ -341,8 +341,8 @@ def _diff(args) -> int:
     import tempfile
 
     from builders.build import build
-    from builders.diff import describe, diff_files
-    from builders.rowfile import check_row_file
+    from builders.views.diff import describe, diff_files
+    from builders.rows.rowfile import check_row_file
 
     for path in (args.a, args.b):
         if path is not None:
@@ -364,7 +364,7 @@ def _diff(args) -> int:
                          sort_keys=True, ensure_ascii=False))
     else:
         if chat_format:
-            from builders.row_view import format_line
+            from builders.views.inspect import format_line
 
             print(f"b built with {format_line(chat_format)}")
         print(describe(result, args.a, b))
@@ -382,7 +382,7 @@ def _manifest_named_like(args, file: Path):
 def _decoder(args, manifest, hub=None):
     """The manifest's pinned tokenizer's decode (special tokens kept), or None, saying why, where it cannot load."""
     from builders.errors import PinnedInputError
-    from builders.pinned import pinned_tokenizer
+    from builders.inputs.pinned import pinned_tokenizer
 
     if manifest is None:
         reason = "no manifest is named like A; give --build NAME or --manifest FILE to decode with its tokenizer"
@@ -398,7 +398,7 @@ def _decoder(args, manifest, hub=None):
 
 
 def _download(args) -> int:
-    from builders.download import describe, download
+    from builders.inputs.download import describe, download
 
     manifest = _manifest(args)
     hub = _hub(args, manifest)
@@ -415,7 +415,7 @@ def _download(args) -> int:
 def _explain(args) -> int:
     import tempfile
 
-    from builders.explain import describe, describe_writers, explain, writers
+    from builders.views.explain import describe, describe_writers, explain, writers
 
     manifest = _manifest(args)
     hub = _hub(args, manifest)
@@ -440,8 +440,8 @@ def _explain(args) -> int:
 
 
 def _manifest_from_recipe(args) -> int:
-    from builders.atomic import write_atomic
-    from builders.recipe import implied_manifest, read_card
+    from builders.runtime.atomic import write_atomic
+    from builders.inputs.recipe import implied_manifest, read_card
 
     implied = implied_manifest(read_card(args.from_recipe))
     if args.output is not None:
@@ -463,9 +463,9 @@ def _manifest_from_recipe(args) -> int:
 def _check_recipe(args) -> int:
     from dataclasses import asdict
 
-    from builders.figures import file_figures, verify
-    from builders.recipe import compare, read_card
-    from builders.rowfile import check_row_file
+    from builders.rows.figures import file_figures, verify
+    from builders.inputs.recipe import compare, read_card
+    from builders.rows.rowfile import check_row_file
 
     card = read_card(args.card)
     if not card.publishes_rows:

@@ -5,7 +5,7 @@
     python patches/patch_glm5_mask.py --check /path/to/miles  # exit 0 if applied, 1 if not
 
 It edits two files: ``miles/utils/mask_utils.py`` gains a ``glm5`` branch in
-``MultiTurnLossMaskGenerator.get_loss_mask`` that calls ``builders.live_mask.glm5_loss_mask``
+``MultiTurnLossMaskGenerator.get_loss_mask`` that calls ``builders.training.live_mask.glm5_loss_mask``
 (so fixed-SFT must be installed where miles runs), and ``miles/utils/arguments.py`` adds
 ``glm5`` to ``--loss-mask-type``'s choices. Made for miles commit 78527b91 (the recipe's); a
 checkout whose code does not have the expected lines is left untouched, with an error.
@@ -22,7 +22,7 @@ EDITS = {
     "miles/utils/mask_utils.py": (
         '        else:\n            raise ValueError(f"Unsupported tokenizer type: {self.tokenizer_type}")\n',
         f'        elif self.tokenizer_type == "glm5":  {MARKER}\n'
-        '            from builders.live_mask import glm5_loss_mask\n\n'
+        '            from builders.training.live_mask import glm5_loss_mask\n\n'
         '            return glm5_loss_mask(self.tokenizer, messages, tools)\n'
         '        else:\n            raise ValueError(f"Unsupported tokenizer type: {self.tokenizer_type}")\n',
     ),

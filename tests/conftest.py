@@ -10,7 +10,7 @@ import pytest
 from builders.build import build
 from builders.fixture.make import make_fixture_cache, shared_dir
 from builders.manifest import load_manifest
-from builders.pinned import Hub
+from builders.inputs.pinned import Hub
 from helpers import MANIFESTS
 
 

@@ -14,15 +14,15 @@ import pytest
 from tokenizers import Tokenizer
 
 from builders.build import build
-from builders.encode import ConversationEncoder
+from builders.encode.encoder import ConversationEncoder
 from builders.formats import glm5_spec
 from builders.fixture.conversations import hard_cases, synthetic
 from builders.fixture.hf_cache import MESSAGE_WITH_REASONING, parquet_shards, put_snapshot
 from builders.fixture.make import FIXTURE_TEMPLATE, PINNED_TEMPLATE, shared_dir, tokenizer_json
 from builders.fixture.tokenizer import with_glm4_post_processor
 from builders.manifest import Manifest, load_manifest
-from builders.packing import with_eos
-from builders.pinned import Hub
+from builders.rows.packing import with_eos
+from builders.inputs.pinned import Hub
 from reference import reference_rows
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from builders.atomic import outputs, remove_stale_temporaries, write_atomic
+from builders.runtime.atomic import outputs, remove_stale_temporaries, write_atomic
 from builders.build import build
-from builders.card import PLOTS
+from builders.rows.card import PLOTS
 from builders.errors import OutputError
 from builders.manifest import load_manifest
 from helpers import MANIFESTS, SELF_CONTAINED

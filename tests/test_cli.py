@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from builders.card import PLOTS
+from builders.rows.card import PLOTS
 from builders.fixture.make import TOKENIZER_REPO
 from builders.fixture.make import synthetic_rows
 from helpers import MANIFESTS, REPO, SELF_CONTAINED, lay_out_build, run_cli

@@ -8,7 +8,7 @@ import pytest
 from builders.build import build
 from builders.fixture.make import synthetic_rows
 from builders.manifest import load_manifest
-from builders.pinned import Hub
+from builders.inputs.pinned import Hub
 from helpers import MANIFESTS, SELF_CONTAINED, lay_out_build, manifest_names
 from reference import reference_rows, rows_sha256
 

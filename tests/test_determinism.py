@@ -10,7 +10,7 @@ import pytest
 
 from builders.fixture.make import make_fixture_cache, shared_dir
 from builders.manifest import load_manifest
-from builders.order import permutation, permutation_sha256
+from builders.rows.order import permutation, permutation_sha256
 from helpers import MANIFESTS, SELF_CONTAINED, run_cli
 
 

@@ -15,8 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from builders import cli, rowfile
-from builders.card import PLOTS
+from builders import cli
+from builders.rows import rowfile
+from builders.rows.card import PLOTS
 from builders.fixture.make import synthetic_rows
 from helpers import SELF_CONTAINED, lay_out_build, run_cli
 

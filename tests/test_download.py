@@ -6,10 +6,10 @@ huggingface_hub, and the whole command against a filled HF cache, offline.
 
 from pathlib import Path
 
-import builders.pinned
-from builders.download import download
+import builders.inputs.pinned
+from builders.inputs.download import download
 from builders.manifest import load_manifest
-from builders.pinned import Hub
+from builders.inputs.pinned import Hub
 from helpers import MANIFESTS, SELF_CONTAINED, run_cli
 
 
@@ -22,8 +22,8 @@ def test_download_asks_the_hub_for_exactly_what_a_build_reads(monkeypatch, tmp_p
         folder.mkdir(parents=True, exist_ok=True)
         return str(folder)
 
-    monkeypatch.setattr(builders.pinned, "snapshot_download", snapshot_download)
-    monkeypatch.setattr(builders.pinned, "hub_unreachable", lambda hub: None)  # as if the Hub answered
+    monkeypatch.setattr(builders.inputs.pinned, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(builders.inputs.pinned, "hub_unreachable", lambda hub: None)  # as if the Hub answered
     manifest = load_manifest(MANIFESTS / "glm47flash-tulu3-fixed8192-v1.yaml")
     download(manifest, Hub(cache_dir=tmp_path / "hub"))
     assert calls == [
@@ -48,9 +48,9 @@ def test_offline_reads_only_the_cache(monkeypatch, tmp_path):
         folder.mkdir(parents=True, exist_ok=True)
         return str(folder)
 
-    monkeypatch.setattr(builders.pinned, "snapshot_download", snapshot_download)
-    monkeypatch.setattr(builders.pinned.constants, "HF_HUB_OFFLINE", True)
-    builders.pinned.resolve(load_manifest(MANIFESTS / "glm47flash-tulu3-fixed8192-v1.yaml"), Hub(cache_dir=tmp_path))
+    monkeypatch.setattr(builders.inputs.pinned, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(builders.inputs.pinned.constants, "HF_HUB_OFFLINE", True)
+    builders.inputs.pinned.resolve(load_manifest(MANIFESTS / "glm47flash-tulu3-fixed8192-v1.yaml"), Hub(cache_dir=tmp_path))
     assert asked == [True, True]
 
 

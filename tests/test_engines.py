@@ -12,14 +12,14 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from builders import engines
+from builders.encode import engines
 from builders.build import build
 from builders.errors import EngineDisagreement
 from builders.fixture.conversations import hard_cases, synthetic
 from builders.fixture.make import FIXTURE_TEMPLATE, tokenizer_json
 from builders.fixture.tokenizer import with_nfc_normalizer
 from builders.manifest import load_manifest
-from builders.pinned import Hub
+from builders.inputs.pinned import Hub
 from helpers import MANIFESTS, SELF_CONTAINED, lay_out_build, manifest_names, run_cli
 from reference import reference_rows
 
@@ -86,7 +86,8 @@ def test_the_guard_stops_a_build_whose_fast_engine_differs(monkeypatch, hub, tmp
 
     def choose(requested, tokenizer, tokenizer_json_text, chat_template):
         reference = engines.TokenizersEngine(tokenizer)
-        from builders.chat import ChatRenderer, normalize_messages
+        from builders.formats.render import ChatRenderer
+        from builders.messages import normalize_messages
 
         victim = ChatRenderer(chat_template).render(normalize_messages(hard_cases()[0]))  # source row 0
         return engines.Choice.of(engines.Guarded(_Wrong(reference, victim), reference), requested, None)
@@ -134,9 +135,9 @@ def _wrong_in_workers(tmp_path, after_probes: bool) -> dict:
     site.mkdir()
     (site / "sitecustomize.py").write_text(
         "import sys\n"
-        "if any('builders.worker' in a for a in sys.orig_argv):\n"
+        "if any('builders.encode.worker' in a for a in sys.orig_argv):\n"
         "    import numpy as np\n"
-        "    from builders import engines\n"
+        "    from builders.encode import engines\n"
         "    real, calls = engines.FastokensEngine.encode, []\n"
         "    def wrong(self, texts):\n"
         "        calls.append(1)\n"

@@ -16,14 +16,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import builders.engines
+import builders.encode.engines
 from builders.build import build
 from builders.contract import DEFAULT, KEYS, Contract
-from builders.explain import describe_writers, explain, writers
-from builders.pinned import Hub
-from builders.progress import Reporter
-from builders.writers import READINGS as WRITER_READINGS
-from builders.writers import WriterReading
+from builders.views.explain import describe_writers, explain, writers
+from builders.inputs.pinned import Hub
+from builders.runtime.progress import Reporter
+from builders.views.writers import READINGS as WRITER_READINGS
+from builders.views.writers import WriterReading
 from helpers import (
     SELF_CONTAINED,
     file_rows,
@@ -83,13 +83,13 @@ def test_explain_names_the_reading_that_made_the_pinned_rows(hf_home, readings, 
 
 def test_explain_encodes_each_conversation_once_for_the_whole_search(hf_home, tmp_path, monkeypatch):
     encoded = []
-    original = builders.engines.TokenizersEngine.encode
+    original = builders.encode.engines.TokenizersEngine.encode
 
     def counting(self, texts):
         encoded.extend(texts)
         return original(self, texts)
 
-    monkeypatch.setattr(builders.engines.TokenizersEngine, "encode", counting)
+    monkeypatch.setattr(builders.encode.engines.TokenizersEngine, "encode", counting)
     pinned = manifest_under(hf_home, "readings", {}, tmp_path, expect=f"expect:\n  rows_sha256: {'0f' * 32}\n")
     found = explain(pinned, hub(hf_home), Reporter.silent(), everything=True, engine="tokenizers")
     assert found.tried == found.readings > 500  # four orders, two encodes: every reading was tried

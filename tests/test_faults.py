@@ -78,8 +78,8 @@ def test_a_stop_signal_landing_in_a_finalizer_still_stops_the_build(fixture_cach
     (site / "sitecustomize.py").write_text(
         "import os, signal, sys\n"
         "if any('generate_fixed_sft' in a for a in sys.orig_argv):\n"
-        "    import builders.stream\n"
-        "    real = builders.stream.Stream.plan\n"
+        "    import builders.encode.stream\n"
+        "    real = builders.encode.stream.Stream.plan\n"
         "    class Finalizer:\n"
         "        def __del__(self):\n"
         "            os.kill(os.getpid(), signal.SIGTERM)\n"
@@ -87,7 +87,7 @@ def test_a_stop_signal_landing_in_a_finalizer_still_stops_the_build(fixture_cach
         "    def plan(self, encoder):\n"
         "        Finalizer()\n"
         "        return real(self, encoder)\n"
-        "    builders.stream.Stream.plan = plan\n")
+        "    builders.encode.stream.Stream.plan = plan\n")
     out = tmp_path / "out"
     done = run_cli("--build", SELF_CONTAINED, "--out", str(out), hf_home=fixture_cache, env={"PYTHONPATH": str(site)})
     assert "Exception ignored" in done.stderr, done.stderr  # the KeyboardInterrupt was swallowed where it landed
@@ -96,7 +96,7 @@ def test_a_stop_signal_landing_in_a_finalizer_still_stops_the_build(fixture_cach
 
 
 def worker_pids(pid: int) -> list[int]:
-    """The build's worker processes (started as ``python -c ... builders.worker ...``)."""
+    """The build's worker processes (started as ``python -c ... builders.encode.worker ...``)."""
     children = Path(f"/proc/{pid}/task/{pid}/children")
     pids = [int(p) for p in children.read_text().split()] if children.exists() else []
     return [p for p in pids if _is_worker(p)]
@@ -104,7 +104,7 @@ def worker_pids(pid: int) -> list[int]:
 
 def _is_worker(pid: int) -> bool:
     try:
-        return b"builders.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"builders.encode.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:  # it has exited
         return False
 
@@ -155,15 +155,15 @@ def worker_fault(tmp_path: Path, fault: str) -> dict:
     folder.mkdir()
     (folder / "sitecustomize.py").write_text(f"""\
 import os, signal, sys
-if any("builders.worker" in a for a in sys.orig_argv):
+if any("builders.encode.worker" in a for a in sys.orig_argv):
     if {fault!r} == "killed":
         os.kill(os.getpid(), signal.SIGKILL)
     else:
         sys.path.insert(0, {str(REPO)!r})
-        import builders.encode
+        import builders.encode.encoder
         def refuse(*args, **kwargs):
             raise RuntimeError("injected start-up failure")
-        builders.encode.ConversationEncoder.__init__ = refuse
+        builders.encode.encoder.ConversationEncoder.__init__ = refuse
 """)
     return {"PYTHONPATH": str(folder)}
 

@@ -7,8 +7,8 @@ import pytest
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
-from builders.chat import normalize_messages
-from builders.encode import ConversationEncoder
+from builders.messages import normalize_messages
+from builders.encode.encoder import ConversationEncoder
 from builders.formats import glm5_spec
 from builders.errors import SourceDataError
 from builders.fixture.conversations import hard_cases

@@ -9,8 +9,8 @@ import pytest
 from builders.errors import PinnedInputError
 from builders.fixture.hf_cache import MESSAGE, parquet_shards, put_snapshot
 from builders.manifest import DatasetPin
-from builders.pinned import Hub, dataset_files, dataset_repo, resolve_snapshot
-from builders.source import Source
+from builders.inputs.pinned import Hub, dataset_files, dataset_repo, resolve_snapshot
+from builders.inputs.source import Source
 
 ROWS = [{"id": f"r{i}", "source": "s", "messages": [{"role": "user", "content": f"q{i}"},
                                                        {"role": "assistant", "content": f"a{i}"}]}

@@ -14,13 +14,13 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-import builders.file_formats
+import builders.inputs.files
 from builders.build import build
 from builders.errors import ManifestError, PinnedInputError, SourceDataError
 from builders.fixture.hf_cache import MESSAGE_WITH_REASONING, parquet_shards, put_snapshot
 from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows, tokenizer_json
 from builders.manifest import load_manifest, parse_manifest
-from builders.pinned import Hub, dataset_repo, matching_files
+from builders.inputs.pinned import Hub, dataset_repo, matching_files
 from helpers import file_rows, run_cli
 from reference import Reference, mixture, reference_rows, rows_sha256
 
@@ -32,8 +32,8 @@ TOKENIZER_FILES = {"tokenizer.json": tokenizer_json(), "chat_template.jinja": FI
 @pytest.fixture(autouse=True)
 def small_blocks(monkeypatch):
     """JSON read in many small blocks, and a JSON list scanned in chunks that cut its tokens."""
-    monkeypatch.setattr(builders.file_formats, "BLOCK_BYTES", 3000)
-    monkeypatch.setattr(builders.file_formats, "SCAN_BYTES", 777)
+    monkeypatch.setattr(builders.inputs.files, "BLOCK_BYTES", 3000)
+    monkeypatch.setattr(builders.inputs.files, "SCAN_BYTES", 777)
 
 
 def sharegpt(rows: list[dict]) -> list[dict]:
@@ -154,7 +154,7 @@ def test_two_source_mixture_with_take_builds_and_verifies(tmp_path):
 
 def test_take_keeps_the_rows_the_contract_names(tmp_path):
     """kept rows are sorted(default_rng([seed, j]).permutation(N_j)[:K]), offset by the sources before."""
-    from builders.order import kept_rows
+    from builders.rows.order import kept_rows
     import numpy as np
 
     kept = kept_rows(7, [10, 20], [None, 5])
@@ -293,21 +293,21 @@ def test_json_list_scan_minds_strings_escapes_and_chunk_edges(tmp_path, monkeypa
     import random
 
     rng = random.Random(0)
-    fields = builders.file_formats.Fields("conversations", "from", "value", "id")
+    fields = builders.inputs.files.Fields("conversations", "from", "value", "id")
 
     def text():
         return "".join(rng.choice(["a", "\\", '"', ",", "[", "]", "{", "}", " ", "\n", "é", "\\\\"])
                        for _ in range(rng.randint(0, 12)))
 
     for trial in range(150):
-        monkeypatch.setattr(builders.file_formats, "SCAN_BYTES", rng.choice([1, 2, 3, 7, 64, 1 << 20]))
-        monkeypatch.setattr(builders.file_formats, "BLOCK_BYTES", rng.choice([1, 50, 1 << 20]))
+        monkeypatch.setattr(builders.inputs.files, "SCAN_BYTES", rng.choice([1, 2, 3, 7, 64, 1 << 20]))
+        monkeypatch.setattr(builders.inputs.files, "BLOCK_BYTES", rng.choice([1, 50, 1 << 20]))
         records = [{"id": i, "conversations": [{"from": text(), "value": text(), "weight": [1, {"x": "]\\"}]}
                                                for _ in range(rng.randint(0, 3))], "other": text()}
                    for i in range(rng.randint(0, 6))]
         path = tmp_path / "x.json"
         path.write_text(json.dumps(records, indent=rng.choice([None, 2]), ensure_ascii=rng.random() < 0.5))
-        file = builders.file_formats.JsonListFile(path, "x.json", fields)
+        file = builders.inputs.files.JsonListFile(path, "x.json", fields)
         got = [row for block in range(len(file.block_rows)) for row in file.read(block).to_pylist()]
         assert got == [{"conversations": [{"from": m["from"], "value": m["value"], "reasoning_content": None}
                                           for m in r["conversations"]], "source": None, "id": str(r["id"])}
@@ -315,7 +315,7 @@ def test_json_list_scan_minds_strings_escapes_and_chunk_edges(tmp_path, monkeypa
 
 
 def test_a_mixture_is_no_recipe_cards_build():
-    from builders.recipe import manifest_fields
+    from builders.inputs.recipe import manifest_fields
 
     pins = "".join(f"\n  - {{repo: o/d{j}, revision: {'a' * 40}, split: train}}" for j in range(2))
     manifest = parse_manifest(f"""name: m

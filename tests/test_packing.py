@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from builders.packing import Packer
-from builders.records import EncodedConversation
+from builders.rows.packing import Packer
+from builders.encode.encoder import EncodedConversation
 
 EOS = 999
 

@@ -35,7 +35,7 @@ from builders.fixture.hf_cache import parquet_shards
 from builders.fixture.make import shared_dir
 from builders.formats import PEER_READINGS, FormatSpec, make_format
 from builders.manifest import load_manifest
-from builders.pinned import Hub
+from builders.inputs.pinned import Hub
 from helpers import file_rows, lay_out_build, run_cli
 from peer_inputs import hf_tokenizer, qwen_tokenizer_json, trl_templates
 from peer_reference import hf_generation, miles_loss_mask

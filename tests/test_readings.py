@@ -15,7 +15,7 @@ import pytest
 
 from builders.contract import READINGS, Contract
 from builders.fixture.make import PINNED_TEMPLATE, shared_dir, tulu_fixture_rows
-from builders.order import torch_available
+from builders.rows.order import torch_available
 from helpers import (
     NEEDS_SHARED,
     build_under,

@@ -13,7 +13,7 @@ import pytest
 from builders.cli import main
 from builders.fixture.make import shared_dir
 from builders.manifest import load_manifest
-from builders.recipe import MAX_CARD_BYTES, MAX_DEPTH
+from builders.inputs.recipe import MAX_CARD_BYTES, MAX_DEPTH
 from helpers import MANIFESTS, REPO, SELF_CONTAINED, run_cli
 
 SEED_NAME = "glm47flash-tulu3-fixed8192-v1"

@@ -14,7 +14,7 @@ import pytest
 from builders.errors import PinnedInputError
 from builders.fixture.hf_cache import MESSAGE_WITH_REASONING, parquet_shards
 from builders.fixture.make import synthetic_rows
-from builders.pinned import PinnedFile, hashed_files, pinned_files
+from builders.inputs.pinned import PinnedFile, hashed_files, pinned_files
 from helpers import lay_out_build, run_cli
 
 EDITED_SHARD = "data/train-00001-of-00004.parquet"
@@ -134,7 +134,7 @@ def test_a_hashing_process_that_dies_is_a_worker_error(tmp_path):
     """The source files are hashed in a process of their own: one killed before it has hashed them all
     (here while it waits to read a named pipe) is exit 7, as a worker that dies; the files it hashed
     before keep their digests."""
-    from builders.digest import HashingProcess
+    from builders.inputs.digest import HashingProcess
     from builders.errors import WorkerError
 
     first, fifo = tmp_path / "first.parquet", tmp_path / "shard.parquet"

@@ -10,13 +10,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from builders import stream
+from builders.encode import stream
 from builders.build import build
 from builders.errors import SourceDataError
 from builders.fixture.conversations import synthetic
 from builders.manifest import load_manifest
-from builders.order import permutation
-from builders.pinned import Hub
+from builders.rows.order import permutation
+from builders.inputs.pinned import Hub
 from helpers import lay_out_build
 
 ROWS = [{"id": f"c{k}", "source": "synthetic", "messages": m} for k, m in enumerate(synthetic(21, 600))]
@@ -107,7 +107,7 @@ def test_a_batch_sent_to_a_worker_carries_only_its_rows():
     """A batch is a slice of a held table; the Arrow IPC a worker gets holds just the batch's rows."""
     import pyarrow as pa
 
-    from builders.worker import batch_message
+    from builders.encode.worker import batch_message
 
     held = pa.table({"index": pa.array(range(10_000)), "messages": pa.array(["x" * 1000] * 10_000)})
     batch = held.slice(5_000, 8)
@@ -123,7 +123,7 @@ def test_workers_encode_as_this_process_does():
     import pyarrow as pa
 
     from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows
-    from builders.parallel import InProcess, Pool
+    from builders.encode.pool import InProcess, Pool
     from helpers import encoder
 
     enc = encoder(FIXTURE_TEMPLATE.read_text(encoding="utf-8"))
@@ -164,7 +164,7 @@ def test_a_format_that_json_cannot_carry_is_refused_before_workers_start():
 
     from builders.errors import UsageError
     from builders.fixture.make import FIXTURE_TEMPLATE
-    from builders.worker import start_up_message
+    from builders.encode.worker import start_up_message
     from helpers import encoder
 
     enc = encoder(FIXTURE_TEMPLATE.read_text(encoding="utf-8"))

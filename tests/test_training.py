@@ -15,10 +15,10 @@ from transformers import PreTrainedTokenizerFast
 
 import pretokenized_sft_rollout
 from builders.errors import VerificationError
-from builders.figures import RowFigures
+from builders.rows.figures import RowFigures
 from builders.fixture.conversations import hard_cases
 from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows, tokenizer_json
-from builders.glm5 import EOS
+from builders.formats.glm5_layout import EOS
 from builders.manifest import load_manifest
 from builders.rows import RowReader, worker_shard
 from helpers import MANIFESTS, REPO, SELF_CONTAINED, encoder, manifest_names, with_its_eos
@@ -202,8 +202,8 @@ EDGE_MASKS = {
 
 @pytest.fixture(scope="module")
 def edge_rows_file(tmp_path_factory):
-    from builders.records import Row
-    from builders.rowfile import RowWriter
+    from builders.rows.packing import Row
+    from builders.rows.rowfile import RowWriter
 
     path = tmp_path_factory.mktemp("edge") / "edge.parquet"
     writer = RowWriter(path)
@@ -320,7 +320,7 @@ def glm_hf_tokenizer(tmp_path_factory):
 
 def test_step_loss_mask_unsupervises_an_answer_and_its_stop_token(glm_hf_tokenizer):
     """miles' per-message step_loss_mask, against the reference implementation of the same rule."""
-    from builders.live_mask import glm5_loss_mask
+    from builders.training.live_mask import glm5_loss_mask
 
     hf, path, template = glm_hf_tokenizer
     reference = Reference(path, template)

@@ -16,7 +16,7 @@ import yaml
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from builders.build import build
-from builders.encode import ConversationEncoder
+from builders.encode.encoder import ConversationEncoder
 from builders.errors import ManifestError, SourceDataError
 from builders.fixture.conversations import corpus, hard_cases
 from builders.fixture.make import (
@@ -30,8 +30,8 @@ from builders.fixture.make import (
 from builders.fixture.tokenizer import ADDED_TOKENS, SPECIAL_TOKENS, with_nfc_normalizer
 from builders.formats import FormatSpec, glm5_spec
 from builders.manifest import load_manifest, parse_manifest
-from builders.pinned import Hub
-from builders.vocab import char_spans
+from builders.inputs.pinned import Hub
+from builders.formats.vocab import char_spans
 from helpers import MANIFESTS, NEEDS_SHARED, TEMPLATES, lay_out_build, manifest_names, run_cli
 
 GLM_STOPS = ("<|endoftext|>", "<|user|>", "<|observation|>")
@@ -345,8 +345,8 @@ def test_explain_on_a_turns_manifest_searches_the_readings_that_apply(fixture_ca
     """The turns build of a fixture manifest reproduces its pinned rows under the default reading; the
     GLM-only readings are named as not applying, and no contract tried holds one."""
     from builders.contract import DEFAULT
-    from builders.explain import explain
-    from builders.progress import Reporter
+    from builders.views.explain import explain
+    from builders.runtime.progress import Reporter
 
     manifest = load_manifest(turns_manifest(manifest_names(with_shared=False)[0], fixture_cache, tmp_path))
     found = explain(manifest, Hub(fixture_cache / "hub", offline=True), Reporter.silent(), everything=True)

@@ -21,8 +21,8 @@ from builders.errors import ManifestError, SourceDataError
 from builders.fixture.conversations import synthetic
 from builders.fixture.make import PINNED_TEMPLATE, tokenizer_json
 from builders.manifest import load_manifest
-from builders.packing import with_eos
-from builders.pinned import Hub
+from builders.rows.packing import with_eos
+from builders.inputs.pinned import Hub
 from helpers import NEEDS_SHARED, file_rows, run_cli
 from reference import Reference, rows_sha256
 from reference_turns import TurnsReference, Undefined, checked
@@ -170,8 +170,8 @@ def turns_build(manifest, tmp_path):
 
 def encoder_of(m: real_models.Model, hf_home):
     """The builder's encoder of ``m``'s tokenizer repo laid out in ``hf_home``, as a build makes it."""
-    from builders.encode import ConversationEncoder
-    from builders.pinned import pinned_inputs
+    from builders.encode.encoder import ConversationEncoder
+    from builders.inputs.pinned import pinned_inputs
 
     manifest = real_models.lay_out_turns(hf_home, rows_of([HARD[0]], "e"), m, name="encoder", shards=1)
     pinned, _ = pinned_inputs(loaded(manifest), Hub(hf_home / "hub", offline=True))

@@ -13,12 +13,12 @@ import yaml
 from tokenizers import Tokenizer
 
 from builders.build import build
-from builders.card import PLOTS
+from builders.rows.card import PLOTS
 from builders.fixture.make import FIXTURE_TEMPLATE, edited_rows, synthetic_rows, tokenizer_json
-from builders.glm5 import EOS
+from builders.formats.glm5_layout import EOS
 from builders.manifest import load_manifest
-from builders.order import permutation
-from builders.pinned import Hub
+from builders.rows.order import permutation
+from builders.inputs.pinned import Hub
 from helpers import EDITED, MANIFESTS, REPO, SELF_CONTAINED, encoder, lay_out_build, run_cli
 
 
@@ -50,7 +50,7 @@ def test_log_lines_come_at_a_steady_pace_with_the_wall_time_rate():
     """Bursts of progress make no burst of lines: one per interval of wall time, each with the rate so far."""
     import io
 
-    from builders.progress import _Lines
+    from builders.runtime.progress import _Lines
 
     now = [0.0]
     stream = io.StringIO()
@@ -314,7 +314,7 @@ def test_diff_the_edited_fixture_as_the_readme_shows(cli_build, fixture_cache, t
 
 
 def test_card_front_matter_stays_yaml_for_any_manifest_text():
-    from builders.card import front_matter as card_front_matter
+    from builders.rows.card import front_matter as card_front_matter
     from builders.manifest import parse_manifest
 
     odd = "Custom: see https://example.org/#terms, 'quoted' — and \"more\""

@@ -50,7 +50,7 @@ def format_class(loss_mask: str) -> type[ChatFormat]:
 
 def make_format(spec: FormatSpec, tokenizer, vocab=None) -> ChatFormat:
     """The chat format ``spec.loss_mask`` names, over the pinned ``tokenizers.Tokenizer`` (and its ``Vocab``)."""
-    from builders.vocab import Vocab
+    from builders.formats.vocab import Vocab
 
     return format_class(spec.loss_mask)(spec, tokenizer, vocab or Vocab(tokenizer))
 

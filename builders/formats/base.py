@@ -11,14 +11,14 @@ interface, so a new format plugs in by subclassing ``ChatFormat`` and registerin
   message's own text (``inspect`` marks special-token text typed there), and whether the
   conversation ends with an answer (the EOS joined after it is then that answer's stop token).
   A conversation the rule does not define is a ``SourceDataError`` naming the source row.
-  ``engine`` (``builders.engines``) turns texts into ids; a format that tokenizes by other means
+  ``engine`` (``builders.encode.engines``) turns texts into ids; a format that tokenizes by other means
   (a peer tool's own per-message tokenization) may ignore it.
 - ``class_mask(contract)``: each class's mask value under a reading of the contract. A format
   whose mask is fixed uses the classes ``UNSUPERVISED`` and ``SUPERVISED``.
 - ``readings``: for each contract key, the values that mean something for this format (a key
   absent here applies with all its values); ``Contract.table`` interprets ``eos``, ``encode`` and
-  ``final`` the same way for every format, ``builders.packing`` and ``explain`` ``skip``,
-  ``builders.figures`` ``hash``, ``builders.order`` ``order``.
+  ``final`` the same way for every format, ``builders.rows.packing`` and ``explain`` ``skip``,
+  ``builders.rows.figures`` ``hash``, ``builders.rows.order`` ``order``.
 - ``eos`` (the token joined after each conversation), ``appended_stop`` (the token
   ``final: append-stop`` appends, or None), ``describe()`` (the format and its inputs, for the
   card, ``inspect`` and ``--json``).
@@ -39,7 +39,7 @@ from tokenizers import Tokenizer
 from builders.contract import Contract
 from builders.errors import ConversationError, SourceDataError
 from builders.formats import FormatSpec
-from builders.vocab import Vocab
+from builders.formats.vocab import Vocab
 
 UNSUPERVISED, SUPERVISED = 0, 1  # the classes of a format whose mask is fixed
 

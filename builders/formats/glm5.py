@@ -1,7 +1,7 @@
 """``loss_mask: glm5``: the GLM-4.7-Flash chat format, laid out by hand from the message structure.
 
-Its pieces and token classes are ``builders.glm5``'s; its own-rule readings of ``mask_rule`` are
-slime's text searches (``builders.slime``). Every conversation is checked: the layout joined must
+Its pieces and token classes are ``builders.formats.glm5_layout``'s; its own-rule readings of ``mask_rule`` are
+slime's text searches (``builders.formats.slime``). Every conversation is checked: the layout joined must
 be exactly what the pinned template renders, or the conversation is refused.
 """
 
@@ -10,12 +10,14 @@ from __future__ import annotations
 import jinja2
 import numpy as np
 
-from builders import glm5, slime
-from builders.chat import ChatRenderer, normalize_messages, split_step_loss_mask
+from builders.formats import glm5_layout as glm5
+from builders.formats import slime
+from builders.formats.render import ChatRenderer
+from builders.messages import normalize_messages, split_step_loss_mask
 from builders.contract import READINGS, SLIME_RULES, Contract
 from builders.errors import ConversationError
 from builders.formats.base import Annotated, ChatFormat, located
-from builders.vocab import char_spans
+from builders.formats.vocab import char_spans
 
 STRUCTURE_ONLY = ("prefill", "stop", "final")  # readings that refine the structure rule, not the slime rules
 

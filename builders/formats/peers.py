@@ -38,7 +38,8 @@ import re
 import jinja2
 import numpy as np
 
-from builders.chat import ChatRenderer, normalize_messages, split_step_loss_mask
+from builders.formats.render import ChatRenderer
+from builders.messages import normalize_messages, split_step_loss_mask
 from builders.contract import READINGS, Contract
 from builders.errors import ConversationError, UsageError
 from builders.formats.base import SUPERVISED, Annotated, ChatFormat, located

@@ -22,11 +22,12 @@ import jinja2
 import numpy as np
 from jinja2 import nodes
 
-from builders.chat import ChatRenderer, normalize_messages, split_step_loss_mask
+from builders.formats.render import ChatRenderer
+from builders.messages import normalize_messages, split_step_loss_mask
 from builders.contract import Contract
 from builders.errors import ConversationError, ManifestError, PinnedInputError
 from builders.formats.base import Annotated, ChatFormat, located
-from builders.vocab import char_spans
+from builders.formats.vocab import char_spans
 
 OTHER, ANSWER, STOP = 0, 1, 2
 TEXT_FIELDS = ("content", "reasoning_content")

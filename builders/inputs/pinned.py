@@ -29,10 +29,10 @@ from huggingface_hub.utils import filter_repo_objects, get_session
 from tokenizers import Tokenizer
 
 from builders.errors import BuildError, PinnedInputError
-from builders.digest import HashingProcess
+from builders.inputs.digest import HashingProcess
 from builders.formats import FormatSpec, format_class
 from builders.manifest import DatasetPin, Manifest, TokenizerPin, cli_command
-from builders.source import Source
+from builders.inputs.source import Source
 
 
 @dataclass(frozen=True)
@@ -315,7 +315,7 @@ class FileHashes:
 
 @contextmanager
 def hashed_files(files: list[PinnedFile]) -> Iterator[FileHashes]:
-    """Hash ``files`` in a process of their own while the block runs (``builders.digest``).
+    """Hash ``files`` in a process of their own while the block runs (``builders.inputs.digest``).
 
     A build that fails otherwise (a conversation it cannot render, say) first waits for the hashes:
     a file that is not what names it is the cause to report. Otherwise the block's end does not wait:

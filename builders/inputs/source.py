@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from builders.file_formats import Fields, open_file
+from builders.inputs.files import Fields, open_file
 from builders.manifest import DatasetPin
 
 

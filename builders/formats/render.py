@@ -1,4 +1,4 @@
-"""Conversations as the chat template sees them: validation and rendering.
+"""Rendering conversations with a pinned chat template, as transformers renders them.
 
 Rendering is transformers' own (the steps of ``render_jinja_template``: sandboxed Jinja with
 ``trim_blocks`` and ``lstrip_blocks``), as ``apply_chat_template(messages, tokenize=False)``
@@ -26,61 +26,6 @@ except ImportError:  # earlier releases (miles' pinned 5.12.1) render the messag
 
     def _plain_template_data(data):
         return data
-
-from builders.errors import ConversationError
-
-ROLES = ("system", "user", "assistant", "tool")
-MESSAGE_KEYS = ("role", "content", "reasoning_content")
-STEP_LOSS_MASK = "step_loss_mask"  # miles' per-message field: an answer whose value is not 1 is not supervised
-
-
-def split_step_loss_mask(messages) -> tuple[list, frozenset[int]]:
-    """``messages`` without miles' ``step_loss_mask`` fields, and the positions of the answers it unsupervises.
-
-    The template never sees the field; a null one is absent (as a parquet struct column's is).
-    """
-    if not isinstance(messages, list) or not any(isinstance(m, dict) and STEP_LOSS_MASK in m for m in messages):
-        return messages, frozenset()
-    untrained = frozenset(i for i, m in enumerate(messages)
-                          if isinstance(m, dict) and m.get(STEP_LOSS_MASK) not in (None, 1))
-    return [{k: v for k, v in m.items() if k != STEP_LOSS_MASK} if isinstance(m, dict) else m
-            for m in messages], untrained
-
-
-def normalize_messages(messages) -> list[dict]:
-    """Check that ``messages`` is a list of ``{role, content}`` dicts and drop keys whose value is None.
-
-    transformers drops None-valued keys too; it is how a parquet struct column's absent fields
-    (``reasoning_content`` in a Tulu-shaped schema) reach the template.
-    """
-    if not isinstance(messages, list):
-        raise ConversationError(f"messages is {type(messages).__name__}, not a list")
-    if not messages:
-        raise ConversationError("the conversation has no messages (apply_chat_template refuses an empty one)")
-    normalized = []
-    for position, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise ConversationError(f"message {position} is {type(message).__name__}, not a mapping")
-        message = {key: value for key, value in message.items() if value is not None}
-        for key in message:
-            if key not in MESSAGE_KEYS:
-                raise ConversationError(f"message {position} has unsupported field {key!r} "
-                                        f"(supported: {', '.join(MESSAGE_KEYS)})")
-        role = message.get("role")
-        if role not in ROLES:
-            raise ConversationError(f"message {position} has role {role!r} (supported: {', '.join(ROLES)})")
-        for key in ("content", "reasoning_content"):
-            if key in message and not isinstance(message[key], str):
-                raise ConversationError(f"message {position} ({role}) has {key} of type "
-                                        f"{type(message[key]).__name__}, not a string")
-        if "content" not in message:
-            raise ConversationError(f"message {position} ({role}) has no content")
-        if "reasoning_content" in message and role != "assistant":
-            raise ConversationError(f"message {position} ({role}) has reasoning_content, which only an "
-                                    f"assistant message may have")
-        normalized.append(message)
-    return normalized
-
 
 class ChatRenderer:
     """Renders conversations with one chat template, as ``apply_chat_template`` does.

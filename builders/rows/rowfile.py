@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from builders.errors import UsageError, VerificationError
-from builders.records import Row
+from builders.rows.packing import Row
 
 ROW_GROUP_ROWS = 64
 PARQUET_MAGIC = b"PAR1"  # a parquet file begins and ends with it

@@ -2,7 +2,7 @@
 
 Both take batches of source rows with their stream positions and leave each encoded
 conversation (or the error that names it) at its position; the stream takes them back in
-order. Each worker (``builders.worker``) holds its own copy of the tokenizer, template, contract
+order. Each worker (``builders.encode.worker``) holds its own copy of the tokenizer, template, contract
 and engine and runs the same ``ConversationEncoder``, so the rows do not depend on the number of
 workers. A pool's workers also choose the engine (its probes), decode the source's row groups
 themselves (``submit_group``) and cross-check their own samples: what scales with the source runs
@@ -30,12 +30,12 @@ from multiprocessing.connection import wait
 import numpy as np
 import pyarrow as pa
 
-from builders import engines
-from builders.encode import ConversationEncoder
+from builders.encode import engines
+from builders.encode.encoder import ConversationEncoder
 from builders.errors import EngineDisagreement, SourceDataError
-from builders.records import EncodedConversation
-from builders.source import Source
-from builders.worker import Worker, encode_rows
+from builders.encode.encoder import EncodedConversation
+from builders.inputs.source import Source
+from builders.encode.worker import Worker, encode_rows
 
 Encoded = dict  # stream position → EncodedConversation, or the SourceDataError of that conversation
 IN_PROCESS_UP_TO = 2  # cores on which --workers auto encodes in this process

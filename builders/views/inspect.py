@@ -164,8 +164,8 @@ def format_line(described: dict) -> str:
 
 
 def _pinned(manifest, hub):
-    from builders.encode import ConversationEncoder
-    from builders.pinned import pinned_inputs
+    from builders.encode.encoder import ConversationEncoder
+    from builders.inputs.pinned import pinned_inputs
 
     pinned, source = pinned_inputs(manifest, hub)
     return ConversationEncoder(pinned.tokenizer, pinned.spec, manifest.contract), source
@@ -174,7 +174,7 @@ def _pinned(manifest, hub):
 def _conversation(encoder, source, index: int, with_mask: bool = False):
     """A source conversation's part of the stream, and which of its tokens are special tokens inside message text."""
     from builders.errors import UsageError
-    from builders.packing import with_eos
+    from builders.rows.packing import with_eos
 
     (row,) = source.take([index]).to_pylist()
     (annotated,) = encoder.annotate([row], (encoder.contract.mask_rule,))

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from builders.glm5 import ROLE_TOKENS, STOP_TOKENS, THINK_CLOSE, THINK_OPEN
+from builders.formats.glm5_layout import ROLE_TOKENS, STOP_TOKENS, THINK_CLOSE, THINK_OPEN
 
 HEADER = ROLE_TOKENS["assistant"]
 PR1824_ENDS = ("<|user|>", "<|assistant|>", "<|system|>", "<|observation|>")

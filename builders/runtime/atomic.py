@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from glob import escape
 from pathlib import Path
 
-from builders import stopping
+from builders.runtime import stopping
 from builders.errors import OutputError
 
 _TEMPORARY = re.compile(r"\.(?P<final>.+)\.(?P<pid>[0-9]+)\.tmp")

@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 
 from builders.errors import ManifestError
-from builders.figures import PINNED_FIGURES
+from builders.rows.figures import PINNED_FIGURES
 from builders.manifest import (FieldChecker, Manifest, Ratio, YamlLoader, parse_manifest,
                                safe_load_yaml)
 

@@ -10,17 +10,29 @@ records and materializes many readings from the same codes (``stream_codes``).
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import numpy as np
 from tokenizers import Tokenizer
 
 from builders.contract import APPENDED, DEFAULT, EOS_AFTER_ANSWER, EOS_AFTER_OTHER, WRAP, Contract
-from builders.engines import TokenizersEngine
+from builders.encode.engines import TokenizersEngine
 from builders.formats import FormatSpec, make_format
 from builders.errors import ConversationError
 from builders.formats.base import Annotated, located
-from builders.records import EncodedConversation
-from builders.vocab import Vocab
+from builders.formats.vocab import Vocab
+
+
+@dataclass(frozen=True)
+class EncodedConversation:
+    index: int  # source index
+    id: str
+    source: str | None  # the source dataset's ``source`` column (which Tulu subset)
+    ids: np.ndarray  # int32: the conversation's tokens (the EOS that follows it is the stream's)
+    mask: np.ndarray  # uint8, same length
+    ends_with_answer: bool  # whether the last piece is an answer, so the EOS after it is its stop token
+    left_out: bool = False  # a mask rule that finds no answer header in it leaves it out of the stream (slime readings)
+    cross_checked: bool = False  # encoded by the reference engine too (a fast engine's sample), and agreed
 
 
 class ConversationEncoder:
@@ -55,7 +67,7 @@ class ConversationEncoder:
 
     def encode(self, rows: list[dict]) -> list[EncodedConversation]:
         """Encode source rows (dicts with ``index``, ``id``, ``messages``, optional ``source`` and
-        ``layout_error``: ``builders.source``), in order.
+        ``layout_error``: ``builders.inputs.source``), in order.
 
         A conversation the contract does not define is a SourceDataError naming its source row.
         """
@@ -70,7 +82,7 @@ class ConversationEncoder:
 
     def annotate(self, rows: list[dict], rules=()) -> list[Annotated]:
         """Render, check and tokenize source rows once (``ChatFormat.annotate``); a row the source could not
-        read as its layout says (``layout_error``: ``builders.source``) is a SourceDataError naming it."""
+        read as its layout says (``layout_error``: ``builders.inputs.source``) is a SourceDataError naming it."""
         for row in rows:
             if row.get("layout_error"):
                 with located(row):

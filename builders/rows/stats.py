@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from builders.records import Row
+from builders.rows.packing import Row
 
 PERCENTILES = (0, 10, 50, 90, 99, 100)
 

@@ -1,4 +1,4 @@
-"""Read a built row file for training: random access, disjoint shards, resuming, bounded memory.
+"""Read a built row file back: random access, disjoint shards, resuming, bounded memory.
 
 Rows come back as dicts of numpy arrays (``input_ids`` int32, ``loss_mask`` uint8) with their
 ``index`` and provenance. The file is read one row group at a time, so memory depends on the
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from builders import figures
 from builders.errors import VerificationError
 from builders.manifest import Manifest
-from builders.rowfile import open_row_file, read_group, token_matrices
+from builders.rows import figures
+from builders.rows.rowfile import open_row_file, read_group, token_matrices
 
 COLUMNS = ("input_ids", "loss_mask", "metadata")
 
@@ -91,27 +91,3 @@ def worker_shard(rank: int, world_size: int, worker: int, workers: int) -> tuple
     """The (rank, world_size) of one data-loader worker of one training rank: the workers of a
     rank split that rank's rows (``i % world_size == rank``) among themselves."""
     return rank + world_size * worker, world_size * workers
-
-
-def torch_dataset(path: str | Path, rank: int = 0, world_size: int = 1, start: int = 0):
-    """A ``torch.utils.data.IterableDataset`` of this rank's rows, split among loader workers.
-
-    Rows are dicts of tensors (``input_ids`` int64, ``loss_mask`` int64) with their ``index``.
-    torch is not a dependency of this project; this needs it installed.
-    """
-    try:
-        import torch
-        from torch.utils.data import IterableDataset, get_worker_info
-    except ImportError as err:
-        raise ImportError("torch_dataset needs torch, which fixed-SFT does not install") from err
-
-    class RowDataset(IterableDataset):
-        def __iter__(self):
-            info = get_worker_info()
-            shard = worker_shard(rank, world_size, info.id, info.num_workers) if info else (rank, world_size)
-            for row in RowReader(path).rows(start, *shard):
-                yield {"index": row["index"],
-                       "input_ids": torch.from_numpy(row["input_ids"].astype(np.int64)),
-                       "loss_mask": torch.from_numpy(row["loss_mask"].astype(np.int64))}
-
-    return RowDataset()

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from builders.digest import file_digest
+from builders.inputs.digest import file_digest
 from builders.errors import VerificationError
 from builders.manifest import Manifest, cli_command
-from builders.rowfile import ROW_GROUP_ROWS, iter_token_batches, writer_version
+from builders.rows.rowfile import ROW_GROUP_ROWS, iter_token_batches, writer_version
 
 
 class RowHash:
@@ -184,7 +184,7 @@ def _notes(checks: list[Check], manifest: Manifest, built_from: dict | None) -> 
     if status.get("rows_sha256") == "ok" and file_figures:
         out.append(f"the rows are exactly the pinned rows (rows_sha256 matches); only the file differs "
                    f"({' and '.join(file_figures)}). This file was written by fixed-sft's writer "
-                   f"(builders/rowfile.py: zstd level 3, {ROW_GROUP_ROWS} rows per row group) with {running}; "
+                   f"(builders/rows/rowfile.py: zstd level 3, {ROW_GROUP_ROWS} rows per row group) with {running}; "
                    f"to find how the pinned file was written, run `{explain} --writer`")
     elif status.get("rows_sha256") == "differs":
         out.append(_rows_differ(manifest, built_from, explain))

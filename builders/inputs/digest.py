@@ -23,8 +23,8 @@ from pathlib import Path
 
 from builders.errors import WorkerError
 
-ROOT = Path(__file__).resolve().parents[1]  # the folder that holds this package: the process runs the same code
-BOOTSTRAP = "import sys; sys.path.insert(0, sys.argv[1]); from builders.digest import serve; serve()"
+ROOT = Path(__file__).resolve().parents[2]  # the folder that holds this package: the process runs the same code
+BOOTSTRAP = "import sys; sys.path.insert(0, sys.argv[1]); from builders.inputs.digest import serve; serve()"
 
 
 def file_digest(path: Path | str) -> tuple[str, int]:

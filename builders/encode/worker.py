@@ -15,7 +15,7 @@ the channel:
   rows before position E and sends the others back undecoded-to-Python (Arrow) for the build to
   hold. Closing the channel ends the worker.
 - worker → build: a JSON header for each message: ``ready`` once it has loaded what it encodes
-  with, with the engine it chose (``builders.engines.choose``: the same probes in every worker);
+  with, with the engine it chose (``builders.encode.engines.choose``: the same probes in every worker);
   for each task ``batch`` (with the conversations the contract cannot encode, by position and
   message), followed by an Arrow IPC stream of the encoded conversations and, for a group,
   one of the rows held back; or ``failed`` with the reason (and, for an error the user can
@@ -47,19 +47,19 @@ import numpy as np
 import pyarrow as pa
 from tokenizers import Tokenizer
 
-from builders import engines
+from builders.encode import engines
 from builders.contract import Contract
-from builders.encode import ConversationEncoder
+from builders.encode.encoder import ConversationEncoder
 from builders import errors
 from builders.errors import BuildError, SourceDataError, UsageError, WorkerError
 from builders.formats import FormatSpec
-from builders.records import EncodedConversation
+from builders.encode.encoder import EncodedConversation
 from builders.manifest import DatasetPin
-from builders.source import Source
+from builders.inputs.source import Source
 
-ROOT = Path(__file__).resolve().parents[1]  # the folder that holds this package: workers run the same code
+ROOT = Path(__file__).resolve().parents[2]  # the folder that holds this package: workers run the same code
 BOOTSTRAP = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); sys.path.insert(0, sys.argv[1]); "
-             "from builders.worker import serve; serve(int(sys.argv[2]))")
+             "from builders.encode.worker import serve; serve(int(sys.argv[2]))")
 NOTHING_LEFT = "nothing was left at the final path"
 
 
@@ -169,7 +169,7 @@ class Worker:
 def serve(fd: int) -> None:
     """A worker's life: import what rendering needs (transformers, while the build still opens its
     inputs), start up, then do each task the build sends until the channel ends."""
-    import builders.chat  # noqa: F401 (every chat format renders with it)
+    import builders.formats.render  # noqa: F401 (every chat format renders with it)
 
     channel = Connection(fd)
     tasks: queue.SimpleQueue = queue.SimpleQueue()

@@ -131,7 +131,7 @@ def finish(engine) -> None:
 @dataclass(frozen=True)
 class Choice:
     """The engine a build encodes with, and why; ``engine`` is None where the worker processes made
-    their own (each makes the same choice: ``builders.worker``)."""
+    their own (each makes the same choice: ``builders.encode.worker``)."""
 
     name: str
     version: str | None

@@ -7,7 +7,7 @@ with two-digit major and one-digit minor and patch numbers), while the file's sh
 writer reading that gives the pinned ``parquet_bytes`` names the writer; one that also gives the
 pinned ``parquet_sha256`` names the pyarrow version too, and ``expect.writer`` can be pinned.
 
-The set tried: this project's writer (``builders.rowfile``: zstd level 3, no dictionary, no
+The set tried: this project's writer (``builders.rows.rowfile``: zstd level 3, no dictionary, no
 statistics, 64 rows per row group, ``input_ids`` list<int32>, ``loss_mask`` list<uint8>, a
 ``metadata`` column), and ``pyarrow.parquet.write_table`` with pyarrow's defaults and
 ``datasets.Dataset.to_parquet``, each with ``input_ids`` int32 or int64, ``loss_mask`` uint8,
@@ -23,7 +23,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from builders.digest import file_digest
+from builders.inputs.digest import file_digest
 
 ID_TYPES = {"int32": pa.int32(), "int64": pa.int64()}
 MASK_TYPES = {"uint8": pa.uint8(), "int8": pa.int8(), "int64": pa.int64(), "bool": pa.bool_()}

@@ -10,11 +10,23 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from builders.contract import DEFAULT, Contract
-from builders.records import EncodedConversation, Row
+
+if TYPE_CHECKING:
+    from builders.encode.encoder import EncodedConversation
+
+
+@dataclass(frozen=True)
+class Row:
+    input_ids: np.ndarray  # int32, row_tokens long
+    loss_mask: np.ndarray  # uint8, row_tokens long
+    source_index: list[int]  # the conversations whose tokens the row holds, in order
+    source_id: list[str]
+    segment_start: list[int]  # where each of them starts in the row (0 for one continued from before)
 
 
 def with_eos(ids: np.ndarray, mask: np.ndarray, ends_with_answer: bool, eos_id: int,

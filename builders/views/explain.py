@@ -28,21 +28,21 @@ from pathlib import Path
 
 import numpy as np
 
-from builders import engines
+from builders.encode import engines
 from builders.build import build, check_source_rows, stream_order
 from builders.contract import DEFAULT, KEYS, READINGS, SLIME_RULES, Contract
-from builders.encode import ConversationEncoder
+from builders.encode.encoder import ConversationEncoder
 from builders.formats import PEER_READINGS
 from builders.formats.base import Annotated
 from builders.errors import BuildError, PinnedInputError, UsageError
-from builders.figures import RowHash
+from builders.rows.figures import RowHash
 from builders.manifest import Expect, Manifest
-from builders.order import permutation_sha256, torch_available
-from builders.pinned import pinned_inputs
-from builders.rowfile import writer_version
-from builders.source import Source
-from builders.writers import READINGS as WRITER_READINGS
-from builders.writers import Written, try_writers
+from builders.rows.order import permutation_sha256, torch_available
+from builders.inputs.pinned import pinned_inputs
+from builders.rows.rowfile import writer_version
+from builders.inputs.source import Source
+from builders.views.writers import READINGS as WRITER_READINGS
+from builders.views.writers import Written, try_writers
 
 ROW_KEYS = tuple(key for key in KEYS if key != "hash")  # the readings that change the rows; hash only names them
 HASHES = (READINGS["hash"][0], *READINGS["hash"][1])

@@ -37,9 +37,9 @@ import numpy as np
 import pyarrow as pa
 
 from builders.errors import SourceDataError
-from builders.parallel import encode_rows
-from builders.records import EncodedConversation
-from builders.source import Source
+from builders.encode.pool import encode_rows
+from builders.encode.encoder import EncodedConversation
+from builders.inputs.source import Source
 
 READ_THREADS = 2  # row groups decoded at once
 READ_AHEAD = 2 * READ_THREADS  # row groups decoded or decoding, not yet taken apart
@@ -89,7 +89,7 @@ class Stream:
         self.stats.estimated_conversations = max(ENCODE_BATCH, math.ceil(self.needed_tokens / mean))
 
     def encoded_with(self, encoding) -> Stream:
-        """Encode with ``encoding`` (``builders.parallel``: this process, or a pool)."""
+        """Encode with ``encoding`` (``builders.encode.pool``: this process, or a pool)."""
         self.encoding = encoding
         return self
 

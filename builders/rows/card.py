@@ -12,9 +12,9 @@ import json
 import numpy as np
 import yaml
 
-from builders.atomic import Outputs
+from builders.runtime.atomic import Outputs
 from builders.manifest import Manifest, is_shipped
-from builders.stats import BuildStats
+from builders.rows.stats import BuildStats
 
 LICENSE_IDS = {"odc-by 1.0": "odc-by", "odc-by": "odc-by", "cc0-1.0 (generated)": "cc0-1.0", "cc0-1.0": "cc0-1.0",
                "apache-2.0": "apache-2.0", "mit": "mit"}

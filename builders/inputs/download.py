@@ -9,7 +9,7 @@ from pathlib import Path
 from huggingface_hub import constants
 
 from builders.manifest import Manifest, cli_command
-from builders.pinned import Hub, PinnedRepo, dataset_repo, matching_files, resolve, tokenizer_repo
+from builders.inputs.pinned import Hub, PinnedRepo, dataset_repo, matching_files, resolve, tokenizer_repo
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""Inputs: pinned snapshots checked by sha256, the source's files read a block at a time, recipe cards."""

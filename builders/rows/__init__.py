@@ -1,0 +1,18 @@
+"""Rows: the stream cut into rows, the parquet written and read back, its figures and card.
+
+``order`` (the seeded permutation), ``packing`` (conversations joined by EOS, cut into rows),
+``rowfile`` (the byte-deterministic parquet), ``figures`` (hashes, verification), ``stats`` and
+``card`` (what a build consumed, the data card), ``reader`` (``RowReader``: the file read back).
+"""
+
+from builders.rows.reader import RowReader, response_start, worker_shard
+
+__all__ = ["RowReader", "response_start", "torch_dataset", "worker_shard"]
+
+
+def __getattr__(name: str):
+    if name == "torch_dataset":  # documented here before builders.training held it
+        from builders.training.dataset import torch_dataset
+
+        return torch_dataset
+    raise AttributeError(f"module 'builders.rows' has no attribute {name!r}")

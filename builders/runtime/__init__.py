@@ -1,0 +1,1 @@
+"""How a command runs: stop signals, progress, stage timings, and outputs written whole or not at all."""
