@@ -107,37 +107,62 @@ print(json.dumps({"seconds_per_conversation": (time.perf_counter() - started) / 
 """
 
 
-def build(manifest: Path, out: Path, hf_home: Path, engine: str, workers: str, profile: bool = False) -> dict:
+def build(
+    manifest: Path, out: Path, hf_home: Path, engine: str, workers: str, profile: bool = False
+) -> dict:
     load = busy()
-    command = ("--manifest", str(manifest), "--out", str(out), "--engine", engine, "--workers", workers, "-q",
-               "--no-card")
+    command = (
+        "--manifest",
+        str(manifest),
+        "--out",
+        str(out),
+        "--engine",
+        engine,
+        "--workers",
+        workers,
+        "-q",
+        "--no-card",
+    )
     result = child(CLI, *command, hf_home=hf_home)
     if result["exit"] != 0:
         raise SystemExit(f"build failed: {result['stderr']}")
     report = json.loads(next(out.glob("*.report.json")).read_text())
     cpu = result["main_cpu_s"] + result["workers_cpu_s"]
-    measured = {"engine": engine, "workers": workers, "workers_used": report["workers"], "busy_before": round(load, 3),
-                "seconds": round(result["seconds"], 2), "main_cpu_s": round(result["main_cpu_s"], 2),
-                "workers_cpu_s": round(result["workers_cpu_s"], 2), "main_cpu_share": round(result["main_cpu_s"] / cpu, 3),
-                "cores_busy": round(cpu / result["seconds"], 2),
-                "main_peak_rss_mib": round(result["main_peak_rss_mib"]),
-                "worker_peak_rss_mib": round(result["worker_peak_rss_mib"]),
-                "conversations": report["stats"]["conversations_consumed"],
-                "tokens": report["figures"]["rows"] * report["figures"]["row_tokens"],
-                "rows_sha256": report["figures"]["rows_sha256"], "cross_checked": report["engine"][
-                    "conversations_cross_checked"], "source_reading": report["source_reading"],
-                "timings": report["timings"]}
+    measured = {
+        "engine": engine,
+        "workers": workers,
+        "workers_used": report["workers"],
+        "busy_before": round(load, 3),
+        "seconds": round(result["seconds"], 2),
+        "main_cpu_s": round(result["main_cpu_s"], 2),
+        "workers_cpu_s": round(result["workers_cpu_s"], 2),
+        "main_cpu_share": round(result["main_cpu_s"] / cpu, 3),
+        "cores_busy": round(cpu / result["seconds"], 2),
+        "main_peak_rss_mib": round(result["main_peak_rss_mib"]),
+        "worker_peak_rss_mib": round(result["worker_peak_rss_mib"]),
+        "conversations": report["stats"]["conversations_consumed"],
+        "tokens": report["figures"]["rows"] * report["figures"]["row_tokens"],
+        "rows_sha256": report["figures"]["rows_sha256"],
+        "cross_checked": report["engine"]["conversations_cross_checked"],
+        "source_reading": report["source_reading"],
+        "timings": report["timings"],
+    }
     if profile:  # once more, under py-spy: the main process's CPU by stage (not timed: the sampler costs CPU)
         spied = child(CLI, *command, hf_home=hf_home, run=profiled)
         measured["profiled_main_cpu_s"] = round(spied["main_cpu_s"], 2)
-        measured["main_cpu_by_stage_s"] = {stage: round(share * spied["main_cpu_s"], 2)
-                                           for stage, share in spied["stage_shares"].items() if share}
+        measured["main_cpu_by_stage_s"] = {
+            stage: round(share * spied["main_cpu_s"], 2)
+            for stage, share in spied["stage_shares"].items()
+            if share
+        }
     return measured
 
 
 def whole_source_rows(manifest: Path, out: Path, hf_home: Path) -> int:
     """How many rows the whole source makes: a build asked for too many says how far it got."""
-    probe = child(CLI, "--manifest", str(manifest), "--out", str(out), "-q", "--no-card", hf_home=hf_home)
+    probe = child(
+        CLI, "--manifest", str(manifest), "--out", str(out), "-q", "--no-card", hf_home=hf_home
+    )
     found = re.search(r"(\d+) of \d+ rows", probe["stderr"])
     if probe["exit"] != 4 or not found:
         raise SystemExit(f"the whole-source probe did not run out as expected: {probe['stderr']}")
@@ -145,96 +170,180 @@ def whole_source_rows(manifest: Path, out: Path, hf_home: Path) -> int:
 
 
 def options(parser) -> None:
-    parser.add_argument("--workers", type=lambda text: text.split(","), default=["1", "2"],
-                        help="worker counts to build with, comma-separated (auto: the builder's choice); default 1,2")
-    parser.add_argument("--engines", type=lambda text: text.split(","), default=["fastokens", "tokenizers"],
-                        help="engines to build with, comma-separated; default fastokens,tokenizers")
-    parser.add_argument("--profile", action="store_true",
-                        help="run each build once more under py-spy: the main process's CPU by stage")
+    parser.add_argument(
+        "--workers",
+        type=lambda text: text.split(","),
+        default=["1", "2"],
+        help="worker counts to build with, comma-separated (auto: the builder's choice); default 1,2",
+    )
+    parser.add_argument(
+        "--engines",
+        type=lambda text: text.split(","),
+        default=["fastokens", "tokenizers"],
+        help="engines to build with, comma-separated; default fastokens,tokenizers",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="run each build once more under py-spy: the main process's CPU by stage",
+    )
 
 
 def main() -> None:
-    args, results, template = scale_options(__doc__, "build_at_scale", "rows of 8,192 tokens to build", options)
+    args, results, template = scale_options(
+        __doc__, "build_at_scale", "rows of 8,192 tokens to build", options
+    )
     hf_home = args.cache / "hf"
     started = time.perf_counter()
     facts = lay_out(hf_home, template, args.scale)
     quarter = lay_out(hf_home, template, args.scale / 4)
-    print(f"inputs laid out in {time.perf_counter() - started:.0f} s; measuring", file=sys.stderr, flush=True)
+    print(
+        f"inputs laid out in {time.perf_counter() - started:.0f} s; measuring",
+        file=sys.stderr,
+        flush=True,
+    )
 
     manifest = args.cache / "bench.yaml"
     manifest.write_text(manifest_text(facts, "bench", args.rows))
     builds = []
     for workers in args.workers:
         for engine in args.engines:
-            builds.append(build(manifest, args.cache / "out" / f"{engine}-{workers}", hf_home, engine, workers,
-                                args.profile))
-            print(f"  {engine}, {workers} worker(s): {builds[-1]['seconds']} s", file=sys.stderr, flush=True)
+            builds.append(
+                build(
+                    manifest,
+                    args.cache / "out" / f"{engine}-{workers}",
+                    hf_home,
+                    engine,
+                    workers,
+                    args.profile,
+                )
+            )
+            print(
+                f"  {engine}, {workers} worker(s): {builds[-1]['seconds']} s",
+                file=sys.stderr,
+                flush=True,
+            )
     consumed = builds[0]["conversations"]
     tokenizer_floor = child(TOKENIZER_FLOOR, str(manifest), str(consumed), hf_home=hf_home)
     decode_floor = child(DECODE_FLOOR, str(manifest), hf_home=hf_home)
     naive = child(NAIVE, str(manifest), "300", hf_home=hf_home)
 
     whole_manifest = args.cache / "bench-whole.yaml"
-    whole_manifest.write_text(manifest_text(quarter, "benchwhole", 10 ** 9))
+    whole_manifest.write_text(manifest_text(quarter, "benchwhole", 10**9))
     rows = whole_source_rows(whole_manifest, args.cache / "out" / "whole-probe", hf_home)
     whole_manifest.write_text(manifest_text(quarter, "benchwhole", rows))
-    whole = build(whole_manifest, args.cache / "out" / "whole", hf_home, args.engines[0], args.workers[0])
-    print(f"  whole source ({quarter['dataset_rows']} conversations, {rows} rows): {whole['seconds']} s",
-          file=sys.stderr, flush=True)
+    whole = build(
+        whole_manifest, args.cache / "out" / "whole", hf_home, args.engines[0], args.workers[0]
+    )
+    print(
+        f"  whole source ({quarter['dataset_rows']} conversations, {rows} rows): {whole['seconds']} s",
+        file=sys.stderr,
+        flush=True,
+    )
 
     best = builds[0]
-    per_conversation = {"rows_build_ms": round(1000 * best["seconds"] / best["conversations"], 3),
-                        "whole_source_ms": round(1000 * whole["seconds"] / whole["conversations"], 3)}
+    per_conversation = {
+        "rows_build_ms": round(1000 * best["seconds"] / best["conversations"], 3),
+        "whole_source_ms": round(1000 * whole["seconds"] / whole["conversations"], 3),
+    }
     loads = [b["busy_before"] for b in [*builds, whole]]
     summary = {
-        "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0],
-                    "idle": max(loads) < IDLE_BUSY, "cpu_busy_before_each_build": loads},
+        "machine": {
+            "cores": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "idle": max(loads) < IDLE_BUSY,
+            "cpu_busy_before_each_build": loads,
+        },
         "tokenizer_floor_seconds": round(tokenizer_floor["seconds"], 2),
         "tokenizer_floor_tokens": tokenizer_floor["tokens"],
         "decode_floor_seconds": round(decode_floor["seconds"], 2),
-        "build_over_tokenizer_floor": {f"{b['engine']}-{b['workers']}": round(b["seconds"] / tokenizer_floor["seconds"],
-                                                                             3) for b in builds},
-        "build_over_decode_floor": {f"{b['engine']}-{b['workers']}": round(b["seconds"] / decode_floor["seconds"], 2)
-                                    for b in builds},
+        "build_over_tokenizer_floor": {
+            f"{b['engine']}-{b['workers']}": round(b["seconds"] / tokenizer_floor["seconds"], 3)
+            for b in builds
+        },
+        "build_over_decode_floor": {
+            f"{b['engine']}-{b['workers']}": round(b["seconds"] / decode_floor["seconds"], 2)
+            for b in builds
+        },
         "same_rows": len({b["rows_sha256"] for b in builds}) == 1,
         "naive_seconds_estimated": round(naive["seconds_per_conversation"] * consumed, 1),
-        "naive_over_build": round(naive["seconds_per_conversation"] * consumed / best["seconds"], 1),
-        "whole_source": {"conversations": whole["conversations"], "rows": rows, "seconds": whole["seconds"],
-                         "main_peak_rss_mib": whole["main_peak_rss_mib"], "source_reading": whole["source_reading"]},
-        "cost_per_consumed_conversation": {**per_conversation, "whole_over_rows_build": round(
-            per_conversation["whole_source_ms"] / per_conversation["rows_build_ms"], 2)},
-        "scale": args.scale, "rows": args.rows, "source_conversations": int(facts["dataset_rows"]),
+        "naive_over_build": round(
+            naive["seconds_per_conversation"] * consumed / best["seconds"], 1
+        ),
+        "whole_source": {
+            "conversations": whole["conversations"],
+            "rows": rows,
+            "seconds": whole["seconds"],
+            "main_peak_rss_mib": whole["main_peak_rss_mib"],
+            "source_reading": whole["source_reading"],
+        },
+        "cost_per_consumed_conversation": {
+            **per_conversation,
+            "whole_over_rows_build": round(
+                per_conversation["whole_source_ms"] / per_conversation["rows_build_ms"], 2
+            ),
+        },
+        "scale": args.scale,
+        "rows": args.rows,
+        "source_conversations": int(facts["dataset_rows"]),
     }
-    print(f"\n{'engine':<11} {'workers':>7} {'seconds':>8} {'× tok floor':>11} {'× decode floor':>14} "
-          f"{'main CPU':>8} {'workers CPU':>11} {'main share':>10} {'cores busy':>10} "
-          f"{'RSS MiB':>8} {'worker RSS':>10} {'cross-checked':>13}  rows_sha256")
+    print(
+        f"\n{'engine':<11} {'workers':>7} {'seconds':>8} {'× tok floor':>11} {'× decode floor':>14} "
+        f"{'main CPU':>8} {'workers CPU':>11} {'main share':>10} {'cores busy':>10} "
+        f"{'RSS MiB':>8} {'worker RSS':>10} {'cross-checked':>13}  rows_sha256"
+    )
     for b in builds:
-        workers = b["workers"] if b["workers"] == str(b["workers_used"]) else f"{b['workers']}={b['workers_used']}"
-        print(f"{b['engine']:<11} {workers:>7} {b['seconds']:>8} "
-              f"{b['seconds'] / tokenizer_floor['seconds']:>11.3f} {b['seconds'] / decode_floor['seconds']:>14.2f} "
-              f"{b['main_cpu_s']:>8} {b['workers_cpu_s']:>11} {b['main_cpu_share']:>10.1%} {b['cores_busy']:>10} "
-              f"{b['main_peak_rss_mib']:>8} {b['worker_peak_rss_mib'] or '-':>10} {b['cross_checked']:>13}  "
-              f"{b['rows_sha256'][:16]}")
+        workers = (
+            b["workers"]
+            if b["workers"] == str(b["workers_used"])
+            else f"{b['workers']}={b['workers_used']}"
+        )
+        print(
+            f"{b['engine']:<11} {workers:>7} {b['seconds']:>8} "
+            f"{b['seconds'] / tokenizer_floor['seconds']:>11.3f} {b['seconds'] / decode_floor['seconds']:>14.2f} "
+            f"{b['main_cpu_s']:>8} {b['workers_cpu_s']:>11} {b['main_cpu_share']:>10.1%} {b['cores_busy']:>10} "
+            f"{b['main_peak_rss_mib']:>8} {b['worker_peak_rss_mib'] or '-':>10} {b['cross_checked']:>13}  "
+            f"{b['rows_sha256'][:16]}"
+        )
     if args.profile:
-        print("\nthe main process's CPU seconds by stage (a second run of each build: its CPU time split by the "
-              "shares of py-spy's samples):")
+        print(
+            "\nthe main process's CPU seconds by stage (a second run of each build: its CPU time split by the "
+            "shares of py-spy's samples):"
+        )
         names = list(dict.fromkeys(stage for b in builds for stage in b["main_cpu_by_stage_s"]))
-        print(f"{'stage':<30} " + " ".join(f"{b['engine'][:4] + '-' + b['workers']:>10}" for b in builds))
+        print(
+            f"{'stage':<30} "
+            + " ".join(f"{b['engine'][:4] + '-' + b['workers']:>10}" for b in builds)
+        )
         for name in names:
-            print(f"{name:<30} " + " ".join(f"{b['main_cpu_by_stage_s'].get(name, 0):>10}" for b in builds))
-        print(f"{'(main CPU of that run)':<30} " + " ".join(f"{b['profiled_main_cpu_s']:>10}" for b in builds))
-    print(f"\ntokenizer floor (encode_batch_fast of the {consumed:,} consumed conversations' texts, "
-          f"{tokenizer_floor['tokens']:,} tokens): {tokenizer_floor['seconds']:.2f} s; source-decode floor (messages "
-          f"column of every shard): {decode_floor['seconds']:.2f} s; same rows for every engine and worker count: "
-          f"{summary['same_rows']}")
-    print(f"whole source: {whole['conversations']:,} conversations into {rows:,} rows in {whole['seconds']} s, "
-          f"{per_conversation['whole_source_ms']} ms per conversation against {per_conversation['rows_build_ms']} ms "
-          f"({summary['cost_per_consumed_conversation']['whole_over_rows_build']}×), peak RSS "
-          f"{whole['main_peak_rss_mib']} MiB")
-    print(f"naive per-message apply_chat_template masking: ~{summary['naive_seconds_estimated']} s for the same "
-          f"conversations, {summary['naive_over_build']}× the build")
-    print(f"machine: {os.cpu_count()} cores, idle (other processes below {IDLE_BUSY:.0%} of the CPUs before every "
-          f"build): {summary['machine']['idle']} (busy: {', '.join(f'{b:.1%}' for b in loads)})")
+            print(
+                f"{name:<30} "
+                + " ".join(f"{b['main_cpu_by_stage_s'].get(name, 0):>10}" for b in builds)
+            )
+        print(
+            f"{'(main CPU of that run)':<30} "
+            + " ".join(f"{b['profiled_main_cpu_s']:>10}" for b in builds)
+        )
+    print(
+        f"\ntokenizer floor (encode_batch_fast of the {consumed:,} consumed conversations' texts, "
+        f"{tokenizer_floor['tokens']:,} tokens): {tokenizer_floor['seconds']:.2f} s; source-decode floor (messages "
+        f"column of every shard): {decode_floor['seconds']:.2f} s; same rows for every engine and worker count: "
+        f"{summary['same_rows']}"
+    )
+    print(
+        f"whole source: {whole['conversations']:,} conversations into {rows:,} rows in {whole['seconds']} s, "
+        f"{per_conversation['whole_source_ms']} ms per conversation against {per_conversation['rows_build_ms']} ms "
+        f"({summary['cost_per_consumed_conversation']['whole_over_rows_build']}×), peak RSS "
+        f"{whole['main_peak_rss_mib']} MiB"
+    )
+    print(
+        f"naive per-message apply_chat_template masking: ~{summary['naive_seconds_estimated']} s for the same "
+        f"conversations, {summary['naive_over_build']}× the build"
+    )
+    print(
+        f"machine: {os.cpu_count()} cores, idle (other processes below {IDLE_BUSY:.0%} of the CPUs before every "
+        f"build): {summary['machine']['idle']} (busy: {', '.join(f'{b:.1%}' for b in loads)})"
+    )
     write_results(results, {"builds": builds, "summary": summary})
 
 

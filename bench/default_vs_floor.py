@@ -19,10 +19,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 from build_at_scale import TOKENIZER_FLOOR, build  # noqa: E402
-from measure import child  # noqa: E402
-from scale_inputs import lay_out, manifest_text  # noqa: E402
 
 from builders.fixture.make import PINNED_TEMPLATE, shared_dir  # noqa: E402
+from measure import child  # noqa: E402
+from scale_inputs import lay_out, manifest_text  # noqa: E402
 
 
 def main() -> None:
@@ -34,11 +34,28 @@ def main() -> None:
     manifest.write_text(manifest_text(facts, "bench", 6400))
     print(f"laid out in {time.perf_counter() - started:.0f} s", flush=True)
     results = {w: build(manifest, cache / "out" / w, hf, "fastokens", w) for w in sys.argv[1:]}
-    floor = child(TOKENIZER_FLOOR, str(manifest), str(results[sys.argv[1]]["conversations"]), hf_home=hf)
+    floor = child(
+        TOKENIZER_FLOOR, str(manifest), str(results[sys.argv[1]]["conversations"]), hf_home=hf
+    )
     for workers, r in results.items():
-        print(workers, json.dumps({k: r[k] for k in ("workers_used", "seconds", "main_cpu_s", "workers_cpu_s",
-                                                     "cores_busy", "rows_sha256", "timings")}),
-              f"x floor {r['seconds'] / floor['seconds']:.3f}")
+        print(
+            workers,
+            json.dumps(
+                {
+                    k: r[k]
+                    for k in (
+                        "workers_used",
+                        "seconds",
+                        "main_cpu_s",
+                        "workers_cpu_s",
+                        "cores_busy",
+                        "rows_sha256",
+                        "timings",
+                    )
+                }
+            ),
+            f"x floor {r['seconds'] / floor['seconds']:.3f}",
+        )
     print("encode floor", round(floor["seconds"], 2))
 
 

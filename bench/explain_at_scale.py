@@ -16,7 +16,7 @@ own and the search is as large as it gets, it
    its first match), then ``explain --all`` (every reading), each in a fresh process as users run
    it, recording seconds, peak RSS, what was tried and found, and whether the machine was idle;
 4. runs ``explain --writer`` on a manifest pinning a default build's figures (rows found at the
-   first reading, then rebuilt and written by every writer reading).
+   first reading, then rebuilt and written by every writer variant).
 
 Results: bench/explain_at_scale.json for the full-scale run, bench/.cache/explain_at_scale.smoke.json
 for any other.
@@ -34,11 +34,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from measure import CLI, IDLE_BUSY, busy, child, scale_options, write_results  # noqa: E402
-from scale_inputs import lay_out, manifest_text  # noqa: E402
-
 from builders.fixture.hf_cache import put_snapshot  # noqa: E402
 from builders.fixture.tokenizer import with_glm4_post_processor  # noqa: E402
+from measure import CLI, IDLE_BUSY, busy, child, scale_options, write_results  # noqa: E402
+from scale_inputs import lay_out, manifest_text  # noqa: E402
 
 PINNED = {"order": "numpy-legacy", "mask_rule": "slime-pr1844", "hash": "i8-i8"}
 GMASK_REPO = "bench/glm-scale-tokenizer-gmask"
@@ -50,11 +49,20 @@ def gmask_tokenizer(hf_home: Path, facts: dict) -> dict:
 
     folder = hf_home / "hub" / f"models--{facts['tokenizer_repo'].replace('/', '--')}" / "snapshots"
     base = folder / facts["tokenizer_revision"]
-    tokenizer_json = with_glm4_post_processor((base / "tokenizer.json").read_text(encoding="utf-8")).encode()
-    files = {"tokenizer.json": tokenizer_json, "chat_template.jinja": (base / "chat_template.jinja").read_bytes()}
+    tokenizer_json = with_glm4_post_processor(
+        (base / "tokenizer.json").read_text(encoding="utf-8")
+    ).encode()
+    files = {
+        "tokenizer.json": tokenizer_json,
+        "chat_template.jinja": (base / "chat_template.jinja").read_bytes(),
+    }
     revision = put_snapshot(hf_home, GMASK_REPO, "model", files)
-    return {**facts, "tokenizer_repo": GMASK_REPO, "tokenizer_revision": revision,
-            "tokenizer_sha256": hashlib.sha256(tokenizer_json).hexdigest()}
+    return {
+        **facts,
+        "tokenizer_repo": GMASK_REPO,
+        "tokenizer_revision": revision,
+        "tokenizer_sha256": hashlib.sha256(tokenizer_json).hexdigest(),
+    }
 
 
 def run(hf_home: Path, *args: str) -> dict:
@@ -64,18 +72,29 @@ def run(hf_home: Path, *args: str) -> dict:
 
 
 def explain(manifest: Path, hf_home: Path, everything: bool) -> dict:
-    result = run(hf_home, "explain", "--manifest", str(manifest), *(["--all"] if everything else []))
+    result = run(
+        hf_home, "explain", "--manifest", str(manifest), *(["--all"] if everything else [])
+    )
     if result["exit"] not in (0, 5):
         raise SystemExit(f"explain failed: {result['stderr']}")
     found = json.loads(result["stdout"])
-    return {"seconds": round(result["seconds"], 1), "main_peak_rss_mib": round(result["main_peak_rss_mib"]),
-            "busy_before": result["busy_before"], "exit": result["exit"], "tried": found["tried"],
-            "readings": found["readings"], "matches": [m["deviations"] for m in found["matches"]],
-            "ratio_matches": len(found["ratio_matches"]), "notes": found["notes"]}
+    return {
+        "seconds": round(result["seconds"], 1),
+        "main_peak_rss_mib": round(result["main_peak_rss_mib"]),
+        "busy_before": result["busy_before"],
+        "exit": result["exit"],
+        "tried": found["tried"],
+        "readings": found["readings"],
+        "matches": [m["deviations"] for m in found["matches"]],
+        "ratio_matches": len(found["ratio_matches"]),
+        "notes": found["notes"],
+    }
 
 
 def main() -> None:
-    args, results, template = scale_options(__doc__, "explain_at_scale", "rows of 8,192 tokens the manifest names")
+    args, results, template = scale_options(
+        __doc__, "explain_at_scale", "rows of 8,192 tokens the manifest names"
+    )
     hf_home = args.cache / "hf"
     started = time.perf_counter()
     facts = gmask_tokenizer(hf_home, lay_out(hf_home, template, args.scale))
@@ -90,9 +109,13 @@ def main() -> None:
         raise SystemExit(f"the build under {PINNED} failed: {build['stderr']}")
     figures = json.loads(build["stdout"])["figures"]
     pinned = args.cache / "explain-pinned.yaml"
-    pinned.write_text(base + f"expect:\n  rows_sha256: {figures['rows_sha256']}\n"
-                             f"  supervised_token_ratio: {figures['supervised_token_ratio']:.3f}\n")
-    print(f"built under {PINNED} in {build['seconds']:.1f} s; explaining", file=sys.stderr, flush=True)
+    pinned.write_text(
+        base + f"expect:\n  rows_sha256: {figures['rows_sha256']}\n"
+        f"  supervised_token_ratio: {figures['supervised_token_ratio']:.3f}\n"
+    )
+    print(
+        f"built under {PINNED} in {build['seconds']:.1f} s; explaining", file=sys.stderr, flush=True
+    )
 
     nearest = explain(pinned, hf_home, everything=False)
     print(f"  explain: {nearest['seconds']} s", file=sys.stderr, flush=True)
@@ -102,40 +125,71 @@ def main() -> None:
     default = args.cache / "explain-default.yaml"
     default.write_text(base)
     default_out = args.cache / "out" / "explain-default"
-    default_build = run(hf_home, "build", "--manifest", str(default), "--out", str(default_out), "--no-card")
+    default_build = run(
+        hf_home, "build", "--manifest", str(default), "--out", str(default_out), "--no-card"
+    )
     default_figures = json.loads(default_build["stdout"])["figures"]
     by_file = args.cache / "explain-writer.yaml"
-    by_file.write_text(base + f"expect:\n  rows_sha256: {default_figures['rows_sha256']}\n"
-                              f"  parquet_bytes: {default_figures['parquet_bytes']}\n")
+    by_file.write_text(
+        base + f"expect:\n  rows_sha256: {default_figures['rows_sha256']}\n"
+        f"  parquet_bytes: {default_figures['parquet_bytes']}\n"
+    )
     writer = run(hf_home, "explain", "--manifest", str(by_file), "--writer")
     if writer["exit"] != 0:
         raise SystemExit(f"explain --writer failed: {writer['stderr']}")
     written = json.loads(writer["stdout"])["writers"]
-    writer_run = {"seconds": round(writer["seconds"], 1), "main_peak_rss_mib": round(writer["main_peak_rss_mib"]),
-                  "busy_before": writer["busy_before"], "files": len(written),
-                  "bytes_matches": [w for w in written if w["bytes_match"]],
-                  "sizes": sorted({w["parquet_bytes"] for w in written})}
+    writer_run = {
+        "seconds": round(writer["seconds"], 1),
+        "main_peak_rss_mib": round(writer["main_peak_rss_mib"]),
+        "busy_before": writer["busy_before"],
+        "files": len(written),
+        "bytes_matches": [w for w in written if w["bytes_match"]],
+        "sizes": sorted({w["parquet_bytes"] for w in written}),
+    }
     print(f"  explain --writer: {writer_run['seconds']} s", file=sys.stderr, flush=True)
 
-    loads = [build["busy_before"], nearest["busy_before"], everything["busy_before"], writer["busy_before"]]
+    loads = [
+        build["busy_before"],
+        nearest["busy_before"],
+        everything["busy_before"],
+        writer["busy_before"],
+    ]
     summary = {
-        "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0], "idle": max(loads) < IDLE_BUSY,
-                    "cpu_busy_before_each_run": loads},
-        "pinned_reading": PINNED, "build_seconds": round(build["seconds"], 1),
-        "explain": nearest, "explain_all": everything, "explain_writer": writer_run,
-        "found_the_pinned_reading": PINNED in nearest["matches"] and PINNED in everything["matches"],
-        "scale": args.scale, "rows": args.rows, "source_conversations": int(facts["dataset_rows"]),
+        "machine": {
+            "cores": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "idle": max(loads) < IDLE_BUSY,
+            "cpu_busy_before_each_run": loads,
+        },
+        "pinned_reading": PINNED,
+        "build_seconds": round(build["seconds"], 1),
+        "explain": nearest,
+        "explain_all": everything,
+        "explain_writer": writer_run,
+        "found_the_pinned_reading": PINNED in nearest["matches"]
+        and PINNED in everything["matches"],
+        "scale": args.scale,
+        "rows": args.rows,
+        "source_conversations": int(facts["dataset_rows"]),
     }
     for name, run_ in (("explain", nearest), ("explain --all", everything)):
-        print(f"{name:<14} {run_['seconds']:>7} s  peak RSS {run_['main_peak_rss_mib']:>6} MiB  "
-              f"{run_['tried']:>5} of {run_['readings']} contracts tried  matches: {run_['matches']}")
-    print(f"explain --writer {writer_run['seconds']:>7} s  peak RSS {writer_run['main_peak_rss_mib']:>6} MiB  "
-          f"{writer_run['files']} files, {len(writer_run['sizes'])} sizes; the default build's size from: "
-          f"{[w['writer'] + ' ' + w['input_ids'] + ' ' + w['loss_mask'] for w in writer_run['bytes_matches']]}")
-    print(f"the pinned reading {PINNED} found: {summary['found_the_pinned_reading']}; build under it: "
-          f"{summary['build_seconds']} s")
-    print(f"machine: {os.cpu_count()} cores, idle (other processes below {IDLE_BUSY:.0%} of the CPUs before every "
-          f"run): {summary['machine']['idle']} (busy: {', '.join(f'{b:.1%}' for b in loads)})")
+        print(
+            f"{name:<14} {run_['seconds']:>7} s  peak RSS {run_['main_peak_rss_mib']:>6} MiB  "
+            f"{run_['tried']:>5} of {run_['readings']} contracts tried  matches: {run_['matches']}"
+        )
+    print(
+        f"explain --writer {writer_run['seconds']:>7} s  peak RSS {writer_run['main_peak_rss_mib']:>6} MiB  "
+        f"{writer_run['files']} files, {len(writer_run['sizes'])} sizes; the default build's size from: "
+        f"{[w['writer'] + ' ' + w['input_ids'] + ' ' + w['loss_mask'] for w in writer_run['bytes_matches']]}"
+    )
+    print(
+        f"the pinned reading {PINNED} found: {summary['found_the_pinned_reading']}; build under it: "
+        f"{summary['build_seconds']} s"
+    )
+    print(
+        f"machine: {os.cpu_count()} cores, idle (other processes below {IDLE_BUSY:.0%} of the CPUs before every "
+        f"run): {summary['machine']['idle']} (busy: {', '.join(f'{b:.1%}' for b in loads)})"
+    )
     write_results(results, summary)
 
 

@@ -49,10 +49,19 @@ def _is_worker(pid: int) -> bool:
 
 
 def start(args, out: Path) -> subprocess.Popen:
-    which = ["--manifest", str(args.manifest)] if args.manifest else \
-        ["--build", args.build, "--fixture-cache", str(args.fixture_cache)]
-    return subprocess.Popen([sys.executable, str(CLI), *which, "--out", str(out), "--workers", "2", "-q"], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    which = (
+        ["--manifest", str(args.manifest)]
+        if args.manifest
+        else ["--build", args.build, "--fixture-cache", str(args.fixture_cache)]
+    )
+    return subprocess.Popen(
+        [sys.executable, str(CLI), *which, "--out", str(out), "--workers", "2", "-q"],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def first_workers(process: subprocess.Popen, timeout: float) -> list[int]:
@@ -107,17 +116,36 @@ def one_run(args, rng: random.Random, window: float, expected: bytes) -> tuple[s
         took = time.monotonic() - killed
         left = [p.name for p in Path(out).iterdir() if p.suffix in (".tmp", ".parquet")]
         survivors = [pid for pid in seen if _is_worker(pid)]
-        if process.returncode == 7 and "worker process died" in stderr and "Traceback" not in stderr \
-                and not left and not survivors:
+        if (
+            process.returncode == 7
+            and "worker process died" in stderr
+            and "Traceback" not in stderr
+            and not left
+            and not survivors
+        ):
             when = "while starting" if "while starting" in stderr else "mid-build"
-            return f"exit 7 within {args.within:g} s, {when}" if took <= args.within \
-                else f"exit 7 after {args.within:g} s, {when}", took
+            return (
+                f"exit 7 within {args.within:g} s, {when}"
+                if took <= args.within
+                else f"exit 7 after {args.within:g} s, {when}",
+                took,
+            )
         files = list(Path(out).glob("*.parquet"))
-        if process.returncode == 0 and not survivors and len(files) == 1 and files[0].read_bytes() == expected:
-            return "exit 0, the same file as the build left alone: the worker was killed after its last batch", took
+        if (
+            process.returncode == 0
+            and not survivors
+            and len(files) == 1
+            and files[0].read_bytes() == expected
+        ):
+            return (
+                "exit 0, the same file as the build left alone: the worker was killed after its last batch",
+                took,
+            )
         lines = stderr.strip().splitlines()
-        detail = f" ({len(lines)} stderr lines, last: {lines[-1][:100] if lines else ''!r}" \
-                 f"{', left ' + ', '.join(left) if left else ''}{', workers left running' if survivors else ''})"
+        detail = (
+            f" ({len(lines)} stderr lines, last: {lines[-1][:100] if lines else ''!r}"
+            f"{', left ' + ', '.join(left) if left else ''}{', workers left running' if survivors else ''})"
+        )
         return f"exit {process.returncode}{detail}", took
 
 
@@ -132,30 +160,56 @@ def _kill(pid: int) -> bool:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=50)
-    p.add_argument("--build", default="fixture-synthetic-v1", help="the manifest to build (default: %(default)s)")
+    p.add_argument(
+        "--build",
+        default="fixture-synthetic-v1",
+        help="the manifest to build (default: %(default)s)",
+    )
     p.add_argument("--fixture-cache", type=Path, default=REPO / ".fixture-cache")
-    p.add_argument("--manifest", type=Path, help="build this manifest instead, from the HF cache that HF_HOME names "
-                                                 "(with HF_HUB_OFFLINE=1)")
-    p.add_argument("--timeout", type=float, default=60, help="seconds a run may take after the kill (default 60)")
-    p.add_argument("--within", type=float, default=10, help="seconds in which exit 7 counts as prompt (default 10)")
+    p.add_argument(
+        "--manifest",
+        type=Path,
+        help="build this manifest instead, from the HF cache that HF_HOME names "
+        "(with HF_HUB_OFFLINE=1)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=60,
+        help="seconds a run may take after the kill (default 60)",
+    )
+    p.add_argument(
+        "--within",
+        type=float,
+        default=10,
+        help="seconds in which exit 7 counts as prompt (default 10)",
+    )
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     window, expected = left_alone(args)
-    print(f"workers live {window:.2f} s in a build of {args.manifest or args.build} left alone; each run kills one "
-          f"at a random moment in its first three quarters (seed {args.seed})", flush=True)
+    print(
+        f"workers live {window:.2f} s in a build of {args.manifest or args.build} left alone; each run kills one "
+        f"at a random moment in its first three quarters (seed {args.seed})",
+        flush=True,
+    )
     rng, outcomes, times = random.Random(args.seed), Counter(), []
     for run in range(args.runs):
         outcome, took = one_run(args, rng, window, expected)
         outcomes[outcome] += 1
         if took is not None:
             times.append(took)
-        print(f"run {run + 1:>3}: {outcome}" + (f" ({took:.2f} s after the kill)" if took is not None else ""),
-              flush=True)
+        print(
+            f"run {run + 1:>3}: {outcome}"
+            + (f" ({took:.2f} s after the kill)" if took is not None else ""),
+            flush=True,
+        )
     print(f"\n{args.runs} runs:")
     for outcome, count in outcomes.most_common():
         print(f"  {count:>3}  {outcome}")
     if times:
-        print(f"seconds from the kill to the exit: median {sorted(times)[len(times) // 2]:.2f}, max {max(times):.2f}")
+        print(
+            f"seconds from the kill to the exit: median {sorted(times)[len(times) // 2]:.2f}, max {max(times):.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,9 @@ def peak_rss_mib():
 """
 
 # the command line, as users run it, timed in its own process; the last stdout line is the measurement
-CLI = PEAK_RSS + """
+CLI = (
+    PEAK_RSS
+    + """
 import json, resource, sys, time
 sys.argv = ["generate_fixed_sft.py", *sys.argv[1:]]
 from builders.cli import main
@@ -35,6 +37,7 @@ print(json.dumps({"exit": code, "seconds": elapsed,
                   "workers_cpu_s": children.ru_utime + children.ru_stime,
                   "main_peak_rss_mib": peak_rss_mib(), "worker_peak_rss_mib": children.ru_maxrss / 1024}))
 """
+)
 
 
 def child(code: str, *args: str, hf_home: Path, run=None) -> dict:
@@ -61,26 +64,38 @@ def write_results(path: Path, results: dict) -> None:
 
 def busy(seconds: float = 2.0) -> float:
     """The share of all CPUs busy during ``seconds`` (this process sleeps: the rest is others' work)."""
+
     def ticks():
         fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
         return sum(fields), fields[3] + fields[4]  # all, idle + iowait
+
     total, idle = ticks()
     time.sleep(seconds)
     total2, idle2 = ticks()
     return 1 - (idle2 - idle) / max(1, total2 - total)
 
 
-def scale_options(doc: str, name: str, rows_help: str, more=None) -> tuple[argparse.Namespace, Path, bytes]:
+def scale_options(
+    doc: str, name: str, rows_help: str, more=None
+) -> tuple[argparse.Namespace, Path, bytes]:
     """A scale benchmark's options (--scale, --rows, --cache, and what ``more(parser)`` adds), where its
     results go (bench/NAME.json for the full-scale run, bench/.cache/NAME.smoke.json for any other, so
     a smoke run never overwrites committed results) and the pinned chat template it renders with."""
     from builders.fixture.make import PINNED_TEMPLATE, shared_dir
 
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scale", type=float, default=FULL_SCALE, help="source size as a share of 939,343 "
-                                                                        "conversations")
+    parser = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=FULL_SCALE,
+        help="source size as a share of 939,343 conversations",
+    )
     parser.add_argument("--rows", type=int, default=FULL_ROWS, help=rows_help)
-    parser.add_argument("--cache", type=Path, default=REPO / "bench" / ".cache", help="where inputs are laid out")
+    parser.add_argument(
+        "--cache", type=Path, default=REPO / "bench" / ".cache", help="where inputs are laid out"
+    )
     if more is not None:
         more(parser)
     args = parser.parse_args()
@@ -88,6 +103,8 @@ def scale_options(doc: str, name: str, rows_help: str, more=None) -> tuple[argpa
     results = REPO / "bench" / f"{name}.json" if full else args.cache / f"{name}.smoke.json"
     shared = shared_dir() or (REPO.parent / "shared" if (REPO.parent / "shared").is_dir() else None)
     if shared is None:
-        raise SystemExit("the benchmark renders with the pinned GLM-4.7-Flash template: it needs ../shared "
-                         "(or FIXED_SFT_SHARED)")
+        raise SystemExit(
+            "the benchmark renders with the pinned GLM-4.7-Flash template: it needs ../shared "
+            "(or FIXED_SFT_SHARED)"
+        )
     return args, results, (shared / PINNED_TEMPLATE).read_bytes()

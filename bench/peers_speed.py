@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""How fast the peer readings encode, against the peers' own way (one transformers call per message).
+"""How fast the peer formats encode, against the peers' own way (one transformers call per message).
 
     python bench/peers_speed.py [--conversations 2000] [--reference 200]
 
 Qwen's BPE with trl's Qwen3 template (``hf-generation``: its ``qwen3_training`` variant), seeded
-synthetic conversations (``builders.fixture.conversations.synthetic``). For each peer reading it
+synthetic conversations (``builders.fixture.conversations.synthetic``). For each peer format it
 times ``encode_all`` over the conversations in batches of 256, and ``tests/peer_reference.py``
 (miles' calls transcribed / ``apply_chat_template``) over the first ``--reference`` of them, and
 checks that both give the same ids and masks there. Prints one JSON line of conversations per second.
@@ -45,19 +45,34 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         for name, template_name in TEMPLATES.items():
             template = templates[template_name]
-            peer = make_format(FormatSpec(name, template, eos="<|endoftext|>"), Tokenizer.from_str(tokenizer_json))
+            peer = make_format(
+                FormatSpec(name, template, eos="<|endoftext|>"), Tokenizer.from_str(tokenizer_json)
+            )
             started = time.perf_counter()
-            encoded = [pair for first in range(0, len(conversations), BATCH)
-                       for pair in peer.encode_all(conversations[first:first + BATCH])]
+            encoded = [
+                pair
+                for first in range(0, len(conversations), BATCH)
+                for pair in peer.encode_all(conversations[first : first + BATCH])
+            ]
             ours = time.perf_counter() - started
             tok = hf_tokenizer(tokenizer_json, template, Path(folder) / name)
             started = time.perf_counter()
-            expected = [hf_generation(tok, m) if name == "hf-generation" else
-                        miles_loss_mask(tok, name.removeprefix("miles-"), m) for m in conversations[:args.reference]]
+            expected = [
+                hf_generation(tok, m)
+                if name == "hf-generation"
+                else miles_loss_mask(tok, name.removeprefix("miles-"), m)
+                for m in conversations[: args.reference]
+            ]
             theirs = time.perf_counter() - started
-            same = all(ids.tolist() == e[0] and mask.tolist() == e[1] for (ids, mask), e in zip(encoded, expected))
-            out[name] = {"ours_per_s": round(len(conversations) / ours, 1),
-                         "peer_way_per_s": round(args.reference / theirs, 1), "same": same}
+            same = all(
+                ids.tolist() == e[0] and mask.tolist() == e[1]
+                for (ids, mask), e in zip(encoded, expected)
+            )
+            out[name] = {
+                "ours_per_s": round(len(conversations) / ours, 1),
+                "peer_way_per_s": round(args.reference / theirs, 1),
+                "same": same,
+            }
     print(json.dumps(out))
 
 

@@ -20,8 +20,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from builders.encode import pool as parallel  # noqa: E402
 from builders.encode.encoder import ConversationEncoder  # noqa: E402
-from builders.manifest import load_manifest  # noqa: E402
 from builders.inputs.pinned import Hub, pinned_inputs  # noqa: E402
+from builders.manifest import load_manifest  # noqa: E402
 
 
 def main() -> None:
@@ -34,8 +34,10 @@ def main() -> None:
             started = time.perf_counter()
             pool.start(reference, "fastokens", pinned.tokenizer_json, source)
             chosen = pool.settle()
-            print(f"message {delay} s after the pool started: start to ready {time.perf_counter() - started:.2f} s "
-                  f"({chosen.name})")
+            print(
+                f"message {delay} s after the pool started: start to ready {time.perf_counter() - started:.2f} s "
+                f"({chosen.name})"
+            )
 
 
 if __name__ == "__main__":

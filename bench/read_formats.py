@@ -23,11 +23,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from builders.fixture.make import synthetic_rows  # noqa: E402
 from measure import PEAK_RSS, write_results  # noqa: E402
 
-from builders.fixture.make import synthetic_rows  # noqa: E402
-
-READ = PEAK_RSS + """
+READ = (
+    PEAK_RSS
+    + """
 import json, sys, time
 from pathlib import Path
 from builders.manifest import DatasetPin
@@ -43,20 +44,33 @@ print(json.dumps({"rows": source.num_rows, "blocks": source.num_groups, "message
                   "peak_rss_mib": round(peak_rss_mib()),
                   "peak_rss_after_imports_mib": round(imported)}))
 """
+)
 FULL_MB = 400  # the committed results' size
-SHAREGPT = {"messages": "conversations", "keys": ("from", "value"),
-            "roles": [["system", "system"], ["human", "user"], ["gpt", "assistant"], ["tool", "tool"]]}
+SHAREGPT = {
+    "messages": "conversations",
+    "keys": ("from", "value"),
+    "roles": [["system", "system"], ["human", "user"], ["gpt", "assistant"], ["tool", "tool"]],
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mb", type=float, default=FULL_MB, help="size of the JSON Lines file (MB)")
+    parser.add_argument(
+        "--mb", type=float, default=FULL_MB, help="size of the JSON Lines file (MB)"
+    )
     args = parser.parse_args()
     base = synthetic_rows(seed=1, count=2000)
     names = {"user": "human", "assistant": "gpt", "system": "system", "tool": "tool"}
-    records = [{"id": r["id"], "source": r["source"],
-                "conversations": [{"from": names[m["role"]], "value": m["content"]} for m in r["messages"]]}
-               for r in base]
+    records = [
+        {
+            "id": r["id"],
+            "source": r["source"],
+            "conversations": [
+                {"from": names[m["role"]], "value": m["content"]} for m in r["messages"]
+            ],
+        }
+        for r in base
+    ]
     lines = [json.dumps(r) for r in records]
     repeat = max(1, int(args.mb * 1e6 / sum(len(line) + 1 for line in lines)))
     results = {}
@@ -68,19 +82,41 @@ def main() -> None:
                 jsonl.write("\n".join(lines) + "\n")
                 whole.write(",\n".join(lines) + (",\n" if k < repeat - 1 else "\n"))
             whole.write("]\n")
-        table = pa.Table.from_pylist([{"id": r["id"], "source": r["source"],
-                                       "messages": [{"role": m["role"], "content": m["content"]}
-                                                    for m in r["messages"]]} for r in base] * repeat)
+        table = pa.Table.from_pylist(
+            [
+                {
+                    "id": r["id"],
+                    "source": r["source"],
+                    "messages": [
+                        {"role": m["role"], "content": m["content"]} for m in r["messages"]
+                    ],
+                }
+                for r in base
+            ]
+            * repeat
+        )
         pq.write_table(table, folder / "x.parquet", row_group_size=10_000, compression="zstd")
         del table
         for name, fields in (("x.parquet", {}), ("x.jsonl", SHAREGPT), ("x.json", SHAREGPT)):
-            done = subprocess.run([sys.executable, "-c", READ, str(folder / name), json.dumps(fields)],
-                                  capture_output=True, text=True, cwd=REPO, check=True)
-            results[name] = {"file_mb": round((folder / name).stat().st_size / 1e6), **json.loads(done.stdout)}
+            done = subprocess.run(
+                [sys.executable, "-c", READ, str(folder / name), json.dumps(fields)],
+                capture_output=True,
+                text=True,
+                cwd=REPO,
+                check=True,
+            )
+            results[name] = {
+                "file_mb": round((folder / name).stat().st_size / 1e6),
+                **json.loads(done.stdout),
+            }
             print(name, results[name], flush=True)
     # a smoke run never overwrites the committed results
-    write_results(REPO / "bench" / ("read_formats.json" if args.mb == FULL_MB else ".cache/read_formats.smoke.json"),
-                  results)
+    write_results(
+        REPO
+        / "bench"
+        / ("read_formats.json" if args.mb == FULL_MB else ".cache/read_formats.smoke.json"),
+        results,
+    )
 
 
 if __name__ == "__main__":

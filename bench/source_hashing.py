@@ -45,7 +45,8 @@ print(json.dumps({"seconds": time.perf_counter() - started, "cpu_seconds": cpu()
 
 # the build with the shards' hashing skipped: the same code, its hashing process replaced by one that
 # reads nothing (each file's digest is the name of its blob)
-UNHASHED = """
+UNHASHED = (
+    """
 import os
 from concurrent.futures import Future
 from pathlib import Path
@@ -61,47 +62,73 @@ class Unhashed:
         pass
 
 builders.inputs.pinned.HashingProcess = Unhashed
-""" + CLI
+"""
+    + CLI
+)
 
 
 def build(code: str, manifest: Path, out: Path, hf_home: Path) -> dict:
     load = busy()
-    result = child(code, "--manifest", str(manifest), "--out", str(out), "-q", "--no-card", hf_home=hf_home)
+    result = child(
+        code, "--manifest", str(manifest), "--out", str(out), "-q", "--no-card", hf_home=hf_home
+    )
     if result["exit"] != 0:
         raise SystemExit(f"build failed: {result['stderr']}")
     report = json.loads(next(out.glob("*.report.json")).read_text())
-    return {"seconds": round(result["seconds"], 2), "busy_before": round(load, 3), "timings": report["timings"],
-            "rows_sha256": report["figures"]["rows_sha256"]}
+    return {
+        "seconds": round(result["seconds"], 2),
+        "busy_before": round(load, 3),
+        "timings": report["timings"],
+        "rows_sha256": report["figures"]["rows_sha256"],
+    }
 
 
 def main() -> None:
-    args, results, template = scale_options(__doc__, "source_hashing", "rows of 8,192 tokens to build")
+    args, results, template = scale_options(
+        __doc__, "source_hashing", "rows of 8,192 tokens to build"
+    )
     hf_home = args.cache / "hf"
     facts = lay_out(hf_home, template, args.scale)
     manifest = args.cache / "hashing.yaml"
     manifest.write_text(manifest_text(facts, "hashing", args.rows))
 
     alone = child(HASHING_ALONE, str(manifest), hf_home=hf_home)
-    print(f"hashing alone: {alone['bytes'] / 2**20:,.0f} MiB in {alone['seconds']:.2f} s "
-          f"({alone['cpu_seconds']:.2f} s of CPU)", file=sys.stderr, flush=True)
+    print(
+        f"hashing alone: {alone['bytes'] / 2**20:,.0f} MiB in {alone['seconds']:.2f} s "
+        f"({alone['cpu_seconds']:.2f} s of CPU)",
+        file=sys.stderr,
+        flush=True,
+    )
     builds = {"hashed": [], "unhashed": []}
     for _ in range(REPEATS):
         for kind, code in (("hashed", CLI), ("unhashed", UNHASHED)):
-            builds[kind].append(build(code, manifest, args.cache / "out" / f"hashing-{kind}", hf_home))
-            print(f"  build, {kind}: {builds[kind][-1]['seconds']} s (hash_s {builds[kind][-1]['timings']['hash_s']})",
-                  file=sys.stderr, flush=True)
+            builds[kind].append(
+                build(code, manifest, args.cache / "out" / f"hashing-{kind}", hf_home)
+            )
+            print(
+                f"  build, {kind}: {builds[kind][-1]['seconds']} s (hash_s {builds[kind][-1]['timings']['hash_s']})",
+                file=sys.stderr,
+                flush=True,
+            )
     summary = {
-        "machine": {"cores": os.cpu_count(), "cpu_busy_before_each_build": [b["busy_before"] for k in builds
-                                                                            for b in builds[k]]},
-        "source_mib": round(alone["bytes"] / 2**20), "hashing_alone_seconds": round(alone["seconds"], 2),
+        "machine": {
+            "cores": os.cpu_count(),
+            "cpu_busy_before_each_build": [b["busy_before"] for k in builds for b in builds[k]],
+        },
+        "source_mib": round(alone["bytes"] / 2**20),
+        "hashing_alone_seconds": round(alone["seconds"], 2),
         "hashing_alone_cpu_seconds": round(alone["cpu_seconds"], 2),
-        "builds": builds, "same_rows": len({b["rows_sha256"] for k in builds for b in builds[k]}) == 1,
-        "scale": args.scale, "rows": args.rows,
+        "builds": builds,
+        "same_rows": len({b["rows_sha256"] for k in builds for b in builds[k]}) == 1,
+        "scale": args.scale,
+        "rows": args.rows,
     }
     print(json.dumps({k: v for k, v in summary.items() if k != "builds"}))
     for kind, runs in builds.items():
-        print(f"{kind:>9}: seconds {[b['seconds'] for b in runs]}, hash_s {[b['timings']['hash_s'] for b in runs]}, "
-              f"build_s {[b['timings']['build_s'] for b in runs]}")
+        print(
+            f"{kind:>9}: seconds {[b['seconds'] for b in runs]}, hash_s {[b['timings']['hash_s'] for b in runs]}, "
+            f"build_s {[b['timings']['build_s'] for b in runs]}"
+        )
     write_results(results, summary)
 
 

@@ -20,9 +20,14 @@ from pathlib import Path
 RATE = 100  # samples per second
 
 # frames whose whole call is start-up: imports, opening the inputs, the engine's choice, the plan, workers starting
-STARTUP = [("<frozen importlib._bootstrap>", r"_find_and_load"), ("pinned.py", r"pinned_inputs"),
-           ("build.py", r"_checked_order"), ("engines.py", r"choose"), ("stream.py", r"plan"),
-           ("parallel.py", r"__enter__")]
+STARTUP = [
+    ("<frozen importlib._bootstrap>", r"_find_and_load"),
+    ("pinned.py", r"pinned_inputs"),
+    ("build.py", r"_checked_order"),
+    ("engines.py", r"choose"),
+    ("stream.py", r"plan"),
+    ("parallel.py", r"__enter__"),
+]
 
 # (stage, file name, function names): the innermost frame that matches decides
 RULES = [
@@ -31,7 +36,11 @@ RULES = [
     ("source decode (and spill)", "stream.py", r"_read|_bucket|add|in_order|_in_order"),
     ("rendering and encoding", "encode.py", r".*"),
     ("rendering and encoding", "chat.py", r".*"),
-    ("placement and masking", "glm5.py", r".*"),  # the glm5 layout and placement (builders/ and builders/formats/)
+    (
+        "placement and masking",
+        "glm5.py",
+        r".*",
+    ),  # the glm5 layout and placement (builders/ and builders/formats/)
     ("placement and masking", "turns.py", r".*"),
     ("placement and masking", "peers.py", r".*"),
     ("rendering and encoding", "worker.py", r"encode_rows"),
@@ -51,13 +60,16 @@ FRAME = re.compile(r"^(?P<function>\S+) \((?P<file>[^:]*):\d*\)$")
 
 
 def py_spy() -> str | None:
-    return shutil.which("py-spy") or next((str(p) for p in [Path(sys.executable).parent / "py-spy"] if p.exists()),
-                                          None)
+    return shutil.which("py-spy") or next(
+        (str(p) for p in [Path(sys.executable).parent / "py-spy"] if p.exists()), None
+    )
 
 
 def stage_of(stack: list[str]) -> str:
     """The stage of one sample's stack (frames root first, as py-spy writes them)."""
-    frames = [(Path(f["file"]).name, f["function"].split(".")[-1]) for f in map(FRAME.match, stack) if f]
+    frames = [
+        (Path(f["file"]).name, f["function"].split(".")[-1]) for f in map(FRAME.match, stack) if f
+    ]
     if any(_named(frame, rule) for frame in frames for rule in STARTUP):
         return "start-up"
     for frame in reversed(frames):
@@ -79,12 +91,31 @@ def profiled(command: list[str], env: dict, cwd: Path) -> tuple[subprocess.Compl
         raise SystemExit("--profile needs py-spy: .venv/bin/python -m pip install py-spy")
     with tempfile.TemporaryDirectory() as folder:
         raw = Path(folder) / "profile.txt"
-        done = subprocess.run([spy, "record", "--nonblocking", "-r", str(RATE), "-f", "raw", "-o", str(raw), "--",
-                               *command], capture_output=True, text=True, env=env, cwd=cwd)
+        done = subprocess.run(
+            [
+                spy,
+                "record",
+                "--nonblocking",
+                "-r",
+                str(RATE),
+                "-f",
+                "raw",
+                "-o",
+                str(raw),
+                "--",
+                *command,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=cwd,
+        )
         samples = dict.fromkeys(STAGES, 0)
         for line in raw.read_text().splitlines() if raw.exists() else []:
             stack, _, count = line.rpartition(" ")
             samples[stage_of(stack.split(";"))] += int(count)
-    done.stdout = "".join(line for line in done.stdout.splitlines(keepends=True) if not line.startswith("py-spy>"))
+    done.stdout = "".join(
+        line for line in done.stdout.splitlines(keepends=True) if not line.startswith("py-spy>")
+    )
     total = max(1, sum(samples.values()))
     return done, {"stage_shares": {stage: count / total for stage, count in samples.items()}}

@@ -20,10 +20,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
-from helpers import lay_out_build, start_cli  # noqa: E402
 from test_faults import BIG  # noqa: E402
 
 from builders.fixture.make import synthetic_rows  # noqa: E402
+from helpers import lay_out_build, start_cli  # noqa: E402
 
 
 def main() -> None:
@@ -33,15 +33,19 @@ def main() -> None:
     rng, bad = random.Random(1), 0
     for run in range(runs):
         out, delay = folder / f"out{run}", rng.uniform(low, high)
-        process = start_cli("--manifest", str(manifest), "--out", str(out), *more, hf_home=folder / "hf")
+        process = start_cli(
+            "--manifest", str(manifest), "--out", str(out), *more, hf_home=folder / "hf"
+        )
         time.sleep(delay)
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=120)
         left = sorted(p.name for p in out.iterdir()) if out.exists() else []
         if left or process.returncode not in (130, -signal.SIGTERM):
             bad += 1
-            print(f"run {run}, signal after {delay:.2f} s: exit {process.returncode}, left {left}, stderr "
-                  f"{stderr.strip()[:1500]!r}")
+            print(
+                f"run {run}, signal after {delay:.2f} s: exit {process.returncode}, left {left}, stderr "
+                f"{stderr.strip()[:1500]!r}"
+            )
     print(f"{bad} of {runs} builds left something or did not exit 130")
 
 

@@ -31,10 +31,10 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "tests"))
 from build_at_scale import build  # noqa: E402
-from measure import IDLE_BUSY, scale_options, write_results  # noqa: E402
-from scale_inputs import lay_out, manifest_text  # noqa: E402
 
 from builders.fixture.hf_cache import put_snapshot  # noqa: E402
+from measure import IDLE_BUSY, scale_options, write_results  # noqa: E402
+from scale_inputs import lay_out, manifest_text  # noqa: E402
 
 QWEN_TURN_TOKENS = ["<|im_start|>", "<|im_end|>"]
 RSS_TARGET_MIB, TIME_TARGET = 1536, 1.5
@@ -45,25 +45,38 @@ def turns_tokenizer(hf_home: Path, facts: dict) -> dict:
     from real_models import trl_template, with_tokens
 
     base = hf_home / "hub" / f"models--{facts['tokenizer_repo'].replace('/', '--')}" / "snapshots"
-    tokenizer_json = with_tokens((base / facts["tokenizer_revision"] / "tokenizer.json").read_text(),
-                                 QWEN_TURN_TOKENS)
+    tokenizer_json = with_tokens(
+        (base / facts["tokenizer_revision"] / "tokenizer.json").read_text(), QWEN_TURN_TOKENS
+    )
     files = {"tokenizer.json": tokenizer_json, "chat_template.jinja": trl_template("qwen3")}
     revision = put_snapshot(hf_home, "bench/glm-scale-qwen3-tokenizer", "model", files)
-    return {"repo": "bench/glm-scale-qwen3-tokenizer", "revision": revision,
-            "sha256": {k: hashlib.sha256(v).hexdigest() for k, v in files.items()},
-            "eos": "<|endoftext|>", "stop": ["<|im_end|>", "<|endoftext|>"],
-            "prefills": [{}, {"enable_thinking": False}]}
+    return {
+        "repo": "bench/glm-scale-qwen3-tokenizer",
+        "revision": revision,
+        "sha256": {k: hashlib.sha256(v).hexdigest() for k, v in files.items()},
+        "eos": "<|endoftext|>",
+        "stop": ["<|im_end|>", "<|endoftext|>"],
+        "prefills": [{}, {"enable_thinking": False}],
+    }
 
 
 def turns_manifest(glm5_manifest: str, tokenizer: dict) -> str:
     """The glm5 manifest with the turns tokenizer and ``loss_mask: turns``."""
     head, rest = glm5_manifest.split("tokenizer:\n", 1)
-    rest = rest[rest.index("loss_mask:"):].replace("loss_mask: glm5", "loss_mask: turns")
-    return head.replace("name: bench", "name: bench-turns") + "tokenizer: " + json.dumps(tokenizer) + "\n" + rest
+    rest = rest[rest.index("loss_mask:") :].replace("loss_mask: glm5", "loss_mask: turns")
+    return (
+        head.replace("name: bench", "name: bench-turns")
+        + "tokenizer: "
+        + json.dumps(tokenizer)
+        + "\n"
+        + rest
+    )
 
 
 def main() -> None:
-    args, results, template = scale_options(__doc__, "turns_at_scale", "rows of 8,192 tokens to build")
+    args, results, template = scale_options(
+        __doc__, "turns_at_scale", "rows of 8,192 tokens to build"
+    )
     hf_home = args.cache / "hf"
     started = time.perf_counter()
     facts = lay_out(hf_home, template, args.scale)
@@ -71,28 +84,54 @@ def main() -> None:
     glm5.write_text(manifest_text(facts, "bench", args.rows))
     turns = args.cache / "bench-turns.yaml"
     turns.write_text(turns_manifest(glm5.read_text(), turns_tokenizer(hf_home, facts)))
-    print(f"inputs laid out in {time.perf_counter() - started:.0f} s; measuring", file=sys.stderr, flush=True)
+    print(
+        f"inputs laid out in {time.perf_counter() - started:.0f} s; measuring",
+        file=sys.stderr,
+        flush=True,
+    )
     runs = {}
     for name, manifest in (("glm5", glm5), ("turns", turns)):
         runs[name] = build(manifest, args.cache / "out" / f"{name}-vs", hf_home, "fastokens", "1")
-        print(f"  {name}: {runs[name]['seconds']} s, peak RSS {runs[name]['main_peak_rss_mib']} MiB",
-              file=sys.stderr, flush=True)
+        print(
+            f"  {name}: {runs[name]['seconds']} s, peak RSS {runs[name]['main_peak_rss_mib']} MiB",
+            file=sys.stderr,
+            flush=True,
+        )
     ratio = runs["turns"]["seconds"] / runs["glm5"]["seconds"]
     loads = [r["busy_before"] for r in runs.values()]
     summary = {
-        "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0],
-                    "idle": max(loads) < IDLE_BUSY, "cpu_busy_before_each_build": loads},
-        "builds": {name: {k: r[k] for k in ("seconds", "main_peak_rss_mib", "conversations", "tokens", "rows_sha256",
-                                             "timings")} for name, r in runs.items()},
+        "machine": {
+            "cores": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "idle": max(loads) < IDLE_BUSY,
+            "cpu_busy_before_each_build": loads,
+        },
+        "builds": {
+            name: {
+                k: r[k]
+                for k in (
+                    "seconds",
+                    "main_peak_rss_mib",
+                    "conversations",
+                    "tokens",
+                    "rows_sha256",
+                    "timings",
+                )
+            }
+            for name, r in runs.items()
+        },
         "turns_over_glm5": round(ratio, 3),
         "within_time_target": ratio <= TIME_TARGET,
         "within_rss_target": runs["turns"]["main_peak_rss_mib"] <= RSS_TARGET_MIB,
-        "scale": args.scale, "rows": args.rows,
+        "scale": args.scale,
+        "rows": args.rows,
     }
-    print(f"\nglm5: {runs['glm5']['seconds']} s, {runs['glm5']['main_peak_rss_mib']} MiB; turns (Qwen3 template): "
-          f"{runs['turns']['seconds']} s, {runs['turns']['main_peak_rss_mib']} MiB; turns/glm5 = {ratio:.3f} "
-          f"(target {TIME_TARGET}x, {RSS_TARGET_MIB} MiB); machine idle: {summary['machine']['idle']} "
-          f"(busy: {', '.join(f'{b:.1%}' for b in loads)})")
+    print(
+        f"\nglm5: {runs['glm5']['seconds']} s, {runs['glm5']['main_peak_rss_mib']} MiB; turns (Qwen3 template): "
+        f"{runs['turns']['seconds']} s, {runs['turns']['main_peak_rss_mib']} MiB; turns/glm5 = {ratio:.3f} "
+        f"(target {TIME_TARGET}x, {RSS_TARGET_MIB} MiB); machine idle: {summary['machine']['idle']} "
+        f"(busy: {', '.join(f'{b:.1%}' for b in loads)})"
+    )
     write_results(results, summary)
 
 

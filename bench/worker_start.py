@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-STEPS = r'''
+STEPS = r"""
 import json, resource, sys, time
 def cpu():
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -46,13 +46,21 @@ encoder = ConversationEncoder(tokenizer, FormatSpec("glm5", template)); step("Co
 fast = engines.FastokensEngine(text); step("fastokens load")
 engines._disagreements(fast, engines.TokenizersEngine(tokenizer), engines.probes(tokenizer, template)); step("probes")
 print(json.dumps(out))
-'''
+"""
 
 
 def worker(tokenizer_json: Path, template: Path) -> dict:
-    environment = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}  # as the build's
-    done = subprocess.run([sys.executable, "-c", STEPS, str(REPO), str(tokenizer_json), str(template)],
-                          capture_output=True, text=True, env=environment)
+    environment = {
+        **os.environ,
+        "TOKENIZERS_PARALLELISM": "false",
+        "RAYON_NUM_THREADS": "1",
+    }  # as the build's
+    done = subprocess.run(
+        [sys.executable, "-c", STEPS, str(REPO), str(tokenizer_json), str(template)],
+        capture_output=True,
+        text=True,
+        env=environment,
+    )
     if done.returncode != 0:
         raise SystemExit(f"a worker's start-up failed: {done.stderr}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -67,14 +75,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         tokenizer_json = Path(folder) / "tokenizer.json"
         tokenizer_json.write_text(glm_scale_tokenizer())
-        print(f"{os.cpu_count()} cores; one worker alone: {json.dumps(worker(tokenizer_json, template))}")
+        print(
+            f"{os.cpu_count()} cores; one worker alone: {json.dumps(worker(tokenizer_json, template))}"
+        )
         for count in counts:
             started = time.perf_counter()
             with ThreadPoolExecutor(count) as pool:
                 results = list(pool.map(lambda _: worker(tokenizer_json, template), range(count)))
-            medians = {step: [statistics.median(r[step][k] for r in results) for k in (0, 1)] for step in results[0]}
-            print(f"{count} at once ({time.perf_counter() - started:.1f} s in all), median [wall, CPU] per step: "
-                  f"{json.dumps(medians)}")
+            medians = {
+                step: [statistics.median(r[step][k] for r in results) for k in (0, 1)]
+                for step in results[0]
+            }
+            print(
+                f"{count} at once ({time.perf_counter() - started:.1f} s in all), median [wall, CPU] per step: "
+                f"{json.dumps(medians)}"
+            )
 
 
 if __name__ == "__main__":

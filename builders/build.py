@@ -12,39 +12,33 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
-from importlib import metadata
-from itertools import islice
 from pathlib import Path
 
 import numpy as np
 
 from builders.encode import engines
 from builders.encode import pool as parallel
+from builders.encode.encoder import ConversationEncoder, EncodedConversation
+from builders.encode.stream import Stream, StreamStats
+from builders.errors import OutputError, PinnedInputError, SourceDataError
+from builders.inputs.pinned import Hub, hashed_files, pinned_files, pinned_inputs
+from builders.inputs.source import Source
+from builders.manifest import Manifest
+from builders.rows.card import write_card
+from builders.rows.figures import RowFigures, Verification, file_hash, verify
+from builders.rows.order import kept_rows, permutation, permutation_sha256
+from builders.rows.packing import Packer, Row
+from builders.rows.rowfile import RowWriter
+from builders.rows.stats import BuildStats
 from builders.runtime import stopping
 from builders.runtime.atomic import outputs, remove_stale_temporaries
-from builders.rows.card import write_card
-from builders.encode.encoder import ConversationEncoder
-from builders.errors import OutputError, PinnedInputError, SourceDataError
-from builders.rows.figures import RowFigures, Verification, file_hash, verify
-from builders.manifest import Manifest
-from builders.rows.order import kept_rows, permutation, permutation_sha256
-from builders.encode.encoder import EncodedConversation
-from builders.rows.packing import Packer, Row
-from builders.inputs.pinned import Hub, hashed_files, pinned_files, pinned_inputs
 from builders.runtime.progress import Reporter
-from builders.rows.rowfile import RowWriter
-from builders.inputs.source import Source
-from builders.rows.stats import BuildStats
-from builders.encode.stream import Stream, StreamStats
 from builders.runtime.timings import Timings
-
-LIBRARIES = ("numpy", "pyarrow", "tokenizers", "fastokens", "transformers", "huggingface_hub", "jinja2", "datasets",
-             "PyYAML", "matplotlib")
+from builders.versions import toolchain
 
 
 @dataclass(frozen=True)
@@ -58,8 +52,15 @@ class BuildResult:
         return self.verification.verified
 
 
-def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporter = Reporter.silent(),
-          card: bool = True, workers: int | str = "auto", engine: str = "auto") -> BuildResult:
+def build(
+    manifest: Manifest,
+    out_dir: Path,
+    hub: Hub = Hub(),
+    reporter: Reporter = Reporter.silent(),
+    card: bool = True,
+    workers: int | str = "auto",
+    engine: str = "auto",
+) -> BuildResult:
     """Build ``manifest`` into ``out_dir``: the parquet, its JSON report and (with ``card``) its data card.
 
     ``workers`` processes decode, render and tokenize (1: this process; ``auto``: see
@@ -70,11 +71,14 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
     timings = Timings()
     with ExitStack() as build_scope:
         with timings.stage("resolve_inputs_s"):
-            encoding = build_scope.enter_context(parallel.encoding(workers))  # workers start while inputs open
+            encoding = build_scope.enter_context(
+                parallel.encoding(workers)
+            )  # workers start while inputs open
             pinned, source = pinned_inputs(manifest, hub)
             # every source file's bytes are hashed beside the build, and checked before anything is put in place
             source_hashes = build_scope.enter_context(
-                hashed_files(pinned_files((f.name, f.path) for f in source.files)))
+                hashed_files(pinned_files((f.name, f.path) for f in source.files))
+            )
             order = _checked_order(manifest, source)
             reference = ConversationEncoder(pinned.tokenizer, pinned.spec, manifest.contract)
             # the engine is chosen (in the workers, where there are workers) while the build plans
@@ -82,38 +86,67 @@ def build(manifest: Manifest, out_dir: Path, hub: Hub = Hub(), reporter: Reporte
             stream = Stream(source, order, manifest.rows * manifest.row_tokens)
             stream.plan(reference)
             chosen = encoding.settle()
-        reporter.info(f"inputs resolved: {source.num_rows:,} source rows in {len(source.files)} files"
-                      + (f" of {len(source.pins)} datasets, {len(order):,} kept" if manifest.mixture else "")
-                      + " (their bytes are hashed and checked beside the build)")
+        reporter.info(
+            f"inputs resolved: {source.num_rows:,} source rows in {len(source.files)} files"
+            + (f" of {len(source.pins)} datasets, {len(order):,} kept" if manifest.mixture else "")
+            + " (their bytes are hashed and checked beside the build)"
+        )
         reporter.info(chosen.describe())
-        reporter.detail(f"tokenizer snapshot {pinned.snapshot}; source files: "
-                        f"{', '.join(str(f.path) for f in source.files)}")
+        reporter.detail(
+            f"tokenizer snapshot {pinned.snapshot}; source files: "
+            f"{', '.join(str(f.path) for f in source.files)}"
+        )
 
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
             remove_stale_temporaries(out_dir, manifest.name)
         except OSError as err:
-            raise OutputError(f"{out_dir}: cannot write the build output here ({err.strerror or err})") from err
+            raise OutputError(
+                f"{out_dir}: cannot write the build output here ({err.strerror or err})"
+            ) from err
         with outputs(out_dir) as files:
             with files.writing(f"{manifest.name}.parquet") as parquet:
                 with timings.stage("build_s"):
-                    figures, stats = _write_rows(manifest, source, reference, stream.encoded_with(encoding),
-                                                 parquet.temporary, reporter)
+                    stats = _build_stats(manifest, reference)
+                    rows = _packed(
+                        manifest, source, reference, stream.encoded_with(encoding), stats
+                    )
+                    figures = _write_rows(manifest, rows, parquet.temporary, stats, reporter)
                     encoding.finish()  # the last cross-checks, before anything is kept
                 with timings.stage("hash_s"):
                     computed = {**figures.as_dict(), **file_hash(parquet.temporary)}
-                    source_files = [{"repo": source.pins[f.dataset].repo, "revision": source.pins[f.dataset].revision,
-                                     **hashed} for f, hashed in zip(source.files, source_hashes.checked())]
+                    source_files = [
+                        {
+                            "repo": source.pins[f.dataset].repo,
+                            "revision": source.pins[f.dataset].revision,
+                            **hashed,
+                        }
+                        for f, hashed in zip(source.files, source_hashes.checked())
+                    ]
             verification = verify(computed, manifest, built_from=manifest.recipe())
-            parquet.final = out_dir / f"{manifest.name}{'' if verification.verified else '.unverified'}.parquet"
-            document = _report(manifest, parquet.final, computed, verification, stats, (requested, workers),
-                               source_files, chosen, stream.stats, reference.format.describe())
+            parquet.final = (
+                out_dir / f"{manifest.name}{'' if verification.verified else '.unverified'}.parquet"
+            )
+            document = _report(
+                manifest,
+                parquet.final,
+                computed,
+                verification,
+                stats,
+                (requested, workers),
+                source_files,
+                chosen,
+                stream.stats,
+                reference.format.describe(),
+            )
             if card:
                 with timings.stage("card_s"):
                     write_card(files, manifest, document, stats)
             document["timings"] = timings.as_dict()
-            report = files.write(f"{manifest.name}.report.json",
-                                 (json.dumps(document, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+            report = files.write(
+                f"{manifest.name}.report.json",
+                (json.dumps(document, indent=2, sort_keys=True) + "\n").encode("utf-8"),
+            )
             files.commit(last=parquet)
     return BuildResult(parquet.final, report.final, verification)
 
@@ -122,11 +155,15 @@ def check_source_rows(manifest: Manifest, source: Source) -> None:
     """Refuse a dataset whose row count is not the one the manifest pins, or that has fewer rows than it takes."""
     for pin, rows in zip(manifest.datasets, source.dataset_rows):
         if pin.rows is not None and pin.rows != rows:
-            raise PinnedInputError(f"dataset {pin.repo}@{pin.revision} ({pin.pattern}): has {rows} rows, the "
-                                   f"manifest pins rows: {pin.rows}")
+            raise PinnedInputError(
+                f"dataset {pin.repo}@{pin.revision} ({pin.pattern}): has {rows} rows, the "
+                f"manifest pins rows: {pin.rows}"
+            )
         if pin.take is not None and pin.take > rows:
-            raise PinnedInputError(f"dataset {pin.repo}@{pin.revision} ({pin.pattern}): take: {pin.take}, but it "
-                                   f"has {rows} rows")
+            raise PinnedInputError(
+                f"dataset {pin.repo}@{pin.revision} ({pin.pattern}): take: {pin.take}, but it "
+                f"has {rows} rows"
+            )
 
 
 def stream_order(manifest: Manifest, source: Source, reading: str) -> tuple[np.ndarray, np.ndarray]:
@@ -142,56 +179,100 @@ def _checked_order(manifest: Manifest, source: Source) -> np.ndarray:
     order, indices = stream_order(manifest, source, manifest.contract.order)
     pinned = None if manifest.mixture else manifest.dataset.permutation_sha256
     # the pinned sha256 is of the contract's own order; it says nothing of another reading's
-    if pinned is not None and manifest.contract.order == "numpy-generator" and permutation_sha256(order) != pinned:
-        raise PinnedInputError(f"permutation of {len(order)} rows with seed {manifest.seed}: sha256 is "
-                               f"{permutation_sha256(order)}, the manifest pins {pinned} "
-                               f"(numpy {np.__version__} gives another stream)")
+    if (
+        pinned is not None
+        and manifest.contract.order == "numpy-generator"
+        and permutation_sha256(order) != pinned
+    ):
+        raise PinnedInputError(
+            f"permutation of {len(order)} rows with seed {manifest.seed}: sha256 is "
+            f"{permutation_sha256(order)}, the manifest pins {pinned} "
+            f"(numpy {np.__version__} gives another stream)"
+        )
     return indices
 
 
-def _rows(conversations: Iterable[EncodedConversation], packer: Packer, stats: BuildStats,
-          source: Source) -> Iterator[Row]:
-    """The stream's rows, conversation by conversation, counting what each consumed."""
+def _packed(
+    manifest: Manifest,
+    source: Source,
+    encoder: ConversationEncoder,
+    conversations: Iterable[EncodedConversation],
+    stats: BuildStats,
+) -> Iterator[Row]:
+    """The stream's first ``manifest.rows`` rows, conversation by conversation, counting what each consumed;
+    fail if the source has fewer."""
+    packer = Packer(manifest.row_tokens, encoder.eos_id, manifest.contract)
+    rows = 0
     for conversation in conversations:
         stats.cross_checked += conversation.cross_checked
         if conversation.left_out:
             stats.left_out += 1
             continue
         ids, mask = packer.joined(conversation)
-        stats.add_conversation(conversation.source, ids, mask, int(source.dataset_of(conversation.index)))
-        yield from packer.cut(ids, mask, conversation.index, conversation.id)
+        stats.add_conversation(
+            conversation.source, ids, mask, int(source.dataset_of(conversation.index))
+        )
+        for row in packer.cut(ids, mask, conversation.index, conversation.id):
+            stats.windows_skipped = packer.windows_skipped
+            yield row
+            rows += 1
+            if rows == manifest.rows:
+                return
+    stats.windows_skipped = packer.windows_skipped
+    raise SourceDataError(
+        f"the source ran out after {len(stats.sources)} conversations: "
+        f"{rows} of {manifest.rows} rows of {manifest.row_tokens} tokens"
+    )
 
 
-def _write_rows(manifest: Manifest, source: Source, encoder: ConversationEncoder,
-                conversations: Iterable[EncodedConversation], path: Path,
-                reporter: Reporter) -> tuple[RowFigures, BuildStats]:
-    """Write the first ``manifest.rows`` rows of the stream to ``path``; fail if the source has fewer."""
-    packer = Packer(manifest.row_tokens, encoder.eos_id, manifest.contract)
+def _write_rows(
+    manifest: Manifest, rows: Iterable[Row], path: Path, stats: BuildStats, reporter: Reporter
+) -> RowFigures:
+    """Write ``rows`` to ``path``, computing their figures and counting them."""
     figures = RowFigures(manifest.row_tokens, manifest.contract.hash)
-    stop_ids = np.array([encoder.vocab.token_id(t, encoder.format.name) for t in encoder.format.stop_tokens], np.int64)
-    stats = BuildStats(manifest.row_tokens, [f"{pin.repo} ({pin.pattern})" for pin in manifest.datasets],
-                       stop_ids=stop_ids)
-    with RowWriter(path) as writer, reporter.progress("building rows", total=manifest.rows, unit="rows") as progress:
-        for row in islice(_rows(conversations, packer, stats, source), manifest.rows):
+    with (
+        RowWriter(path) as writer,
+        reporter.progress("building rows", total=manifest.rows, unit="rows") as progress,
+    ):
+        for row in rows:
             stopping.check()
             writer.write(row)
             figures.add(row.input_ids, row.loss_mask)
             stats.add_row(row)
             progress.update(1)
-    if figures.rows < manifest.rows:
-        raise SourceDataError(f"the source ran out after {len(stats.sources)} conversations: "
-                              f"{figures.rows} of {manifest.rows} rows of {manifest.row_tokens} tokens")
-    stats.windows_skipped = packer.windows_skipped
-    reporter.info(f"{figures.rows} rows from {len(stats.sources)} conversations ({packer.windows_skipped} windows "
-                  f"skipped: {manifest.row_tokens}-token stretches of the stream, cut as rows are, with no supervised "
-                  f"token); conversations training only stop tokens (every answer empty): {stats.only_stop_tokens}, "
-                  f"nothing at all: {stats.unsupervised}")
-    return figures, stats
+    reporter.info(
+        f"{figures.rows} rows from {len(stats.sources)} conversations ({stats.windows_skipped} windows "
+        f"skipped: {manifest.row_tokens}-token stretches of the stream, cut as rows are, with no supervised "
+        f"token); conversations training only stop tokens (every answer empty): {stats.only_stop_tokens}, "
+        f"nothing at all: {stats.unsupervised}"
+    )
+    return figures
 
 
-def _report(manifest: Manifest, final: Path, computed: dict, verification: Verification, stats: BuildStats,
-            workers: tuple[str, int], source_files: list[dict], chosen: engines.Choice, stream: StreamStats,
-            chat_format: dict) -> dict:
+def _build_stats(manifest: Manifest, encoder: ConversationEncoder) -> BuildStats:
+    stop_ids = np.array(
+        [encoder.vocab.token_id(t, encoder.format.name) for t in encoder.format.stop_tokens],
+        np.int64,
+    )
+    return BuildStats(
+        manifest.row_tokens,
+        [f"{pin.repo} ({pin.pattern})" for pin in manifest.datasets],
+        stop_ids=stop_ids,
+    )
+
+
+def _report(
+    manifest: Manifest,
+    final: Path,
+    computed: dict,
+    verification: Verification,
+    stats: BuildStats,
+    workers: tuple[str, int],
+    source_files: list[dict],
+    chosen: engines.Choice,
+    stream: StreamStats,
+    chat_format: dict,
+) -> dict:
     """What the report records (its timings are added last); the data card is made from it too."""
     return {
         "name": manifest.name,
@@ -208,20 +289,11 @@ def _report(manifest: Manifest, final: Path, computed: dict, verification: Verif
         "stats": stats.summary(),
         "source_reading": stream.as_dict(),
         "versions": toolchain(),
-        "workers": workers[1],  # the processes that encoded; what --workers asked, and the cores it could use:
-        "workers_requested": workers[0], "cores": len(os.sched_getaffinity(0)),
+        "workers": workers[
+            1
+        ],  # the processes that encoded; what --workers asked, and the cores it could use:
+        "workers_requested": workers[0],
+        "cores": len(os.sched_getaffinity(0)),
         "engine": {**chosen.as_dict(), "conversations_cross_checked": stats.cross_checked},
         "argv": sys.argv,
     }
-
-
-def toolchain() -> dict:
-    """Python's and the libraries' versions, as the report and the card record them."""
-    return {"python": platform.python_version(), **{lib: _version(lib) for lib in LIBRARIES}}
-
-
-def _version(library: str) -> str | None:
-    try:
-        return metadata.version(library)
-    except metadata.PackageNotFoundError:
-        return None

@@ -14,11 +14,11 @@ import json
 import signal
 import sys
 import traceback
-from importlib import metadata
 from pathlib import Path
 
-from builders.runtime import stopping
+from builders import __version__
 from builders.errors import BuildError, OutputError, UsageError, VerificationError
+from builders.runtime import stopping
 
 COMMANDS = ("build", "verify", "inspect", "diff", "download", "explain", "manifest", "check-recipe")
 GLOBAL_FLAGS = ("-q", "--quiet", "-v", "--verbose", "--json")
@@ -63,9 +63,13 @@ exit codes:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=_prog(), epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
-        description="Deterministically build fixed-length SFT rows named by a manifest, and verify their hashes.")
-    p.add_argument("--version", action="version", version=f"fixed-sft {_own_version()}")
+        prog=_prog(),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+        description="Deterministically build fixed-length SFT rows named by a manifest, and verify their hashes.",
+    )
+    p.add_argument("--version", action="version", version=f"fixed-sft {__version__}")
     _global_options(p, suppress=False)
     commands = p.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -76,13 +80,25 @@ def parser() -> argparse.ArgumentParser:
 
     b = command("build", "build a manifest's rows (the default command)")
     _manifest_options(b)
-    b.add_argument("--out", metavar="DIR", type=Path, default=Path("out"),
-                   help="output folder for NAME.parquet, NAME.report.json and the data card NAME.md (default: out)")
-    b.add_argument("--no-card", action="store_true", help="do not write the data card and its plots")
-    b.add_argument("--workers", type=_workers, default="auto", metavar="N|auto",
-                   help="processes that decode, render and tokenize (default auto: one per core the build may "
-                        "use, or this process alone, whose tokenizer uses every core, on 2 cores or fewer, where "
-                        "that measured fastest: see docs/performance.md); the rows are the same for any number")
+    b.add_argument(
+        "--out",
+        metavar="DIR",
+        type=Path,
+        default=Path("out"),
+        help="output folder for NAME.parquet, NAME.report.json and the data card NAME.md (default: out)",
+    )
+    b.add_argument(
+        "--no-card", action="store_true", help="do not write the data card and its plots"
+    )
+    b.add_argument(
+        "--workers",
+        type=_workers,
+        default="auto",
+        metavar="N|auto",
+        help="processes that decode, render and tokenize (default auto: one per core the build may "
+        "use, or this process alone, whose tokenizer uses every core, on 2 cores or fewer, where "
+        "that measured fastest: see docs/performance.md); the rows are the same for any number",
+    )
     _engine_option(b)
     _hub_options(b)
 
@@ -91,85 +107,165 @@ def parser() -> argparse.ArgumentParser:
     _manifest_options(v, default_help="default: manifests/NAME.yaml for a file named NAME.parquet")
 
     i = command("inspect", "show a row or a source conversation decoded, supervision highlighted")
-    i.add_argument("file", type=Path, nargs="?", help="a built parquet file (omit with --source-index)")
+    i.add_argument(
+        "file", type=Path, nargs="?", help="a built parquet file (omit with --source-index)"
+    )
     i.add_argument("--row", type=int, default=0, help="the row to show (default 0)")
-    i.add_argument("--source-index", type=int, help="show this source conversation's tokens instead of a row")
+    i.add_argument(
+        "--source-index", type=int, help="show this source conversation's tokens instead of a row"
+    )
     i.add_argument("--html", metavar="FILE", type=Path, help="also write the view as an HTML page")
-    i.add_argument("--color", choices=("auto", "always", "never"), default="auto",
-                   help="highlight supervised tokens with terminal colors (default: when printing to a terminal)")
+    i.add_argument(
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="highlight supervised tokens with terminal colors (default: when printing to a terminal)",
+    )
     _manifest_options(i, default_help="default: manifests/NAME.yaml for a file named NAME.parquet")
     _hub_options(i)
 
     d = command("diff", "compare two built files: the first row and token where they differ")
     d.add_argument("a", type=Path, help="a built parquet file")
-    d.add_argument("b", type=Path, nargs="?", help="another built parquet file (or give --build/--manifest to "
-                                                   "build that manifest now and compare with it)")
-    _manifest_options(d, default_help="build this manifest into a temporary folder and compare A with it")
+    d.add_argument(
+        "b",
+        type=Path,
+        nargs="?",
+        help="another built parquet file (or give --build/--manifest to "
+        "build that manifest now and compare with it)",
+    )
+    _manifest_options(
+        d, default_help="build this manifest into a temporary folder and compare A with it"
+    )
     _hub_options(d)
 
-    dl = command("download", "fetch exactly the files a build reads into the HF cache (online), for an offline "
-                             "build")
+    dl = command(
+        "download",
+        "fetch exactly the files a build reads into the HF cache (online), for an offline build",
+    )
     _manifest_options(dl)
     _hub_options(dl)
 
-    e = command("explain", "search the readings of the row contract (data/ROWS.md) for those that reproduce the "
-                           "manifest's pinned rows_sha256, from the default outward")
+    e = command(
+        "explain",
+        "search the readings of the row contract (data/ROWS.md) for those that reproduce the "
+        "manifest's pinned rows_sha256, from the default outward",
+    )
     _manifest_options(e)
-    e.add_argument("--all", dest="everything", action="store_true",
-                   help="try every reading (several hundred), not only up to the first that reproduces the rows")
-    e.add_argument("--writer", action="store_true",
-                   help="then build the reproduced rows and write them as each writer reading does (see "
-                        "data/README.md), reporting which give the pinned parquet_bytes and parquet_sha256")
+    e.add_argument(
+        "--all",
+        dest="everything",
+        action="store_true",
+        help="try every reading (several hundred), not only up to the first that reproduces the rows",
+    )
+    e.add_argument(
+        "--writer",
+        action="store_true",
+        help="then build the reproduced rows and write them as each writer variant does (see "
+        "data/README.md), reporting which give the pinned parquet_bytes and parquet_sha256",
+    )
     _engine_option(e)
     _hub_options(e)
 
-    m = command("manifest", "write the manifest an OpenRecipes recipe card implies (what the card does not carry "
-                            "is said in its opening comment)")
-    m.add_argument("--from-recipe", metavar="CARD", type=Path, required=True,
-                   help="the recipe card (YAML, schema_version: 1)")
-    m.add_argument("-o", "--output", metavar="FILE", type=Path, help="write the manifest to FILE (default: print it)")
+    m = command(
+        "manifest",
+        "write the manifest an OpenRecipes recipe card implies (what the card does not carry "
+        "is said in its opening comment)",
+    )
+    m.add_argument(
+        "--from-recipe",
+        metavar="CARD",
+        type=Path,
+        required=True,
+        help="the recipe card (YAML, schema_version: 1)",
+    )
+    m.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        type=Path,
+        help="write the manifest to FILE (default: print it)",
+    )
 
-    c = command("check-recipe", "check a recipe card's figures against its build's manifest, field by field, with "
-                                "no Hub (for a recipes repository's CI); with --rows, a built file against them too")
+    c = command(
+        "check-recipe",
+        "check a recipe card's figures against its build's manifest, field by field, with "
+        "no Hub (for a recipes repository's CI); with --rows, a built file against them too",
+    )
     c.add_argument("card", type=Path, help="the recipe card (YAML, schema_version: 1)")
-    c.add_argument("--rows", metavar="FILE", type=Path, help="also verify this parquet row file against the manifest")
-    _manifest_options(c, default_help="default: the shipped manifest the card's workload.dataset.build.name names")
+    c.add_argument(
+        "--rows",
+        metavar="FILE",
+        type=Path,
+        help="also verify this parquet row file against the manifest",
+    )
+    _manifest_options(
+        c, default_help="default: the shipped manifest the card's workload.dataset.build.name names"
+    )
     return p
 
 
 def _global_options(p: argparse.ArgumentParser, suppress: bool) -> None:
     """-q, -v and --json, accepted before the command (``suppress=False``) and after it."""
     default = {"default": argparse.SUPPRESS} if suppress else {}
-    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout", **default)
+    p.add_argument(
+        "--json", action="store_true", help="print the result as JSON on stdout", **default
+    )
     loud = p.add_mutually_exclusive_group()
-    loud.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result", **default)
-    loud.add_argument("-v", "--verbose", action="store_true",
-                      help="print details of each step, and the causes of an error", **default)
+    loud.add_argument(
+        "-q", "--quiet", action="store_true", help="print only errors and the result", **default
+    )
+    loud.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="print details of each step, and the causes of an error",
+        **default,
+    )
 
 
 def _manifest_options(p, default_help: str | None = None) -> None:
     which = p.add_mutually_exclusive_group()
-    which.add_argument("--build", dest="name", metavar="NAME", help="the manifest manifests/NAME.yaml"
-                       + (f" ({default_help})" if default_help else ""))
+    which.add_argument(
+        "--build",
+        dest="name",
+        metavar="NAME",
+        help="the manifest manifests/NAME.yaml" + (f" ({default_help})" if default_help else ""),
+    )
     which.add_argument("--manifest", metavar="FILE", type=Path, help="the manifest in FILE")
-    p.add_argument("--manifests", metavar="DIR", type=Path,
-                   help="where --build looks up NAME.yaml (default: the manifests shipped with fixed-sft)")
+    p.add_argument(
+        "--manifests",
+        metavar="DIR",
+        type=Path,
+        help="where --build looks up NAME.yaml (default: the manifests shipped with fixed-sft)",
+    )
 
 
 def _engine_option(p) -> None:
-    p.add_argument("--engine", choices=("auto", "fastokens", "tokenizers"), default="auto",
-                   help="what encodes the text: tokenizers (the contract's reference), or fastokens, many times "
-                        "faster, guarded by probes before the build and a sample of conversations encoded by both "
-                        "during it (auto, the default: fastokens where it loads and agrees, else tokenizers)")
+    p.add_argument(
+        "--engine",
+        choices=("auto", "fastokens", "tokenizers"),
+        default="auto",
+        help="what encodes the text: tokenizers (the contract's reference), or fastokens, many times "
+        "faster, guarded by probes before the build and a sample of conversations encoded by both "
+        "during it (auto, the default: fastokens where it loads and agrees, else tokenizers)",
+    )
 
 
 def _hub_options(p) -> None:
-    p.add_argument("--fixture-cache", metavar="DIR", type=Path,
-                   help="lay out the fixture HF cache (the repos the fixture-* manifests pin) in DIR and read the "
-                        "pinned inputs offline from it")
-    p.add_argument("--shared", metavar="DIR", type=Path,
-                   help="the real data folder (pinned/ and data/) that fixture-tulu100-v1 is made from "
-                        "(default: $FIXED_SFT_SHARED)")
+    p.add_argument(
+        "--fixture-cache",
+        metavar="DIR",
+        type=Path,
+        help="lay out the fixture HF cache (the repos the fixture-* manifests pin) in DIR and read the "
+        "pinned inputs offline from it",
+    )
+    p.add_argument(
+        "--shared",
+        metavar="DIR",
+        type=Path,
+        help="the real data folder (pinned/ and data/) that fixture-tulu100-v1 is made from "
+        "(default: $FIXED_SFT_SHARED)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,9 +275,16 @@ def main(argv: list[str] | None = None) -> int:
         args = parser().parse_args(_with_command(sys.argv[1:] if argv is None else argv))
         for signum in (signal.SIGINT, signal.SIGTERM):  # unwind, so temporary files are removed
             signal.signal(signum, stopping.ask)
-        return {"build": _build, "verify": _verify, "inspect": _inspect, "diff": _diff,
-                "download": _download, "explain": _explain, "manifest": _manifest_from_recipe,
-                "check-recipe": _check_recipe}[args.command](args)
+        return {
+            "build": _build,
+            "verify": _verify,
+            "inspect": _inspect,
+            "diff": _diff,
+            "download": _download,
+            "explain": _explain,
+            "manifest": _manifest_from_recipe,
+            "check-recipe": _check_recipe,
+        }[args.command](args)
     except BuildError as err:
         if getattr(args, "verbose", False):  # -v: the whole chain, with what caused it
             traceback.print_exception(err, file=sys.stderr)
@@ -202,14 +305,19 @@ def _with_command(argv: list[str]) -> list[str]:
     if first in COMMANDS or first in ("-h", "--help", "--version"):
         return argv
     if first is None:
-        raise UsageError("nothing to do: give --build NAME, --manifest FILE or --verify FILE (see --help)")
+        raise UsageError(
+            "nothing to do: give --build NAME, --manifest FILE or --verify FILE (see --help)"
+        )
     if not first.startswith("-"):
         close = difflib.get_close_matches(first, COMMANDS, n=1)
-        raise UsageError(f"unknown command {first!r}" + (f"; did you mean {close[0]!r}?" if close else "")
-                         + f" (commands: {', '.join(COMMANDS)})")
+        raise UsageError(
+            f"unknown command {first!r}"
+            + (f"; did you mean {close[0]!r}?" if close else "")
+            + f" (commands: {', '.join(COMMANDS)})"
+        )
     if "--verify" in argv:
         v = argv.index("--verify")
-        return ["verify", *argv[v + 1:v + 2], *argv[:v], *argv[v + 2:]]
+        return ["verify", *argv[v + 1 : v + 2], *argv[:v], *argv[v + 2 :]]
     return ["build", *argv]
 
 
@@ -238,8 +346,10 @@ def _hub(args, manifest):
         return Hub(offline=bool(fixtures), fixture_repos=fixtures)
     shared = shared_dir(args.shared)
     if shared is None and repos & shared_repos():
-        raise UsageError(f"{manifest.name} is made from the real data folder (pinned/ and data/): add --shared DIR "
-                         f"or set FIXED_SFT_SHARED")
+        raise UsageError(
+            f"{manifest.name} is made from the real data folder (pinned/ and data/): add --shared DIR "
+            f"or set FIXED_SFT_SHARED"
+        )
     make_fixture_cache(args.fixture_cache, shared)
     return Hub(cache_dir=args.fixture_cache / "hub", offline=True)
 
@@ -271,8 +381,15 @@ def _build(args) -> int:
     from builders.build import build
 
     manifest = _manifest(args)
-    result = build(manifest, args.out, _hub(args, manifest), _reporter(args), card=not args.no_card,
-                   workers=args.workers, engine=args.engine)
+    result = build(
+        manifest,
+        args.out,
+        _hub(args, manifest),
+        _reporter(args),
+        card=not args.no_card,
+        workers=args.workers,
+        engine=args.engine,
+    )
     if args.json:
         print(result.report.read_text(encoding="utf-8"), end="")
     else:
@@ -292,9 +409,20 @@ def _verify(args) -> int:
     figures = file_figures(args.file, manifest.row_tokens, manifest.contract.hash)
     verification = verify(figures, manifest, recorded_recipe(args.file, figures["parquet_sha256"]))
     if args.json:
-        print(json.dumps({"file": str(args.file), "manifest": str(manifest.path), "verified": verification.verified,
-                          "figures": figures, "checks": [asdict(c) for c in verification.checks],
-                          "notes": verification.notes}, indent=2, sort_keys=True))
+        print(
+            json.dumps(
+                {
+                    "file": str(args.file),
+                    "manifest": str(manifest.path),
+                    "verified": verification.verified,
+                    "figures": figures,
+                    "checks": [asdict(c) for c in verification.checks],
+                    "notes": verification.notes,
+                },
+                indent=2,
+                sort_keys=True,
+            )
+        )
     else:
         _print_checks(verification)
         print(f"{_outcome(verification)}: {args.file} against {manifest.path}")
@@ -315,7 +443,9 @@ def _inspect(args) -> int:
     from builders.views.inspect import inspect_row, inspect_source
 
     if args.file is None and args.source_index is None:
-        raise UsageError("inspect: give a built FILE (and --row N), or --source-index I with --build/--manifest")
+        raise UsageError(
+            "inspect: give a built FILE (and --row N), or --source-index I with --build/--manifest"
+        )
     if args.file is not None:
         from builders.rows.rowfile import check_row_file
 
@@ -341,15 +471,17 @@ def _diff(args) -> int:
     import tempfile
 
     from builders.build import build
-    from builders.views.diff import describe, diff_files
     from builders.rows.rowfile import check_row_file
+    from builders.views.diff import describe, diff_files
 
     for path in (args.a, args.b):
         if path is not None:
             check_row_file(path)
     chat_format = None  # of the fresh build, when there is one
     if args.b is not None:
-        manifest = _manifest(args) if args.name or args.manifest else _manifest_named_like(args, args.a)
+        manifest = (
+            _manifest(args) if args.name or args.manifest else _manifest_named_like(args, args.a)
+        )
         result, b = diff_files(args.a, args.b, _decoder(args, manifest)), args.b
     else:
         manifest = _manifest(args, None)
@@ -360,8 +492,14 @@ def _diff(args) -> int:
             result = diff_files(args.a, built.parquet, _decoder(args, manifest, hub))
             b = Path(f"(a fresh build of {manifest.name})")
     if args.json:
-        print(json.dumps({**result.as_dict(), **({"chat_format": chat_format} if chat_format else {})}, indent=2,
-                         sort_keys=True, ensure_ascii=False))
+        print(
+            json.dumps(
+                {**result.as_dict(), **({"chat_format": chat_format} if chat_format else {})},
+                indent=2,
+                sort_keys=True,
+                ensure_ascii=False,
+            )
+        )
     else:
         if chat_format:
             from builders.views.inspect import format_line
@@ -404,9 +542,25 @@ def _download(args) -> int:
     hub = _hub(args, manifest)
     fetched = download(manifest, hub)
     if args.json:
-        print(json.dumps({"manifest": str(manifest.path), "repos": [
-            {"repo": f.repo.repo, "repo_type": f.repo.repo_type, "revision": f.repo.revision,
-             "files": [str(p) for p in f.files], "bytes": f.bytes} for f in fetched]}, indent=2, sort_keys=True))
+        print(
+            json.dumps(
+                {
+                    "manifest": str(manifest.path),
+                    "repos": [
+                        {
+                            "repo": f.repo.repo,
+                            "repo_type": f.repo.repo_type,
+                            "revision": f.repo.revision,
+                            "files": [str(p) for p in f.files],
+                            "bytes": f.bytes,
+                        }
+                        for f in fetched
+                    ],
+                },
+                indent=2,
+                sort_keys=True,
+            )
+        )
     else:
         print(describe(fetched, manifest, hub))
     return 0
@@ -428,7 +582,9 @@ def _explain(args) -> int:
     if args.json:
         out = {"manifest": str(manifest.path), **explanation.as_dict()}
         if args.writer:
-            out["writers"] = None if written is None else [w.as_dict(manifest.expect) for w in written]
+            out["writers"] = (
+                None if written is None else [w.as_dict(manifest.expect) for w in written]
+            )
         print(json.dumps(out, indent=2, sort_keys=True))
     else:
         for line in describe(explanation, manifest):
@@ -440,18 +596,30 @@ def _explain(args) -> int:
 
 
 def _manifest_from_recipe(args) -> int:
-    from builders.runtime.atomic import write_atomic
     from builders.inputs.recipe import implied_manifest, read_card
+    from builders.runtime.atomic import write_atomic
 
     implied = implied_manifest(read_card(args.from_recipe))
     if args.output is not None:
         try:
             write_atomic(args.output, implied.text.encode("utf-8"))
         except OSError as err:
-            raise OutputError(f"{args.output}: cannot write the manifest: {err.strerror or err}") from err
+            raise OutputError(
+                f"{args.output}: cannot write the manifest: {err.strerror or err}"
+            ) from err
     if args.json:
-        print(json.dumps({"card": str(args.from_recipe), "output": None if args.output is None else str(args.output),
-                          "manifest": implied.text, "notes": list(implied.notes)}, indent=2, sort_keys=True))
+        print(
+            json.dumps(
+                {
+                    "card": str(args.from_recipe),
+                    "output": None if args.output is None else str(args.output),
+                    "manifest": implied.text,
+                    "notes": list(implied.notes),
+                },
+                indent=2,
+                sort_keys=True,
+            )
+        )
     elif args.output is None:
         print(implied.text, end="")
     else:
@@ -463,34 +631,55 @@ def _manifest_from_recipe(args) -> int:
 def _check_recipe(args) -> int:
     from dataclasses import asdict
 
-    from builders.rows.figures import file_figures, verify
     from builders.inputs.recipe import compare, read_card
+    from builders.rows.figures import file_figures, verify
     from builders.rows.rowfile import check_row_file
 
     card = read_card(args.card)
     if not card.publishes_rows:
-        raise UsageError(f"{args.card}: the card publishes no rows (workload.dataset): nothing to check")
+        raise UsageError(
+            f"{args.card}: the card publishes no rows (workload.dataset): nothing to check"
+        )
     if args.manifest is None and args.name is None:
         args.name = card.value("name")
         if args.name is None:
-            raise UsageError(f"{args.card}: the card names no build (workload.dataset.build.name): give --build NAME "
-                             f"or --manifest FILE")
+            raise UsageError(
+                f"{args.card}: the card names no build (workload.dataset.build.name): give --build NAME "
+                f"or --manifest FILE"
+            )
     manifest = _manifest(args)
     checks = compare(card, manifest)
     verification = None
     if args.rows is not None:
         check_row_file(args.rows)
-        verification = verify(file_figures(args.rows, manifest.row_tokens, manifest.contract.hash), manifest)
+        verification = verify(
+            file_figures(args.rows, manifest.row_tokens, manifest.contract.hash), manifest
+        )
     differing = [c.field for c in checks if c.status == "differs"]
     lacking = [c.field for c in checks if c.status == "not on the card"]
     matches = not differing and (verification is None or verification.verified)
     if args.json:
-        print(json.dumps({"card": str(args.card), "manifest": str(manifest.path), "matches": matches,
-                          "fields": [c.as_dict() for c in checks], "notes": list(card.notes),
-                          "rows": None if verification is None else {
-                              "file": str(args.rows), "verified": verification.verified,
-                              "checks": [asdict(c) for c in verification.checks], "notes": verification.notes}},
-                         indent=2, sort_keys=True))
+        print(
+            json.dumps(
+                {
+                    "card": str(args.card),
+                    "manifest": str(manifest.path),
+                    "matches": matches,
+                    "fields": [c.as_dict() for c in checks],
+                    "notes": list(card.notes),
+                    "rows": None
+                    if verification is None
+                    else {
+                        "file": str(args.rows),
+                        "verified": verification.verified,
+                        "checks": [asdict(c) for c in verification.checks],
+                        "notes": verification.notes,
+                    },
+                },
+                indent=2,
+                sort_keys=True,
+            )
+        )
     else:
         if not args.quiet:
             for check in checks:
@@ -499,16 +688,22 @@ def _check_recipe(args) -> int:
             print(f"{args.rows} against {manifest.path}:")
             _print_checks(verification)
         outcome = "matches" if not differing else f"DIFFERS in {', '.join(differing)}"
-        print(f"card {outcome}: {args.card} against {manifest.path}"
-              + (f"; not on the card: {', '.join(lacking)}" if lacking else "")
-              + ("" if verification is None else f"; rows {_outcome(verification)}"))
+        print(
+            f"card {outcome}: {args.card} against {manifest.path}"
+            + (f"; not on the card: {', '.join(lacking)}" if lacking else "")
+            + ("" if verification is None else f"; rows {_outcome(verification)}")
+        )
     _print_notes(card.notes, args)
     return 0 if matches else VerificationError.exit_code
 
 
 def _print_field(check) -> None:
-    label = {"ok": "ok", "differs": "DIFFERS", "not on the card": "not on card",
-             "not in the manifest": "not in manifest"}[check.status]
+    label = {
+        "ok": "ok",
+        "differs": "DIFFERS",
+        "not on the card": "not on card",
+        "not in the manifest": "not in manifest",
+    }[check.status]
     card, manifest = _shown(check.card), _shown(check.manifest)
     if check.status == "ok":
         print(f"  {label:<16}{check.field}: {card} ({check.where})")
@@ -517,7 +712,9 @@ def _print_field(check) -> None:
     elif check.status == "not on the card":
         print(f"  {label:<16}{check.field} ({check.where}): manifest {manifest}")
     else:
-        print(f"  {label:<16}{check.field}: card {card} ({check.where}), not pinned by the manifest")
+        print(
+            f"  {label:<16}{check.field}: card {card} ({check.where}), not pinned by the manifest"
+        )
 
 
 def _shown(value) -> str:
@@ -544,10 +741,3 @@ def _print_checks(verification) -> None:
             print(f"  not pinned  {check.figure}: {check.got}")
     for note in verification.notes:
         print(f"note: {note}", file=sys.stderr)
-
-
-def _own_version() -> str:
-    try:
-        return metadata.version("fixed-sft")
-    except metadata.PackageNotFoundError:
-        return "unknown (not installed)"

@@ -46,7 +46,9 @@ class Contract:
         for key, value in asdict(self).items():
             default, alternatives = READINGS[key]
             if value not in (default, *alternatives):
-                raise ValueError(f"contract.{key}: unknown reading {value!r} (valid: {', '.join(valid(key))})")
+                raise ValueError(
+                    f"contract.{key}: unknown reading {value!r} (valid: {', '.join(valid(key))})"
+                )
 
     def as_dict(self) -> dict[str, str]:
         return asdict(self)

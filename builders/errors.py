@@ -5,6 +5,8 @@ template cannot render, figures that differ from the manifest) is one of these, 
 message that names what is wrong and where. Anything else is a bug and exits 1.
 """
 
+from __future__ import annotations
+
 
 class BuildError(Exception):
     """Base class: a failure with a message meant for the user."""
@@ -58,6 +60,17 @@ class ConversationError(ValueError):
     Raised where a conversation is checked, without knowing where it came from; the builder
     turns it into a SourceDataError naming the source row, the on-the-fly mask into a ValueError.
     """
+
+    conversation: int | None = (
+        None  # where a batch was checked at once: the conversation's place in it
+    )
+
+    @classmethod
+    def at(cls, conversation: int, message: str) -> ConversationError:
+        """The error of the conversation at ``conversation`` in a batch."""
+        err = cls(message)
+        err.conversation = conversation
+        return err
 
 
 class EngineDisagreement(BuildError):

@@ -19,11 +19,17 @@ import yaml
 
 from builders.contract import DEFAULT, KEYS, Contract, valid
 from builders.errors import ManifestError
-from builders.formats import FORMATS, PEER_READINGS, format_class
+from builders.formats import FORMATS, PEER_FORMATS, format_class
 
 LOSS_MASKS = tuple(FORMATS)
-TEMPLATE_FILES = ("chat_template.jinja", "tokenizer_config.json")  # where the chat template may come from
-TOKENIZER_FILES = ("tokenizer.json", *TEMPLATE_FILES)  # the files a build may read from the tokenizer repo
+TEMPLATE_FILES = (
+    "chat_template.jinja",
+    "tokenizer_config.json",
+)  # where the chat template may come from
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    *TEMPLATE_FILES,
+)  # the files a build may read from the tokenizer repo
 FORMAT_FIELDS = ("eos", "stop", "prefills", "template_vars", "render_date", "chat_template_name")
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -46,8 +52,13 @@ class DatasetPin:
     permutation_sha256: str | None = None
     files: str | None = None  # a glob in the snapshot; None: data/{split}-*.parquet
     messages: str = "messages"  # the column (field) holding the conversation
-    keys: tuple[str, str] = ("role", "content")  # the fields of a message holding its role and its content
-    roles: tuple[tuple[str, str], ...] | None = None  # (stored name, template's name); None: as stored
+    keys: tuple[str, str] = (
+        "role",
+        "content",
+    )  # the fields of a message holding its role and its content
+    roles: tuple[tuple[str, str], ...] | None = (
+        None  # (stored name, template's name); None: as stored
+    )
     id: str | None = "id"  # the provenance id's column; None: the source index is the id
     take: int | None = None  # keep this many rows, chosen by the seed (mixtures)
 
@@ -59,13 +70,27 @@ class DatasetPin:
     def recipe(self, prefix: str) -> dict:
         """What of this pin the rows depend on, by field name under ``prefix``: the repo, revision and split,
         and each layout field, ``take`` included, where it is not the default."""
-        layout = {"files": self.files, "messages": None if self.messages == "messages" else self.messages,
-                  "keys": None if self.keys == ("role", "content") else dict(zip(("role", "content"), self.keys)),
-                  "roles": None if self.roles is None else dict(self.roles), "take": self.take}
+        layout = {
+            "files": self.files,
+            "messages": None if self.messages == "messages" else self.messages,
+            "keys": None
+            if self.keys == ("role", "content")
+            else dict(zip(("role", "content"), self.keys)),
+            "roles": None if self.roles is None else dict(self.roles),
+            "take": self.take,
+        }
         if self.id != "id":
             layout["id"] = self.id
-        return {f"{prefix}.repo": self.repo, f"{prefix}.revision": self.revision, f"{prefix}.split": self.split,
-                **{f"{prefix}.{key}": value for key, value in layout.items() if value is not None or key == "id"}}
+        return {
+            f"{prefix}.repo": self.repo,
+            f"{prefix}.revision": self.revision,
+            f"{prefix}.split": self.split,
+            **{
+                f"{prefix}.{key}": value
+                for key, value in layout.items()
+                if value is not None or key == "id"
+            },
+        }
 
 
 @dataclass(frozen=True)
@@ -74,10 +99,14 @@ class TokenizerPin:
 
     repo: str
     revision: str
-    sha256: dict[str, str]  # file name -> sha256: tokenizer.json, and chat_template.jinja and/or tokenizer_config.json
+    sha256: dict[
+        str, str
+    ]  # file name -> sha256: tokenizer.json, and chat_template.jinja and/or tokenizer_config.json
     eos: str | None = None  # the token joined after every conversation
     stop: tuple[str, ...] = ()  # the tokens that end an answer
-    prefills: tuple[dict, ...] = ({},)  # template variables whose generation prompts can start an answer
+    prefills: tuple[dict, ...] = (
+        {},
+    )  # template variables whose generation prompts can start an answer
     template_vars: dict = field(default_factory=dict)  # variables every render gets
     render_date: str | None = None  # what strftime_now sees (ISO date)
     chat_template_name: str | None = None  # which of tokenizer_config.json's named templates
@@ -129,11 +158,23 @@ class Manifest:
         """Everything the manifest says that the rows depend on, by field name (``dataset.revision``, ...):
         a build records it in its report, so that a file's rows can be told from its inputs later."""
         return {
-            **{field: value for j, pin in enumerate(self.datasets)
-               for field, value in pin.recipe("dataset" if not self.mixture else f"datasets[{j}]").items()},
-            "tokenizer.repo": self.tokenizer.repo, "tokenizer.revision": self.tokenizer.revision,
-            **{f"tokenizer.sha256.{name}": digest for name, digest in sorted(self.tokenizer.sha256.items())},
-            "loss_mask": self.loss_mask, "seed": self.seed, "row_tokens": self.row_tokens, "rows": self.rows,
+            **{
+                field: value
+                for j, pin in enumerate(self.datasets)
+                for field, value in pin.recipe(
+                    "dataset" if not self.mixture else f"datasets[{j}]"
+                ).items()
+            },
+            "tokenizer.repo": self.tokenizer.repo,
+            "tokenizer.revision": self.tokenizer.revision,
+            **{
+                f"tokenizer.sha256.{name}": digest
+                for name, digest in sorted(self.tokenizer.sha256.items())
+            },
+            "loss_mask": self.loss_mask,
+            "seed": self.seed,
+            "row_tokens": self.row_tokens,
+            "rows": self.rows,
             **{f"contract.{key}": value for key, value in self.contract.as_dict().items()},
         }
 
@@ -141,7 +182,9 @@ class Manifest:
     def dataset(self) -> DatasetPin:
         """The pin of a manifest with one dataset (``dataset:``); a mixture has several (``datasets``)."""
         if len(self.datasets) != 1:
-            raise ValueError(f"{self.name} is a mixture of {len(self.datasets)} datasets: use .datasets")
+            raise ValueError(
+                f"{self.name} is a mixture of {len(self.datasets)} datasets: use .datasets"
+            )
         return self.datasets[0]
 
     @property
@@ -171,7 +214,11 @@ YamlLoader.add_constructor("tag:yaml.org,2002:float", _float_text)
 def cli_command(command: str, manifest: Manifest, portable: bool = False) -> str:
     """This project's command line for ``command`` on ``manifest``: as it runs in this environment
     (this Python), or, ``portable``, as it runs wherever fixed-sft is installed (``fixed-sft``)."""
-    which = f"--build {manifest.name}" if is_shipped(manifest) else f"--manifest {shlex.quote(str(manifest.path))}"
+    which = (
+        f"--build {manifest.name}"
+        if is_shipped(manifest)
+        else f"--manifest {shlex.quote(str(manifest.path))}"
+    )
     program = "fixed-sft" if portable else f"{shlex.quote(sys.executable)} -m builders"
     return f"{program} {command} {which}"
 
@@ -195,9 +242,16 @@ def shipped_manifest(name: str, folder: str | Path | None = None) -> Manifest:
     Works the same from a checkout and from an installed wheel, whatever the working directory:
     ``RowReader(path, shipped_manifest("glm47flash-tulu3-fixed8192-v1"), verify=True)``.
     """
-    if not isinstance(name, str) or Path(name).name != name or name in ("", ".", "..") or name.endswith(".yaml"):
-        raise ManifestError(f"a manifest name is a plain name such as 'fixture-synthetic-v1', not {name!r} "
-                            f"(load a manifest file with load_manifest(path))")
+    if (
+        not isinstance(name, str)
+        or Path(name).name != name
+        or name in ("", ".", "..")
+        or name.endswith(".yaml")
+    ):
+        raise ManifestError(
+            f"a manifest name is a plain name such as 'fixture-synthetic-v1', not {name!r} "
+            f"(load a manifest file with load_manifest(path))"
+        )
     folder = Path(folder) if folder is not None else shipped_manifests()
     path = folder / f"{name}.yaml"
     if not path.is_file():
@@ -232,17 +286,40 @@ def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = No
     except yaml.YAMLError as err:
         raise ManifestError(f"{source}: not valid YAML: {err}") from err
     check = FieldChecker(source)
-    top = check.mapping(doc, "", required=("name", "tokenizer", "loss_mask", "seed", "row_tokens", "rows"),
-                        optional=("dataset", "datasets", "expect", "contract"))
+    top = check.mapping(
+        doc,
+        "",
+        required=("name", "tokenizer", "loss_mask", "seed", "row_tokens", "rows"),
+        optional=("dataset", "datasets", "expect", "contract"),
+    )
     datasets = check.datasets(top)
-    tok = check.mapping(top["tokenizer"], "tokenizer", required=("repo", "revision", "sha256"), optional=FORMAT_FIELDS)
-    sha = check.mapping(tok["sha256"], "tokenizer.sha256", required=("tokenizer.json",), optional=TEMPLATE_FILES)
+    tok = check.mapping(
+        top["tokenizer"],
+        "tokenizer",
+        required=("repo", "revision", "sha256"),
+        optional=FORMAT_FIELDS,
+    )
+    sha = check.mapping(
+        tok["sha256"], "tokenizer.sha256", required=("tokenizer.json",), optional=TEMPLATE_FILES
+    )
     if not any(name in sha for name in TEMPLATE_FILES):
-        check.fail("tokenizer.sha256.chat_template.jinja", "missing: pin chat_template.jinja, or tokenizer_config.json "
-                                                           "(whose chat_template is then the template)")
-    exp = check.mapping(top.get("expect") or {}, "expect",
-                        optional=("rows_sha256", "parquet_sha256", "parquet_bytes", "supervised_token_ratio",
-                                  "padding_tokens", "writer"))
+        check.fail(
+            "tokenizer.sha256.chat_template.jinja",
+            "missing: pin chat_template.jinja, or tokenizer_config.json "
+            "(whose chat_template is then the template)",
+        )
+    exp = check.mapping(
+        top.get("expect") or {},
+        "expect",
+        optional=(
+            "rows_sha256",
+            "parquet_sha256",
+            "parquet_bytes",
+            "supervised_token_ratio",
+            "padding_tokens",
+            "writer",
+        ),
+    )
     loss_mask = check.string(top["loss_mask"], "loss_mask")
     if loss_mask not in LOSS_MASKS:
         check.fail("loss_mask", f"unknown loss mask {loss_mask!r} (known: {', '.join(LOSS_MASKS)})")
@@ -255,8 +332,11 @@ def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = No
         tokenizer=TokenizerPin(
             repo=check.repo_id(tok["repo"], "tokenizer.repo"),
             revision=check.commit(tok["revision"], "tokenizer.revision"),
-            sha256={name: check.sha256(sha[name], f"tokenizer.sha256.{name}") for name in TOKENIZER_FILES
-                    if name in sha},
+            sha256={
+                name: check.sha256(sha[name], f"tokenizer.sha256.{name}")
+                for name in TOKENIZER_FILES
+                if name in sha
+            },
             **check.format_fields(tok, loss_mask),
         ),
         loss_mask=loss_mask,
@@ -265,13 +345,24 @@ def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = No
         rows=check.positive_int(top["rows"], "rows"),
         expect=Expect(
             rows_sha256=check.optional(exp, "rows_sha256", "expect.rows_sha256", check.sha256),
-            parquet_sha256=check.optional(exp, "parquet_sha256", "expect.parquet_sha256", check.sha256),
-            parquet_bytes=check.optional(exp, "parquet_bytes", "expect.parquet_bytes", check.positive_int),
-            supervised_token_ratio=check.optional(exp, "supervised_token_ratio", "expect.supervised_token_ratio",
-                                                  check.ratio),
-            padding_tokens=check.optional(exp, "padding_tokens", "expect.padding_tokens", check.non_negative_int),
-            writer=check.optional(exp, "writer", "expect.writer",
-                                  lambda v, f: check.pattern(v, f, _WRITER, "'pyarrow X.Y.Z'")),
+            parquet_sha256=check.optional(
+                exp, "parquet_sha256", "expect.parquet_sha256", check.sha256
+            ),
+            parquet_bytes=check.optional(
+                exp, "parquet_bytes", "expect.parquet_bytes", check.positive_int
+            ),
+            supervised_token_ratio=check.optional(
+                exp, "supervised_token_ratio", "expect.supervised_token_ratio", check.ratio
+            ),
+            padding_tokens=check.optional(
+                exp, "padding_tokens", "expect.padding_tokens", check.non_negative_int
+            ),
+            writer=check.optional(
+                exp,
+                "writer",
+                "expect.writer",
+                lambda v, f: check.pattern(v, f, _WRITER, "'pyarrow X.Y.Z'"),
+            ),
         ),
         contract=contract,
         path=path,
@@ -296,7 +387,10 @@ class FieldChecker:
     def mapping(self, value, name: str, required=(), optional=()) -> dict:
         for key in self.any_mapping(value, name):
             if key not in required and key not in optional:
-                self.fail(_join(name, str(key)), f"unknown field (known: {', '.join((*required, *optional))})")
+                self.fail(
+                    _join(name, str(key)),
+                    f"unknown field (known: {', '.join((*required, *optional))})",
+                )
         for key in required:
             if key not in value:
                 self.fail(_join(name, key), "missing")
@@ -305,47 +399,82 @@ class FieldChecker:
     def datasets(self, top: dict) -> tuple[DatasetPin, ...]:
         """``dataset:`` (one pin) or ``datasets:`` (a mixture: a list of pins), exactly one of them."""
         if ("dataset" in top) == ("datasets" in top):
-            self.fail("dataset", "give either dataset: (one pin) or datasets: (a list of pins, a mixture), "
-                                 "not both" if "dataset" in top else "missing (or datasets: for a mixture)")
+            self.fail(
+                "dataset",
+                "give either dataset: (one pin) or datasets: (a list of pins, a mixture), not both"
+                if "dataset" in top
+                else "missing (or datasets: for a mixture)",
+            )
         if "dataset" in top:
             return (self.dataset_pin(top["dataset"], "dataset", mixture=False),)
         pins = top["datasets"]
         if not isinstance(pins, list) or not pins:
             self.fail("datasets", f"expected a non-empty list of dataset pins, got {pins!r}")
-        return tuple(self.dataset_pin(pin, f"datasets[{j}]", mixture=True) for j, pin in enumerate(pins))
+        return tuple(
+            self.dataset_pin(pin, f"datasets[{j}]", mixture=True) for j, pin in enumerate(pins)
+        )
 
     def dataset_pin(self, value, name: str, mixture: bool) -> DatasetPin:
-        optional = ("split", "license", "rows", "files", "messages", "keys", "roles", "id", "take",
-                    *(() if mixture else ("permutation_sha256",)))  # a mixture's permutation is of all its sources
+        optional = (
+            "split",
+            "license",
+            "rows",
+            "files",
+            "messages",
+            "keys",
+            "roles",
+            "id",
+            "take",
+            *(() if mixture else ("permutation_sha256",)),
+        )  # a mixture's permutation is of all its sources
         ds = self.mapping(value, name, required=("repo", "revision"), optional=optional)
         files = self.optional(ds, "files", f"{name}.files", self.glob)
         if files is None and ds.get("split") is None:
-            self.fail(f"{name}.split", "missing (it names the files data/{split}-*.parquet; or give files:)")
-        keys = self.mapping(ds.get("keys") or {"role": "role", "content": "content"}, f"{name}.keys",
-                            required=("role", "content"))
+            self.fail(
+                f"{name}.split",
+                "missing (it names the files data/{split}-*.parquet; or give files:)",
+            )
+        keys = self.mapping(
+            ds.get("keys") or {"role": "role", "content": "content"},
+            f"{name}.keys",
+            required=("role", "content"),
+        )
         roles = self.optional(ds, "roles", f"{name}.roles", self.role_names)
         return DatasetPin(
             repo=self.repo_id(ds["repo"], f"{name}.repo"),
             revision=self.commit(ds["revision"], f"{name}.revision"),
-            split=self.optional(ds, "split", f"{name}.split",
-                                lambda v, f: self.pattern(v, f, _SPLIT, "a split name such as 'train'")),
+            split=self.optional(
+                ds,
+                "split",
+                f"{name}.split",
+                lambda v, f: self.pattern(v, f, _SPLIT, "a split name such as 'train'"),
+            ),
             license=self.optional(ds, "license", f"{name}.license", self.string),
             rows=self.optional(ds, "rows", f"{name}.rows", self.positive_int),
-            permutation_sha256=self.optional(ds, "permutation_sha256", f"{name}.permutation_sha256", self.sha256),
+            permutation_sha256=self.optional(
+                ds, "permutation_sha256", f"{name}.permutation_sha256", self.sha256
+            ),
             files=files,
             messages=self.field_name(ds.get("messages", "messages"), f"{name}.messages"),
-            keys=(self.field_name(keys["role"], f"{name}.keys.role"),
-                  self.field_name(keys["content"], f"{name}.keys.content")),
+            keys=(
+                self.field_name(keys["role"], f"{name}.keys.role"),
+                self.field_name(keys["content"], f"{name}.keys.content"),
+            ),
             roles=roles,
             # id: null (written out) means the source index is the id; absent means the column 'id'
-            id=None if "id" in ds and ds["id"] is None else self.field_name(ds.get("id", "id"), f"{name}.id"),
+            id=None
+            if "id" in ds and ds["id"] is None
+            else self.field_name(ds.get("id", "id"), f"{name}.id"),
             take=self.optional(ds, "take", f"{name}.take", self.positive_int),
         )
 
     def glob(self, value, name: str) -> str:
         value = self.string(value, name)
         if not value or value.startswith("/") or "\\" in value or ".." in value.split("/"):
-            self.fail(name, f"expected a glob of files inside the snapshot (such as 'data/*.jsonl'), got {value!r}")
+            self.fail(
+                name,
+                f"expected a glob of files inside the snapshot (such as 'data/*.jsonl'), got {value!r}",
+            )
         return value
 
     def field_name(self, value, name: str) -> str:
@@ -357,9 +486,14 @@ class FieldChecker:
     def role_names(self, value, name: str) -> tuple[tuple[str, str], ...]:
         """``roles:``: stored role name → the template's role name."""
         if not isinstance(value, dict) or not value:
-            self.fail(name, f"expected a mapping of stored role names to the template's, got {_kind(value)}")
-        return tuple((self.field_name(k, f"{name} (a stored role name)"), self.field_name(v, f"{name}.{k}"))
-                     for k, v in value.items())
+            self.fail(
+                name,
+                f"expected a mapping of stored role names to the template's, got {_kind(value)}",
+            )
+        return tuple(
+            (self.field_name(k, f"{name} (a stored role name)"), self.field_name(v, f"{name}.{k}"))
+            for k, v in value.items()
+        )
 
     def optional(self, mapping: dict, key: str, name: str, check):
         return None if mapping.get(key) is None else check(mapping[key], name)
@@ -376,7 +510,9 @@ class FieldChecker:
         return value
 
     def plain_name(self, value, name: str) -> str:
-        return self.pattern(value, name, _PLAIN_NAME, "a plain file name (letters, digits, '.', '_', '-')")
+        return self.pattern(
+            value, name, _PLAIN_NAME, "a plain file name (letters, digits, '.', '_', '-')"
+        )
 
     def repo_id(self, value, name: str) -> str:
         return self.pattern(value, name, _REPO_ID, "a Hub repo id 'owner/name'")
@@ -404,7 +540,10 @@ class FieldChecker:
         readings = self.mapping(value, "contract", optional=KEYS)
         for key, reading in readings.items():
             if reading not in valid(key):
-                self.fail(f"contract.{key}", f"unknown reading {reading!r} (valid: {', '.join(valid(key))})")
+                self.fail(
+                    f"contract.{key}",
+                    f"unknown reading {reading!r} (valid: {', '.join(valid(key))})",
+                )
         return Contract(**readings)
 
     def format_fields(self, tok: dict, loss_mask: str) -> dict:
@@ -413,14 +552,20 @@ class FieldChecker:
         given = [key for key in FORMAT_FIELDS if key in tok]
         if loss_mask == "glm5":
             if given:
-                self.fail(f"tokenizer.{given[0]}", "loss_mask glm5 fixes its tokens and renders with no variables; "
-                                                  "this field is for the other chat formats (loss_mask: turns)")
+                self.fail(
+                    f"tokenizer.{given[0]}",
+                    "loss_mask glm5 fixes its tokens and renders with no variables; "
+                    "this field is for the other chat formats (loss_mask: turns)",
+                )
             return {}
-        peer = loss_mask in PEER_READINGS
+        peer = loss_mask in PEER_FORMATS
         if peer and (unused := [key for key in ("stop", "prefills") if key in tok]):
-            self.fail(f"tokenizer.{unused[0]}", f"does not apply to loss_mask {loss_mask}: a peer reading supervises "
-                                                f"what the peer does, and only tokenizer.eos is joined after each "
-                                                f"conversation (unsupervised)")
+            self.fail(
+                f"tokenizer.{unused[0]}",
+                f"does not apply to loss_mask {loss_mask}: a peer format supervises "
+                f"what the peer does, and only tokenizer.eos is joined after each "
+                f"conversation (unsupervised)",
+            )
         for key in ("eos",) if peer else ("eos", "stop"):
             if key not in tok:
                 self.fail(f"tokenizer.{key}", f"missing (loss_mask {loss_mask} needs it)")
@@ -430,14 +575,23 @@ class FieldChecker:
         if "prefills" in tok:
             prefills = tok["prefills"]
             if not isinstance(prefills, list) or not prefills:
-                self.fail("tokenizer.prefills", f"expected a non-empty list of mappings, got {_kind(prefills)}")
-            fields["prefills"] = tuple(self.variables(v, f"tokenizer.prefills[{k}]") for k, v in enumerate(prefills))
+                self.fail(
+                    "tokenizer.prefills",
+                    f"expected a non-empty list of mappings, got {_kind(prefills)}",
+                )
+            fields["prefills"] = tuple(
+                self.variables(v, f"tokenizer.prefills[{k}]") for k, v in enumerate(prefills)
+            )
         if "template_vars" in tok:
-            fields["template_vars"] = self.variables(tok["template_vars"], "tokenizer.template_vars")
+            fields["template_vars"] = self.variables(
+                tok["template_vars"], "tokenizer.template_vars"
+            )
         if tok.get("render_date") is not None:
             fields["render_date"] = self.date(tok["render_date"], "tokenizer.render_date")
         if tok.get("chat_template_name") is not None:
-            fields["chat_template_name"] = self.string(tok["chat_template_name"], "tokenizer.chat_template_name")
+            fields["chat_template_name"] = self.string(
+                tok["chat_template_name"], "tokenizer.chat_template_name"
+            )
         return fields
 
     def strings(self, value, name: str) -> tuple[str, ...]:
@@ -474,7 +628,13 @@ class FieldChecker:
     def ratio(self, value, name: str) -> Ratio:
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             self.fail(name, f"expected a number, got {_kind(value)}")
-        text = value.text if isinstance(value, _FloatText) else value if isinstance(value, str) else repr(value)
+        text = (
+            value.text
+            if isinstance(value, _FloatText)
+            else value
+            if isinstance(value, str)
+            else repr(value)
+        )
         try:
             number = Decimal(text)
         except InvalidOperation:

@@ -9,8 +9,14 @@ from __future__ import annotations
 from builders.errors import ConversationError
 
 ROLES = ("system", "user", "assistant", "tool")
-MESSAGE_KEYS = ("role", "content", "reasoning_content")
-STEP_LOSS_MASK = "step_loss_mask"  # miles' per-message field: an answer whose value is not 1 is not supervised
+TEXT_FIELDS = ("content", "reasoning_content")  # what a template may print of a message
+OPTIONAL_TEXT_FIELDS = TEXT_FIELDS[
+    1:
+]  # read where a file has them; the role and content are the layout's keys
+MESSAGE_KEYS = ("role", *TEXT_FIELDS)
+STEP_LOSS_MASK = (
+    "step_loss_mask"  # miles' per-message field: an answer whose value is not 1 is not supervised
+)
 
 
 def split_step_loss_mask(messages) -> tuple[list, frozenset[int]]:
@@ -18,12 +24,19 @@ def split_step_loss_mask(messages) -> tuple[list, frozenset[int]]:
 
     The template never sees the field; a null one is absent (as a parquet struct column's is).
     """
-    if not isinstance(messages, list) or not any(isinstance(m, dict) and STEP_LOSS_MASK in m for m in messages):
+    if not isinstance(messages, list) or not any(
+        isinstance(m, dict) and STEP_LOSS_MASK in m for m in messages
+    ):
         return messages, frozenset()
-    untrained = frozenset(i for i, m in enumerate(messages)
-                          if isinstance(m, dict) and m.get(STEP_LOSS_MASK) not in (None, 1))
-    return [{k: v for k, v in m.items() if k != STEP_LOSS_MASK} if isinstance(m, dict) else m
-            for m in messages], untrained
+    untrained = frozenset(
+        i
+        for i, m in enumerate(messages)
+        if isinstance(m, dict) and m.get(STEP_LOSS_MASK) not in (None, 1)
+    )
+    return [
+        {k: v for k, v in m.items() if k != STEP_LOSS_MASK} if isinstance(m, dict) else m
+        for m in messages
+    ], untrained
 
 
 def normalize_messages(messages) -> list[dict]:
@@ -35,27 +48,39 @@ def normalize_messages(messages) -> list[dict]:
     if not isinstance(messages, list):
         raise ConversationError(f"messages is {type(messages).__name__}, not a list")
     if not messages:
-        raise ConversationError("the conversation has no messages (apply_chat_template refuses an empty one)")
+        raise ConversationError(
+            "the conversation has no messages (apply_chat_template refuses an empty one)"
+        )
     normalized = []
     for position, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise ConversationError(f"message {position} is {type(message).__name__}, not a mapping")
+            raise ConversationError(
+                f"message {position} is {type(message).__name__}, not a mapping"
+            )
         message = {key: value for key, value in message.items() if value is not None}
         for key in message:
             if key not in MESSAGE_KEYS:
-                raise ConversationError(f"message {position} has unsupported field {key!r} "
-                                        f"(supported: {', '.join(MESSAGE_KEYS)})")
+                raise ConversationError(
+                    f"message {position} has unsupported field {key!r} "
+                    f"(supported: {', '.join(MESSAGE_KEYS)})"
+                )
         role = message.get("role")
         if role not in ROLES:
-            raise ConversationError(f"message {position} has role {role!r} (supported: {', '.join(ROLES)})")
-        for key in ("content", "reasoning_content"):
+            raise ConversationError(
+                f"message {position} has role {role!r} (supported: {', '.join(ROLES)})"
+            )
+        for key in TEXT_FIELDS:
             if key in message and not isinstance(message[key], str):
-                raise ConversationError(f"message {position} ({role}) has {key} of type "
-                                        f"{type(message[key]).__name__}, not a string")
+                raise ConversationError(
+                    f"message {position} ({role}) has {key} of type "
+                    f"{type(message[key]).__name__}, not a string"
+                )
         if "content" not in message:
             raise ConversationError(f"message {position} ({role}) has no content")
         if "reasoning_content" in message and role != "assistant":
-            raise ConversationError(f"message {position} ({role}) has reasoning_content, which only an "
-                                    f"assistant message may have")
+            raise ConversationError(
+                f"message {position} ({role}) has reasoning_content, which only an "
+                f"assistant message may have"
+            )
         normalized.append(message)
     return normalized

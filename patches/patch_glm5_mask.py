@@ -22,8 +22,8 @@ EDITS = {
     "miles/utils/mask_utils.py": (
         '        else:\n            raise ValueError(f"Unsupported tokenizer type: {self.tokenizer_type}")\n',
         f'        elif self.tokenizer_type == "glm5":  {MARKER}\n'
-        '            from builders.training.live_mask import glm5_loss_mask\n\n'
-        '            return glm5_loss_mask(self.tokenizer, messages, tools)\n'
+        "            from builders.training.live_mask import glm5_loss_mask\n\n"
+        "            return glm5_loss_mask(self.tokenizer, messages, tools)\n"
         '        else:\n            raise ValueError(f"Unsupported tokenizer type: {self.tokenizer_type}")\n',
     ),
     "miles/utils/arguments.py": (
@@ -44,8 +44,10 @@ def patch(miles: Path, check_only: bool = False) -> list[str]:
         if MARKER in text:
             continue
         if text.count(anchor) != 1:
-            raise SystemExit(f"error: {path}: the lines to patch are not there once ({anchor.strip()!r}); "
-                             f"this patch is made for miles commit 78527b91")
+            raise SystemExit(
+                f"error: {path}: the lines to patch are not there once ({anchor.strip()!r}); "
+                f"this patch is made for miles commit 78527b91"
+            )
         pending.append(relative)
         texts[path] = text.replace(anchor, replacement)
     if not check_only:
@@ -55,9 +57,15 @@ def patch(miles: Path, check_only: bool = False) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("miles", type=Path, help="the miles checkout (the folder that holds miles/)")
-    parser.add_argument("--check", action="store_true", help="only report whether the patch is applied")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "miles", type=Path, help="the miles checkout (the folder that holds miles/)"
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="only report whether the patch is applied"
+    )
     args = parser.parse_args(argv)
     pending = patch(args.miles, check_only=args.check)
     if args.check:

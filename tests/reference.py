@@ -26,12 +26,22 @@ import pyarrow.parquet as pq
 from transformers import PreTrainedTokenizerFast
 
 STOP = ("<|endoftext|>", "<|user|>", "<|observation|>")
-DEFAULTS = {"order": "numpy-generator", "encode": "plain", "mask_rule": "structure", "eos": "after-answer",
-            "final": "eos", "prefill": "after-prefill", "stop": "supervised", "skip": "skip-unsupervised",
-            "hash": "u4-u1"}
+DEFAULTS = {
+    "order": "numpy-generator",
+    "encode": "plain",
+    "mask_rule": "structure",
+    "eos": "after-answer",
+    "final": "eos",
+    "prefill": "after-prefill",
+    "stop": "supervised",
+    "skip": "skip-unsupervised",
+    "hash": "u4-u1",
+}
 
 
-def pieces(messages: list[dict], prefill_reading: str = "after-prefill") -> list[tuple[str, str, str]]:
+def pieces(
+    messages: list[dict], prefill_reading: str = "after-prefill"
+) -> list[tuple[str, str, str]]:
     """(role, prefill, rest) per rendered piece, following the contract's description; the prefill
     of an answer is what ``prefill_reading`` leaves unsupervised."""
     out = [("prefix", "[gMASK]<sop>", "")]
@@ -83,8 +93,9 @@ def refuse_undefined(messages) -> None:
             raise ValueError(f"unsupported role in {m!r}")
         if not isinstance(m.get("content"), str):
             raise ValueError(f"content is not a string in {m!r}")
-        if m.get("reasoning_content") is not None and (m["role"] != "assistant"
-                                                       or not isinstance(m["reasoning_content"], str)):
+        if m.get("reasoning_content") is not None and (
+            m["role"] != "assistant" or not isinstance(m["reasoning_content"], str)
+        ):
             raise ValueError(f"reasoning_content where it cannot be in {m!r}")
 
 
@@ -94,7 +105,9 @@ class Reference:
         self.template = chat_template
         self.eos = self.tok.convert_tokens_to_ids("<|endoftext|>")
 
-    def conversation(self, messages: list[dict], untrained=frozenset(), readings: dict | None = None):
+    def conversation(
+        self, messages: list[dict], untrained=frozenset(), readings: dict | None = None
+    ):
         """Token ids and mask of one conversation followed by its EOS (as ``eos`` says), or None
         where a slime rule finds no answer header.
 
@@ -105,13 +118,19 @@ class Reference:
         refuse_undefined(messages)
         messages = [{k: v for k, v in m.items() if v is not None} for m in messages]
         text = self.tok.apply_chat_template(messages, chat_template=self.template, tokenize=False)
-        template_ids = self.tok.apply_chat_template(messages, chat_template=self.template, tokenize=True)
+        template_ids = self.tok.apply_chat_template(
+            messages, chat_template=self.template, tokenize=True
+        )
         if hasattr(template_ids, "keys"):
             template_ids = template_ids["input_ids"]
         last = len(messages) - 1
         ends_with_answer = messages[-1]["role"] == "assistant" and last not in untrained
         if r["mask_rule"] == "structure":
-            appended = "<|user|>" if r["final"] == "append-stop" and messages[-1]["role"] == "assistant" else ""
+            appended = (
+                "<|user|>"
+                if r["final"] == "append-stop" and messages[-1]["role"] == "assistant"
+                else ""
+            )
             ids, mask = self._structure(messages, text, untrained, r)
             assert ids == list(template_ids)
             if appended:
@@ -123,17 +142,29 @@ class Reference:
             ids, mask, appended = slimed
         if r["encode"] == "add-special":
             ids, mask = self._post_processed(text + appended, ids, mask)
-        eos = {"after-answer": int(ends_with_answer), "supervised": 1, "unsupervised": 0, "none": None}[r["eos"]]
+        eos = {
+            "after-answer": int(ends_with_answer),
+            "supervised": 1,
+            "unsupervised": 0,
+            "none": None,
+        }[r["eos"]]
         return (ids, mask) if eos is None else (ids + [self.eos], mask + [eos])
 
     def _structure(self, messages, text, untrained, r):
         """The glm5 rule from the message structure, tokens placed by their character offsets."""
         encoding = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
         ids, offsets = encoding["input_ids"], encoding["offset_mapping"]
-        regions, at = [], 0  # (start, end, supervised, piece) of each piece's prefill and rest, in characters
+        regions, at = (
+            [],
+            0,
+        )  # (start, end, supervised, piece) of each piece's prefill and rest, in characters
         ps = pieces(messages, r["prefill"])
-        assert "".join(a + b for _, a, b in ps) == text, "reference pieces differ from the template's rendering"
-        answer_pieces = [role == "assistant" and k - 1 not in untrained for k, (role, _, _) in enumerate(ps)]
+        assert "".join(a + b for _, a, b in ps) == text, (
+            "reference pieces differ from the template's rendering"
+        )
+        answer_pieces = [
+            role == "assistant" and k - 1 not in untrained for k, (role, _, _) in enumerate(ps)
+        ]
         for k, (role, prefill, rest) in enumerate(ps):
             regions.append((at, at + len(prefill), False, k))
             at += len(prefill)
@@ -153,7 +184,11 @@ class Reference:
     def _slime(self, messages, text, rule):
         """The slime PRs' glm5 masks, character by character, as the PRs compute them."""
         appended = ""
-        if rule == "slime-pr1844" and messages[-1]["role"] == "assistant" and not text.endswith(STOP):
+        if (
+            rule == "slime-pr1844"
+            and messages[-1]["role"] == "assistant"
+            and not text.endswith(STOP)
+        ):
             appended = "<|user|>"
         full = text + appended
         char_mask = [0] * len(full)
@@ -166,7 +201,11 @@ class Reference:
                 return None
             content_start = header + len("<|assistant|>")
             if rule == "slime-pr1844":
-                found = [(full.find(s, content_start), s) for s in STOP if full.find(s, content_start) >= 0]
+                found = [
+                    (full.find(s, content_start), s)
+                    for s in STOP
+                    if full.find(s, content_start) >= 0
+                ]
                 stop = min(found) if found else None
                 span_end = stop[0] if stop else len(full)
                 cursor = span_end
@@ -190,16 +229,19 @@ class Reference:
                         end = at
                 cursor = end
                 start = content_start
-                if full[start:start + len("</think>")] == "</think>":
+                if full[start : start + len("</think>")] == "</think>":
                     start += len("</think>")
-                elif full[start:start + len("<think>")] == "<think>":
+                elif full[start : start + len("<think>")] == "<think>":
                     close = full.find("</think>", start)
                     if 0 <= close < end:
                         start = close + len("</think>")
                 for pos in range(start, end):
                     char_mask[pos] = 1
         encoding = self.tok(full, add_special_tokens=False, return_offsets_mapping=True)
-        mask = [1 if end > start and any(char_mask[start:end]) else 0 for start, end in encoding["offset_mapping"]]
+        mask = [
+            1 if end > start and any(char_mask[start:end]) else 0
+            for start, end in encoding["offset_mapping"]
+        ]
         return list(encoding["input_ids"]), mask, appended
 
     def _post_processed(self, text, ids, mask):
@@ -241,7 +283,11 @@ def read_dataset(snapshot: Path, pin: dict) -> list[dict]:
         if name.endswith(".parquet"):
             records = pq.read_table(path).to_pylist()
         elif name.endswith(".jsonl"):
-            records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            records = [
+                json.loads(line)
+                for line in path.read_text(encoding="utf-8").splitlines()
+                if line.strip()
+            ]
         else:
             records = json.loads(path.read_text(encoding="utf-8"))
         for record in records:
@@ -253,7 +299,9 @@ def read_dataset(snapshot: Path, pin: dict) -> list[dict]:
                     message["reasoning_content"] = m["reasoning_content"]
                 messages.append(message)
             id_field = pin["id"] if "id" in pin else "id"
-            rows.append({"id": None if id_field is None else str(record[id_field]), "messages": messages})
+            rows.append(
+                {"id": None if id_field is None else str(record[id_field]), "messages": messages}
+            )
     return rows
 
 
@@ -264,7 +312,9 @@ def mixture(datasets: list[tuple[Path, dict]], seed: int) -> tuple[list[dict], l
     for j, (snapshot, pin) in enumerate(datasets):
         own = read_dataset(snapshot, pin)
         if "take" in pin:
-            chosen = sorted(np.random.default_rng([seed, j]).permutation(len(own))[:pin["take"]].tolist())
+            chosen = sorted(
+                np.random.default_rng([seed, j]).permutation(len(own))[: pin["take"]].tolist()
+            )
         else:
             chosen = range(len(own))
         kept += [len(rows) + k for k in chosen]
@@ -295,8 +345,18 @@ def stream_order(reading: str, seed: int, n: int) -> list[int]:
     return list(range(n))
 
 
-def reference_rows(files, tokenizer_json, chat_template, seed, row_tokens, rows, readings: dict | None = None,
-                   source: list[dict] | None = None, kept: list[int] | None = None, consumed: list | None = None):
+def reference_rows(
+    files,
+    tokenizer_json,
+    chat_template,
+    seed,
+    row_tokens,
+    rows,
+    readings: dict | None = None,
+    source: list[dict] | None = None,
+    kept: list[int] | None = None,
+    consumed: list | None = None,
+):
     """The contract's rows under ``readings``: list of (ids, mask) lists. The source is ``files`` (Tulu-shaped
     parquet), or ``source`` rows of which ``kept`` enter the permutation (``mixture``); the source rows the
     stream consumes, in order, are appended to ``consumed``."""

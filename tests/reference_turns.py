@@ -28,7 +28,15 @@ from transformers.utils.chat_template_utils import _compile_jinja_template
 
 TEXT_FIELDS = ("content", "reasoning_content")
 CUTTING_METHODS = ("split", "rsplit", "startswith", "endswith", "replace", "find")
-SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+SPECIAL_TOKEN_NAMES = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
 PROBE = [{"role": "user", "content": "probe"}]
 MARKER = re.compile("\ue000(\\d+)\ue001")
 
@@ -61,8 +69,12 @@ def markup_literals(template: str) -> list[str]:
                 if operand.op in ("in", "notin"):
                     found.update(constants(left))
                 left = operand.expr
-        elif isinstance(node, nodes.Call) and isinstance(node.node, nodes.Getattr) \
-                and node.node.attr in CUTTING_METHODS and node.args:
+        elif (
+            isinstance(node, nodes.Call)
+            and isinstance(node.node, nodes.Getattr)
+            and node.node.attr in CUTTING_METHODS
+            and node.args
+        ):
             arguments = node.args[:1] if node.node.attr == "replace" else node.args
             for argument in arguments:
                 found.update(constants(argument))
@@ -101,7 +113,9 @@ def printings(run: str) -> list[str | None]:
     earliest start first, then longest; ``None`` (printed nothing) last."""
     core_start = len(run) - len(run.lstrip())
     core_end = len(run.rstrip())
-    return [run[i:j] for i in range(core_start + 1) for j in range(len(run), core_end - 1, -1)] + [None]
+    return [run[i:j] for i in range(core_start + 1) for j in range(len(run), core_end - 1, -1)] + [
+        None
+    ]
 
 
 class TurnsReference:
@@ -110,7 +124,9 @@ class TurnsReference:
     def __init__(self, snapshot: Path, fields: dict):
         snapshot = Path(snapshot)
         config = {}
-        if (snapshot / "tokenizer_config.json").exists() and "tokenizer_config.json" in fields.get("sha256", {}):
+        if (snapshot / "tokenizer_config.json").exists() and "tokenizer_config.json" in fields.get(
+            "sha256", {}
+        ):
             config = json.loads((snapshot / "tokenizer_config.json").read_text(encoding="utf-8"))
         pinned = fields.get("sha256", {})
         if "chat_template.jinja" in pinned:
@@ -119,7 +135,9 @@ class TurnsReference:
             self.template = config["chat_template"]
         else:
             name = fields.get("chat_template_name", "default")
-            self.template = next(t["template"] for t in config["chat_template"] if t["name"] == name)
+            self.template = next(
+                t["template"] for t in config["chat_template"] if t["name"] == name
+            )
         specials = {}
         for key in SPECIAL_TOKEN_NAMES:
             value = config.get(key)
@@ -142,14 +160,20 @@ class TurnsReference:
     def render(self, messages, **variables) -> str:
         """transformers' render, its ``strftime_now`` reading ``render_date`` (or failing without one)."""
         with clock_at(self.date):
-            return self.tok.apply_chat_template(messages, chat_template=self.template, tokenize=False,
-                                                **{**self.variables, **variables})
+            return self.tok.apply_chat_template(
+                messages,
+                chat_template=self.template,
+                tokenize=False,
+                **{**self.variables, **variables},
+            )
 
     def _generation_prompt(self, prefill: dict) -> str:
         with_prompt = self.render(PROBE, add_generation_prompt=True, **prefill)
         without = self.render(PROBE, **prefill)
-        assert with_prompt.startswith(without), "the generation prompt is not an extension of the render"
-        return with_prompt[len(without):]
+        assert with_prompt.startswith(without), (
+            "the generation prompt is not an extension of the render"
+        )
+        return with_prompt[len(without) :]
 
     def conversation(self, messages, untrained=frozenset()) -> tuple[list[int], list[int]]:
         """Token ids and mask of one conversation followed by its EOS; raises ``Undefined``."""
@@ -211,11 +235,15 @@ class TurnsReference:
         found = align(0, len(fixed[0])) if text.startswith(fixed[0]) else None
         if found is None:
             as_written = MARKER.sub(lambda match: runs[int(match.group(1))][0], rendered)
-            character = next((i for i, (a, b) in enumerate(zip(text, as_written)) if a != b),
-                             min(len(text), len(as_written)))
-            raise Undefined(f"the placeholder render differs from the render at character {character}",
-                            message=message_at(character, runs, rendered),
-                            character=character)
+            character = next(
+                (i for i, (a, b) in enumerate(zip(text, as_written)) if a != b),
+                min(len(text), len(as_written)),
+            )
+            raise Undefined(
+                f"the placeholder render differs from the render at character {character}",
+                message=message_at(character, runs, rendered),
+                character=character,
+            )
         return found
 
     def _supervised_characters(self, messages, text, prints, untrained):
@@ -233,13 +261,22 @@ class TurnsReference:
             start = max([p[1] for p in prints if p[1] <= end] + [previous_header_end])
             header = None
             for length in sorted({len(p) for p in self.prompts}, reverse=True):
-                found = [at for p in self.prompts if len(p) == length for at in [text.find(p, start, end)] if at >= 0]
+                found = [
+                    at
+                    for p in self.prompts
+                    if len(p) == length
+                    for at in [text.find(p, start, end)]
+                    if at >= 0
+                ]
                 if found:
                     header = (min(found), min(found) + length)
                     break
             if header is None:
-                raise Undefined(f"assistant message {j} has no generation prompt in its search region "
-                                f"(characters {start}..{end})", message=j)
+                raise Undefined(
+                    f"assistant message {j} has no generation prompt in its search region "
+                    f"(characters {start}..{end})",
+                    message=j,
+                )
             headers[j] = header
             previous_header_end = header[1]
         for j in answers:
@@ -252,7 +289,11 @@ class TurnsReference:
             next_print = min(following) if following else None
             markup_end = next_print[0] if next_print else len(text)
             # the first stop token; of two starting at one character the longer (the one the tokenizer matches)
-            stops = [(at, -len(s)) for s in self.stops if (at := text.find(s, answer_end, markup_end)) >= 0]
+            stops = [
+                (at, -len(s))
+                for s in self.stops
+                if (at := text.find(s, answer_end, markup_end)) >= 0
+            ]
             if stops:
                 at, negative_length = min(stops)
                 supervised.mark(answer_end, at - negative_length)
@@ -273,7 +314,9 @@ def clock_at(date: datetime.date | None):
         @classmethod
         def now(cls, tz=None):
             if date is None:
-                raise Undefined("the template calls strftime_now and the manifest has no render_date")
+                raise Undefined(
+                    "the template calls strftime_now and the manifest has no render_date"
+                )
             return cls(date.year, date.month, date.day)
 
     saved = chat_template_utils.datetime
@@ -317,10 +360,14 @@ def checked(messages) -> list[dict]:
         if not isinstance(m, dict):
             raise Undefined(f"message {i} is not a mapping", message=i)
         m = {k: v for k, v in m.items() if v is not None}
-        allowed = {"role", "content"} | ({"reasoning_content"} if m.get("role") == "assistant" else set())
+        allowed = {"role", "content"} | (
+            {"reasoning_content"} if m.get("role") == "assistant" else set()
+        )
         if set(m) - allowed:
             raise Undefined(f"message {i} has fields {sorted(set(m) - allowed)}", message=i)
-        if not isinstance(m.get("role"), str) or not all(isinstance(m.get(k, ""), str) for k in TEXT_FIELDS):
+        if not isinstance(m.get("role"), str) or not all(
+            isinstance(m.get(k, ""), str) for k in TEXT_FIELDS
+        ):
             raise Undefined(f"message {i} has a role or text that is not a string", message=i)
         out.append(m)
     return out

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from builders.runtime.atomic import outputs, remove_stale_temporaries, write_atomic
 from builders.build import build
-from builders.rows.card import PLOTS
 from builders.errors import OutputError
 from builders.manifest import load_manifest
+from builders.rows.card import PLOTS
+from builders.runtime.atomic import outputs, remove_stale_temporaries, write_atomic
 from helpers import MANIFESTS, SELF_CONTAINED
 
 
@@ -26,8 +26,12 @@ def test_stale_temporaries_of_every_output_are_removed_by_the_next_build(hub, tm
     build of that name removes those of dead processes and leaves a running one's alone."""
     out = tmp_path / "out"
     out.mkdir()
-    finals = [f"{SELF_CONTAINED}.parquet", f"{SELF_CONTAINED}.report.json", f"{SELF_CONTAINED}.md",
-              *(f"{SELF_CONTAINED}.{plot}.png" for plot in PLOTS)]
+    finals = [
+        f"{SELF_CONTAINED}.parquet",
+        f"{SELF_CONTAINED}.report.json",
+        f"{SELF_CONTAINED}.md",
+        *(f"{SELF_CONTAINED}.{plot}.png" for plot in PLOTS),
+    ]
     stale = [out / f".{final}.{dead_pid()}.tmp" for final in finals]
     running = out / f".{SELF_CONTAINED}.md.{os.getppid()}.tmp"  # a live process, not this one
     other_build = out / f".another-build.md.{dead_pid()}.tmp"
@@ -42,14 +46,22 @@ def test_stale_temporaries_of_every_output_are_removed_by_the_next_build(hub, tm
 def test_commit_syncs_the_files_and_their_folder(tmp_path, monkeypatch):
     synced = []
     real_fsync = os.fsync
-    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")) or real_fsync(fd))
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")) or real_fsync(fd)
+    )
     with outputs(tmp_path) as files:
         last = files.write("last.bin", b"last")
         files.write("first.bin", b"first")
         files.commit(last=last)
     pid = os.getpid()
-    assert synced == [str(tmp_path / f".first.bin.{pid}.tmp"), str(tmp_path / f".last.bin.{pid}.tmp"), str(tmp_path)]
-    assert (tmp_path / "first.bin").read_bytes() == b"first" and (tmp_path / "last.bin").read_bytes() == b"last"
+    assert synced == [
+        str(tmp_path / f".first.bin.{pid}.tmp"),
+        str(tmp_path / f".last.bin.{pid}.tmp"),
+        str(tmp_path),
+    ]
+    assert (tmp_path / "first.bin").read_bytes() == b"first" and (
+        tmp_path / "last.bin"
+    ).read_bytes() == b"last"
 
 
 def test_a_failed_write_leaves_nothing(tmp_path):
@@ -71,7 +83,10 @@ def test_a_commit_that_fails_half_way_removes_what_it_put_in_place(tmp_path, mon
         return real_replace(source, target)
 
     monkeypatch.setattr(os, "replace", replace)
-    with pytest.raises(OutputError, match="last.bin: No space left on device"), outputs(tmp_path) as files:
+    with (
+        pytest.raises(OutputError, match="last.bin: No space left on device"),
+        outputs(tmp_path) as files,
+    ):
         last = files.write("last.bin", b"last")
         files.write("first.bin", b"first")
         files.commit(last=last)
@@ -83,6 +98,8 @@ def test_write_atomic_fails_as_an_output_error_naming_the_file(tmp_path, monkeyp
         raise OSError(28, os.strerror(28))
 
     monkeypatch.setattr(Path, "write_bytes", write_bytes)
-    with pytest.raises(OutputError, match=r"cannot write .*manifest\.yaml: No space left on device"):
+    with pytest.raises(
+        OutputError, match=r"cannot write .*manifest\.yaml: No space left on device"
+    ):
         write_atomic(tmp_path / "manifest.yaml", b"name: x\n")
     assert list(tmp_path.iterdir()) == []

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from builders.fixture.make import TOKENIZER_REPO, synthetic_rows
 from builders.rows.card import PLOTS
-from builders.fixture.make import TOKENIZER_REPO
-from builders.fixture.make import synthetic_rows
 from helpers import MANIFESTS, REPO, SELF_CONTAINED, lay_out_build, run_cli
 
 
@@ -35,14 +34,21 @@ def test_build_offline_from_hf_home_then_verify(fixture_cache, tmp_path):
     assert "verified" in done.stdout
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [f"{SELF_CONTAINED}.parquet", f"{SELF_CONTAINED}.report.json", f"{SELF_CONTAINED}.md"]
-        + [f"{SELF_CONTAINED}.{plot}.png" for plot in PLOTS])
+        + [f"{SELF_CONTAINED}.{plot}.png" for plot in PLOTS]
+    )
     again = run_cli("--verify", str(out / f"{SELF_CONTAINED}.parquet"))
     assert again.returncode == 0, again.stdout + again.stderr
 
 
 def test_fixture_cache_flag_needs_no_environment(tmp_path):
-    done = run_cli("--build", SELF_CONTAINED, "--fixture-cache", str(tmp_path / "cache"), "--out",
-                   str(tmp_path / "out"))
+    done = run_cli(
+        "--build",
+        SELF_CONTAINED,
+        "--fixture-cache",
+        str(tmp_path / "cache"),
+        "--out",
+        str(tmp_path / "out"),
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -53,7 +59,9 @@ def tampered_cache(fixture_cache, tmp_path):
     target = next(snapshots.iterdir()) / "tokenizer.json"
     data = target.read_bytes()
     target.unlink()  # replace the link, not the shared blob
-    target.write_bytes(data.replace(b'"hello"', b'"hellp"', 1) if b'"hello"' in data else data + b" ")
+    target.write_bytes(
+        data.replace(b'"hello"', b'"hellp"', 1) if b'"hello"' in data else data + b" "
+    )
     return cache, target
 
 
@@ -73,33 +81,61 @@ def test_unknown_revision_offline_fails_clearly(fixture_cache, tmp_path):
     done = run_cli("--manifest", str(manifest), "--out", str(out), hf_home=fixture_cache)
     assert done.returncode == 3
     assert f"dataset someone/chat at {'0' * 40}: data/train-*.parquet" in done.stderr
-    assert f"download someone/chat --repo-type dataset --revision {'0' * 40} --include 'data/train-*.parquet'" \
-        in done.stderr and f"\n  fixed-sft download --manifest {manifest}\n" in done.stderr
+    assert (
+        f"download someone/chat --repo-type dataset --revision {'0' * 40} --include 'data/train-*.parquet'"
+        in done.stderr
+        and f"\n  fixed-sft download --manifest {manifest}\n" in done.stderr
+    )
     assert "HF_HUB_OFFLINE" in done.stderr and "Traceback" not in done.stderr
     assert not out.exists()
 
 
 def test_an_empty_cache_offline_lists_every_missing_repo(tmp_path):
-    done = run_cli("--build", "glm47flash-tulu3-fixed8192-v1", "--out", str(tmp_path / "out"),
-                   hf_home=tmp_path / "empty")
+    done = run_cli(
+        "--build",
+        "glm47flash-tulu3-fixed8192-v1",
+        "--out",
+        str(tmp_path / "out"),
+        hf_home=tmp_path / "empty",
+    )
     assert done.returncode == 3, done.stderr
-    assert "model zai-org/GLM-4.7-Flash at 7dd20894a642a0aa287e9827cb1a1f7f91386b67: tokenizer.json, " \
-           "chat_template.jinja" in done.stderr
-    assert "dataset allenai/tulu-3-sft-mixture at b14afda60f1bbebe55d5d2fa1e4df5042f97f8be" in done.stderr
+    assert (
+        "model zai-org/GLM-4.7-Flash at 7dd20894a642a0aa287e9827cb1a1f7f91386b67: tokenizer.json, "
+        "chat_template.jinja" in done.stderr
+    )
+    assert (
+        "dataset allenai/tulu-3-sft-mixture at b14afda60f1bbebe55d5d2fa1e4df5042f97f8be"
+        in done.stderr
+    )
     # commands for the machine that reaches the Hub: nothing of this environment's paths
     assert "\n  fixed-sft download --build glm47flash-tulu3-fixed8192-v1\n" in done.stderr
-    assert "\n  hf download zai-org/GLM-4.7-Flash --revision 7dd20894a642a0aa287e9827cb1a1f7f91386b67 --include " \
-           "tokenizer.json chat_template.jinja\n" in done.stderr
-    assert str(Path(sys.executable).parent) not in done.stderr and "offline (HF_HUB_OFFLINE=1)" in done.stderr
+    assert (
+        "\n  hf download zai-org/GLM-4.7-Flash --revision 7dd20894a642a0aa287e9827cb1a1f7f91386b67 --include "
+        "tokenizer.json chat_template.jinja\n" in done.stderr
+    )
+    assert (
+        str(Path(sys.executable).parent) not in done.stderr
+        and "offline (HF_HUB_OFFLINE=1)" in done.stderr
+    )
 
 
-UNREACHABLE_HUB = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing listens on port 9
+UNREACHABLE_HUB = {
+    "HF_HUB_OFFLINE": "0",
+    "HF_ENDPOINT": "http://127.0.0.1:9",
+}  # nothing listens on port 9
 
 
 def test_a_hub_out_of_reach_is_said_at_once(tmp_path):
     """Online, with no cache and no Hub, the first failed request ends it (huggingface_hub's retries took 46 s)."""
-    done = run_cli("--build", "glm47flash-tulu3-fixed8192-v1", "--out", str(tmp_path / "out"),
-                   hf_home=tmp_path / "empty", env=UNREACHABLE_HUB, timeout=20)
+    done = run_cli(
+        "--build",
+        "glm47flash-tulu3-fixed8192-v1",
+        "--out",
+        str(tmp_path / "out"),
+        hf_home=tmp_path / "empty",
+        env=UNREACHABLE_HUB,
+        timeout=20,
+    )
     assert done.returncode == 3, done.stderr
     assert "the Hub cannot be reached from here (http://127.0.0.1:9: ConnectError" in done.stderr
     assert "Retrying" not in done.stderr and "\n  fixed-sft download --build" in done.stderr
@@ -108,15 +144,30 @@ def test_a_hub_out_of_reach_is_said_at_once(tmp_path):
 def test_a_filled_cache_builds_at_once_when_the_hub_is_out_of_reach(tmp_path):
     rows = synthetic_rows(seed=2, count=40)
     manifest = lay_out_build(tmp_path / "hf", rows, build_rows=5)
-    done = run_cli("--manifest", str(manifest), "--out", str(tmp_path / "out"), "--no-card", hf_home=tmp_path / "hf",
-                   env=UNREACHABLE_HUB, timeout=30)
+    done = run_cli(
+        "--manifest",
+        str(manifest),
+        "--out",
+        str(tmp_path / "out"),
+        "--no-card",
+        hf_home=tmp_path / "hf",
+        env=UNREACHABLE_HUB,
+        timeout=30,
+    )
     assert done.returncode == 0, done.stderr
     assert "Retrying" not in done.stderr
 
 
 def test_a_fixture_build_without_the_fixture_cache_says_what_to_add(tmp_path):
-    done = run_cli("--build", SELF_CONTAINED, "--out", str(tmp_path / "out"), hf_home=tmp_path / "empty",
-                   env={"HF_HUB_OFFLINE": "0"}, timeout=20)  # online: the fixture repos are never asked for
+    done = run_cli(
+        "--build",
+        SELF_CONTAINED,
+        "--out",
+        str(tmp_path / "out"),
+        hf_home=tmp_path / "empty",
+        env={"HF_HUB_OFFLINE": "0"},
+        timeout=20,
+    )  # online: the fixture repos are never asked for
     assert done.returncode == 3 and "add --fixture-cache DIR" in done.stderr, done.stderr
 
 
@@ -137,7 +188,10 @@ def test_figure_mismatch_keeps_file_unverified(fixture_cache, tmp_path):
     assert (out / f"{SELF_CONTAINED}.unverified.parquet").exists()
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
     # built from exactly the pinned inputs: the note sends to explain, saying why
-    assert "built from exactly what the manifest pins" in done.stderr and " explain --manifest " in done.stderr
+    assert (
+        "built from exactly what the manifest pins" in done.stderr
+        and " explain --manifest " in done.stderr
+    )
     # the card names the manifest the build was given
     card = (out / f"{SELF_CONTAINED}.md").read_text(encoding="utf-8")
     assert f"**NOT verified** against `{manifest}`." in card and "manifests/" not in card
@@ -145,7 +199,9 @@ def test_figure_mismatch_keeps_file_unverified(fixture_cache, tmp_path):
     data_readme = (REPO / "data" / "README.md").read_text(encoding="utf-8")
     send_back = data_readme.split("Send back", 1)[1].split(" and `pip freeze`")[0]
     asked = re.findall(r"`out/(NAME[^`]*)`", send_back)
-    assert asked and all((out / name.replace("NAME", SELF_CONTAINED)).is_file() for name in asked), asked
+    assert asked and all(
+        (out / name.replace("NAME", SELF_CONTAINED)).is_file() for name in asked
+    ), asked
 
 
 def test_verify_says_why_a_file_is_not_verified(two_builds, tmp_path):
@@ -162,19 +218,33 @@ def test_rows_built_from_other_inputs_name_them_not_explain(fixture_cache, tmp_p
     """--verify of rows built with another seed: the report beside the file names the difference;
     without that report, both causes are given."""
     out = tmp_path / "out"
-    built = run_cli("--manifest", str(manifest_copy(tmp_path, seed=7, expect=None)), "--out", str(out), "--no-card",
-                    "-q", hf_home=fixture_cache)
+    built = run_cli(
+        "--manifest",
+        str(manifest_copy(tmp_path, seed=7, expect=None)),
+        "--out",
+        str(out),
+        "--no-card",
+        "-q",
+        hf_home=fixture_cache,
+    )
     assert built.returncode == 0, built.stderr
-    done = run_cli("--verify", str(out / f"{SELF_CONTAINED}.parquet"))  # against the shipped manifest, by name
+    done = run_cli(
+        "--verify", str(out / f"{SELF_CONTAINED}.parquet")
+    )  # against the shipped manifest, by name
     assert done.returncode == 5 and "DIFFERS     rows_sha256" in done.stdout
-    assert "built from something else than the manifest pins: seed 7 (the manifest: 42)" in done.stderr
+    assert (
+        "built from something else than the manifest pins: seed 7 (the manifest: 42)" in done.stderr
+    )
     assert "explain" not in done.stderr and f"build --build {SELF_CONTAINED}" in done.stderr
     alone = tmp_path / "alone" / f"{SELF_CONTAINED}.parquet"
     alone.parent.mkdir()
     shutil.copy(out / f"{SELF_CONTAINED}.parquet", alone)
     done = run_cli("--verify", str(alone))
     assert done.returncode == 5 and "what this file was built from is not known here" in done.stderr
-    assert f"build --build {SELF_CONTAINED}" in done.stderr and f"explain --build {SELF_CONTAINED}" in done.stderr
+    assert (
+        f"build --build {SELF_CONTAINED}" in done.stderr
+        and f"explain --build {SELF_CONTAINED}" in done.stderr
+    )
 
 
 def test_source_too_small_fails_and_writes_nothing(fixture_cache, tmp_path):
@@ -190,30 +260,51 @@ def test_help_lists_exit_codes():
     assert done.returncode == 0 and "exit codes" in done.stdout and "--verify" in done.stdout
 
 
-@pytest.mark.parametrize("argv", [["--build", "../etc/passwd"], ["--build", "no-such-build"], [],
-                                  ["inspect"], ["diff", "no-such-file.parquet", "x.parquet"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--build", "../etc/passwd"],
+        ["--build", "no-such-build"],
+        [],
+        ["inspect"],
+        ["diff", "no-such-file.parquet", "x.parquet"],
+    ],
+)
 def test_usage_errors(argv):
     done = run_cli(*argv)
     assert done.returncode == 2 and done.stderr.startswith("error:")
 
 
 def test_rows_that_match_in_a_file_that_does_not_are_called_out(fixture_cache, tmp_path):
-    manifest = manifest_copy(tmp_path, expect__parquet_sha256="1" * 64, expect__writer="pyarrow 1.0.0")
-    done = run_cli("--manifest", str(manifest), "--out", str(tmp_path / "out"), hf_home=fixture_cache)
+    manifest = manifest_copy(
+        tmp_path, expect__parquet_sha256="1" * 64, expect__writer="pyarrow 1.0.0"
+    )
+    done = run_cli(
+        "--manifest", str(manifest), "--out", str(tmp_path / "out"), hf_home=fixture_cache
+    )
     assert done.returncode == 5
     assert "ok          rows_sha256" in done.stdout and "DIFFERS     parquet_sha256" in done.stdout
-    assert "rows are exactly the pinned rows" in done.stderr and "made with pyarrow 1.0.0" in done.stderr
+    assert (
+        "rows are exactly the pinned rows" in done.stderr
+        and "made with pyarrow 1.0.0" in done.stderr
+    )
 
 
 def test_verbose_errors_show_their_cause(tmp_path):
     manifest = tmp_path / "broken.yaml"
     manifest.write_text("name: [unclosed\n")
     plain = run_cli("--manifest", str(manifest))
-    assert plain.returncode == 2 and "Traceback" not in plain.stderr and "not valid YAML" in plain.stderr
+    assert (
+        plain.returncode == 2
+        and "Traceback" not in plain.stderr
+        and "not valid YAML" in plain.stderr
+    )
     verbose = run_cli("--manifest", str(manifest), "-v")
     assert verbose.returncode == 2
     assert "ParserError" in verbose.stderr and "direct cause" in verbose.stderr
-    assert verbose.stderr.rindex("\nerror: ") > verbose.stderr.rindex("Traceback")  # the summary comes last
+    assert verbose.stderr.rindex("\nerror: ") > verbose.stderr.rindex(
+        "Traceback"
+    )  # the summary comes last
 
 
 @pytest.fixture(scope="module")
@@ -249,21 +340,34 @@ def test_diff_of_files_with_different_row_counts(two_builds, tmp_path):
     pq.write_table(pq.read_table(a).slice(0, 40), shorter)
     done = run_cli("--json", "diff", str(a), str(shorter))  # --json before the command
     report = json.loads(done.stdout)
-    assert done.returncode == 8 and (report["rows_a"], report["rows_b"], report["differing_rows"]) == (48, 40, 8)
+    assert done.returncode == 8 and (
+        report["rows_a"],
+        report["rows_b"],
+        report["differing_rows"],
+    ) == (48, 40, 8)
     assert report["first"]["row"] == 40 and report["first"]["kind"] == "row missing"
     text = run_cli("diff", str(a), str(shorter), "-q")
-    assert "different row counts: 48 in A, 40 in B" in text.stdout and "row missing in B" in text.stdout
+    assert (
+        "different row counts: 48 in A, 40 in B" in text.stdout
+        and "row missing in B" in text.stdout
+    )
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--verify", "nowhere.parquet"], "nowhere.parquet: no such file"),
-    (["--verify", "README.md"], "README.md: not a parquet file"),
-    (["verify", "pyproject.toml", "--build", SELF_CONTAINED], "not a parquet file"),
-    (["diff", "README.md", "README.md"], "not a parquet file"),
-    (["biuld", "--build", SELF_CONTAINED], "unknown command 'biuld'; did you mean 'build'?"),
-    (["--build", SELF_CONTAINED, "--worker", "2"], "unrecognized arguments: --worker"),
-    (["--build", SELF_CONTAINED, "--fixture-cach", "x"], "unrecognized arguments: --fixture-cach"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--verify", "nowhere.parquet"], "nowhere.parquet: no such file"),
+        (["--verify", "README.md"], "README.md: not a parquet file"),
+        (["verify", "pyproject.toml", "--build", SELF_CONTAINED], "not a parquet file"),
+        (["diff", "README.md", "README.md"], "not a parquet file"),
+        (["biuld", "--build", SELF_CONTAINED], "unknown command 'biuld'; did you mean 'build'?"),
+        (["--build", SELF_CONTAINED, "--worker", "2"], "unrecognized arguments: --worker"),
+        (
+            ["--build", SELF_CONTAINED, "--fixture-cach", "x"],
+            "unrecognized arguments: --fixture-cach",
+        ),
+    ],
+)
 def test_bad_input_files_and_words_are_named(argv, message):
     done = run_cli(*argv)
     assert done.returncode == 2 and message in done.stderr, done.stderr
@@ -280,19 +384,36 @@ def test_a_parquet_file_that_is_no_row_file(tmp_path):
     assert done.returncode == 2 and "no column 'input_ids'; not a fixed-SFT row file" in done.stderr
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["-q", "--help"], ["inspect", "--help"]])
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["--version"], ["-q", "--help"], ["inspect", "--help"]]
+)
 def test_help_and_version_load_nothing_heavy(argv):
     done = run_cli(*argv, env={"PYTHONWARNINGS": "default"}, **{})
     assert done.returncode == 0 and done.stderr == ""
     imported = run_cli(*argv, env={"PYTHONPROFILEIMPORTTIME": "1"})
-    heavy = {"transformers", "tokenizers", "huggingface_hub", "pyarrow", "numpy", "builders.fixture"}
-    assert not [line for line in imported.stderr.splitlines() if line.split("|")[-1].strip() in heavy]
+    heavy = {
+        "transformers",
+        "tokenizers",
+        "huggingface_hub",
+        "pyarrow",
+        "numpy",
+        "builders.fixture",
+    }
+    assert not [
+        line for line in imported.stderr.splitlines() if line.split("|")[-1].strip() in heavy
+    ]
 
 
-@pytest.mark.parametrize("order, code", [("numpy-generator", 3), ("numpy-legacy", 0), ("source", 0)])
+@pytest.mark.parametrize(
+    "order, code", [("numpy-generator", 3), ("numpy-legacy", 0), ("source", 0)]
+)
 def test_the_pinned_permutation_guards_the_default_order_only(fixture_cache, tmp_path, order, code):
     """dataset.permutation_sha256 pins numpy-generator's stream; another order reading is not checked by it."""
-    manifest = manifest_copy(tmp_path, dataset__permutation_sha256="0" * 64, expect=None, contract={"order": order})
-    done = run_cli("--manifest", str(manifest), "--out", str(tmp_path / "out"), hf_home=fixture_cache)
+    manifest = manifest_copy(
+        tmp_path, dataset__permutation_sha256="0" * 64, expect=None, contract={"order": order}
+    )
+    done = run_cli(
+        "--manifest", str(manifest), "--out", str(tmp_path / "out"), hf_home=fixture_cache
+    )
     assert done.returncode == code, done.stderr
     assert ("permutation of 333 rows with seed 42" in done.stderr) == (code == 3)

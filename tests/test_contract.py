@@ -7,8 +7,8 @@ import pytest
 
 from builders.build import build
 from builders.fixture.make import synthetic_rows
-from builders.manifest import load_manifest
 from builders.inputs.pinned import Hub
+from builders.manifest import load_manifest
 from helpers import MANIFESTS, SELF_CONTAINED, lay_out_build, manifest_names
 from reference import reference_rows, rows_sha256
 
@@ -21,9 +21,14 @@ def snapshot_files(hub: Hub, repo: str, repo_type: str, revision: str):
 def reference_for(manifest, hub: Hub):
     data = snapshot_files(hub, manifest.dataset.repo, "dataset", manifest.dataset.revision) / "data"
     tok = snapshot_files(hub, manifest.tokenizer.repo, "model", manifest.tokenizer.revision)
-    return reference_rows(sorted(data.glob("train-*.parquet")), tok / "tokenizer.json",
-                          (tok / "chat_template.jinja").read_text(encoding="utf-8"),
-                          manifest.seed, manifest.row_tokens, manifest.rows)
+    return reference_rows(
+        sorted(data.glob("train-*.parquet")),
+        tok / "tokenizer.json",
+        (tok / "chat_template.jinja").read_text(encoding="utf-8"),
+        manifest.seed,
+        manifest.row_tokens,
+        manifest.rows,
+    )
 
 
 def file_rows(path):
@@ -66,4 +71,7 @@ def test_self_contained_fixture_exercises_skipping_and_early_stop(built):
     result = built(SELF_CONTAINED)
     stats = json.loads(result.report.read_text())["stats"]
     assert stats["windows_skipped"] > 0
-    assert stats["conversations_consumed"] < load_manifest(MANIFESTS / f"{SELF_CONTAINED}.yaml").dataset.rows / 2
+    assert (
+        stats["conversations_consumed"]
+        < load_manifest(MANIFESTS / f"{SELF_CONTAINED}.yaml").dataset.rows / 2
+    )

@@ -16,14 +16,18 @@ import pyarrow.parquet as pq
 import pytest
 
 from builders import cli
+from builders.fixture.make import synthetic_rows
 from builders.rows import rowfile
 from builders.rows.card import PLOTS
-from builders.fixture.make import synthetic_rows
 from helpers import SELF_CONTAINED, lay_out_build, run_cli
 
 # every file a build writes, in the order it writes them (the parquet first, its report last)
-OUTPUTS = [f"{SELF_CONTAINED}.parquet", *(f"{SELF_CONTAINED}.{plot}.png" for plot in PLOTS), f"{SELF_CONTAINED}.md",
-           f"{SELF_CONTAINED}.report.json"]
+OUTPUTS = [
+    f"{SELF_CONTAINED}.parquet",
+    *(f"{SELF_CONTAINED}.{plot}.png" for plot in PLOTS),
+    f"{SELF_CONTAINED}.md",
+    f"{SELF_CONTAINED}.report.json",
+]
 PAGE = 4096
 NO_SPACE = os.strerror(errno.ENOSPC)
 
@@ -47,7 +51,17 @@ def build_command(fixture_cache, tmp_path):
     def run(capsys) -> tuple[int, str]:
         handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
         try:
-            code = cli.main(["-q", "--build", SELF_CONTAINED, "--out", str(out), "--fixture-cache", str(fixture_cache)])
+            code = cli.main(
+                [
+                    "-q",
+                    "--build",
+                    SELF_CONTAINED,
+                    "--out",
+                    str(out),
+                    "--fixture-cache",
+                    str(fixture_cache),
+                ]
+            )
         finally:
             for signum, handler in handlers.items():
                 signal.signal(signum, handler)
@@ -62,7 +76,9 @@ def no_space() -> OSError:
 
 
 @pytest.mark.parametrize("file", OUTPUTS[1:])
-def test_injected_enospc_while_writing_each_card_file_and_the_report(build_command, capsys, monkeypatch, file):
+def test_injected_enospc_while_writing_each_card_file_and_the_report(
+    build_command, capsys, monkeypatch, file
+):
     """Half the file is written, then the disk is full."""
     real_write_bytes = Path.write_bytes
 
@@ -129,13 +145,18 @@ def small_filesystem(folder: Path, size: int):
     """A tmpfs of ``size`` bytes mounted at ``folder``; skips where this process may not mount one."""
     folder.mkdir()
     try:
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
-                                 capture_output=True, text=True)
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+            capture_output=True,
+            text=True,
+        )
     except FileNotFoundError:
         pytest.skip("no mount command here: the injected-ENOSPC tests cover a full disk")
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'mount failed'}; it needs root or "
-                    f"CAP_SYS_ADMIN): the injected-ENOSPC tests cover a full disk")
+        pytest.skip(
+            f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'mount failed'}; it needs root or "
+            f"CAP_SYS_ADMIN): the injected-ENOSPC tests cover a full disk"
+        )
     try:
         yield folder
     finally:
@@ -151,7 +172,9 @@ def test_a_real_full_disk_while_writing_each_file(built, fixture_cache, tmp_path
     """The tmpfs holds every file written before ``file`` and half of ``file``."""
     complete = built(SELF_CONTAINED).parquet.parent
     before = OUTPUTS[: OUTPUTS.index(file)]
-    size = PAGE * (sum(pages(complete / name) for name in before) + (pages(complete / file) - 1) // 2)
+    size = PAGE * (
+        sum(pages(complete / name) for name in before) + (pages(complete / file) - 1) // 2
+    )
     with small_filesystem(tmp_path / "disk", size) as disk:
         out = disk / "out"
         done = run_cli("--build", SELF_CONTAINED, "--out", str(out), "-q", hf_home=fixture_cache)
@@ -162,8 +185,9 @@ def test_a_real_full_disk_while_writing_each_file(built, fixture_cache, tmp_path
 def many_row_groups(tmp_path_factory):
     """A build of 320 rows (five row groups) and the size of its parquet."""
     hf_home = tmp_path_factory.mktemp("many")
-    manifest = lay_out_build(hf_home, synthetic_rows(seed=11, count=1200), name="many", build_rows=320,
-                             row_tokens=256)
+    manifest = lay_out_build(
+        hf_home, synthetic_rows(seed=11, count=1200), name="many", build_rows=320, row_tokens=256
+    )
     out = tmp_path_factory.mktemp("many-out")
     done = run_cli("--manifest", str(manifest), "--out", str(out), "--no-card", hf_home=hf_home)
     assert done.returncode == 0, done.stderr

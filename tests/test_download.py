@@ -8,8 +8,8 @@ from pathlib import Path
 
 import builders.inputs.pinned
 from builders.inputs.download import download
-from builders.manifest import load_manifest
 from builders.inputs.pinned import Hub
+from builders.manifest import load_manifest
 from helpers import MANIFESTS, SELF_CONTAINED, run_cli
 
 
@@ -23,16 +23,32 @@ def test_download_asks_the_hub_for_exactly_what_a_build_reads(monkeypatch, tmp_p
         return str(folder)
 
     monkeypatch.setattr(builders.inputs.pinned, "snapshot_download", snapshot_download)
-    monkeypatch.setattr(builders.inputs.pinned, "hub_unreachable", lambda hub: None)  # as if the Hub answered
+    monkeypatch.setattr(
+        builders.inputs.pinned, "hub_unreachable", lambda hub: None
+    )  # as if the Hub answered
     manifest = load_manifest(MANIFESTS / "glm47flash-tulu3-fixed8192-v1.yaml")
     download(manifest, Hub(cache_dir=tmp_path / "hub"))
     assert calls == [
-        ("zai-org/GLM-4.7-Flash", dict(repo_type="model", revision="7dd20894a642a0aa287e9827cb1a1f7f91386b67",
-                                       allow_patterns=["tokenizer.json", "chat_template.jinja"],
-                                       cache_dir=tmp_path / "hub", local_files_only=False)),
-        ("allenai/tulu-3-sft-mixture", dict(repo_type="dataset", revision="b14afda60f1bbebe55d5d2fa1e4df5042f97f8be",
-                                            allow_patterns=["data/train-*.parquet"], cache_dir=tmp_path / "hub",
-                                            local_files_only=False)),
+        (
+            "zai-org/GLM-4.7-Flash",
+            dict(
+                repo_type="model",
+                revision="7dd20894a642a0aa287e9827cb1a1f7f91386b67",
+                allow_patterns=["tokenizer.json", "chat_template.jinja"],
+                cache_dir=tmp_path / "hub",
+                local_files_only=False,
+            ),
+        ),
+        (
+            "allenai/tulu-3-sft-mixture",
+            dict(
+                repo_type="dataset",
+                revision="b14afda60f1bbebe55d5d2fa1e4df5042f97f8be",
+                allow_patterns=["data/train-*.parquet"],
+                cache_dir=tmp_path / "hub",
+                local_files_only=False,
+            ),
+        ),
     ]
 
 
@@ -50,7 +66,9 @@ def test_offline_reads_only_the_cache(monkeypatch, tmp_path):
 
     monkeypatch.setattr(builders.inputs.pinned, "snapshot_download", snapshot_download)
     monkeypatch.setattr(builders.inputs.pinned.constants, "HF_HUB_OFFLINE", True)
-    builders.inputs.pinned.resolve(load_manifest(MANIFESTS / "glm47flash-tulu3-fixed8192-v1.yaml"), Hub(cache_dir=tmp_path))
+    builders.inputs.pinned.resolve(
+        load_manifest(MANIFESTS / "glm47flash-tulu3-fixed8192-v1.yaml"), Hub(cache_dir=tmp_path)
+    )
     assert asked == [True, True]
 
 
@@ -60,13 +78,24 @@ def test_download_from_a_filled_cache_says_what_it_holds_and_how_to_build(fixtur
     snapshot = fixture_cache / "hub" / "datasets--fixed-sft-fixtures--synthetic-chat"
     shards = sorted(snapshot.glob("snapshots/*/data/train-*.parquet"))
     size = sum(p.stat().st_size for p in shards)
-    assert f"dataset fixed-sft-fixtures/synthetic-chat at c139a2764c49: {', '.join(p.name for p in shards)}" \
-           in done.stdout
+    assert (
+        f"dataset fixed-sft-fixtures/synthetic-chat at c139a2764c49: {', '.join(p.name for p in shards)}"
+        in done.stdout
+    )
     assert f"{size / 1e3:.2f} kB" in done.stdout
-    assert f"HF_HUB_OFFLINE=1 HF_HOME={fixture_cache}" in done.stdout and f"--build {SELF_CONTAINED}" in done.stdout
-    assert done.stdout.splitlines()[-1].endswith(f"fixed-sft build --build {SELF_CONTAINED}")  # a portable command
-    built = run_cli(*done.stdout.rsplit("fixed-sft ", 1)[1].split(), "--out", str(fixture_cache / "out"),
-                    hf_home=fixture_cache)  # the printed command builds
+    assert (
+        f"HF_HUB_OFFLINE=1 HF_HOME={fixture_cache}" in done.stdout
+        and f"--build {SELF_CONTAINED}" in done.stdout
+    )
+    assert done.stdout.splitlines()[-1].endswith(
+        f"fixed-sft build --build {SELF_CONTAINED}"
+    )  # a portable command
+    built = run_cli(
+        *done.stdout.rsplit("fixed-sft ", 1)[1].split(),
+        "--out",
+        str(fixture_cache / "out"),
+        hf_home=fixture_cache,
+    )  # the printed command builds
     assert built.returncode == 0, built.stderr
 
 
@@ -74,4 +103,6 @@ def test_download_offline_with_an_empty_cache_lists_what_to_fetch(tmp_path):
     done = run_cli("download", "--build", "glm47flash-tulu3-fixed8192-v1", hf_home=tmp_path)
     assert done.returncode == 3
     assert "zai-org/GLM-4.7-Flash" in done.stderr and "allenai/tulu-3-sft-mixture" in done.stderr
-    assert not (Path(tmp_path) / "hub").exists() or not any((Path(tmp_path) / "hub").rglob("*.parquet"))
+    assert not (Path(tmp_path) / "hub").exists() or not any(
+        (Path(tmp_path) / "hub").rglob("*.parquet")
+    )

@@ -12,59 +12,90 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from builders.encode import engines
 from builders.build import build
+from builders.encode import engines
 from builders.errors import EngineDisagreement
 from builders.fixture.conversations import hard_cases, synthetic
 from builders.fixture.make import FIXTURE_TEMPLATE, tokenizer_json
 from builders.fixture.tokenizer import with_nfc_normalizer
-from builders.manifest import load_manifest
 from builders.inputs.pinned import Hub
+from builders.manifest import load_manifest
 from helpers import MANIFESTS, SELF_CONTAINED, lay_out_build, manifest_names, run_cli
 from reference import reference_rows
 
 DECOMPOSED = [
-    [{"role": "user", "content": "Cafe\u0301 or cafe\u0301?"}, {"role": "assistant", "content": "e\u0301 is é."}],
-    [{"role": "user", "content": "\u0301 starts with a combining mark"},
-     {"role": "assistant", "content": "\u0301\u0301 and so does this answer, n\u0303"}],
-    [{"role": "system", "content": "A\u030a\u0301 O\u0308"}, {"role": "user", "content": "ﬁ ½ Ⅻ"},
-     {"role": "assistant", "content": "<think>e\u0301\u0301</think>\nvoila\u0300"}],
+    [
+        {"role": "user", "content": "Cafe\u0301 or cafe\u0301?"},
+        {"role": "assistant", "content": "e\u0301 is é."},
+    ],
+    [
+        {"role": "user", "content": "\u0301 starts with a combining mark"},
+        {"role": "assistant", "content": "\u0301\u0301 and so does this answer, n\u0303"},
+    ],
+    [
+        {"role": "system", "content": "A\u030a\u0301 O\u0308"},
+        {"role": "user", "content": "ﬁ ½ Ⅻ"},
+        {"role": "assistant", "content": "<think>e\u0301\u0301</think>\nvoila\u0300"},
+    ],
 ]
 
 
 @pytest.mark.parametrize("name", manifest_names())
 def test_fastokens_and_tokenizers_build_the_same_rows(built, hub, name, tmp_path):
     manifest = load_manifest(MANIFESTS / f"{name}.yaml")
-    results = {engine: build(manifest, tmp_path / engine, hub, card=False, engine=engine)
-               for engine in ("fastokens", "tokenizers")}
+    results = {
+        engine: build(manifest, tmp_path / engine, hub, card=False, engine=engine)
+        for engine in ("fastokens", "tokenizers")
+    }
     for engine, result in results.items():
         assert result.verified, (engine, result.verification.summary())
         report = json.loads(result.report.read_text())["engine"]
         assert report["name"] == engine and report["version"]
     assert results["fastokens"].parquet.read_bytes() == results["tokenizers"].parquet.read_bytes()
-    checked = json.loads(results["fastokens"].report.read_text())["engine"]["conversations_cross_checked"]
-    consumed = json.loads(results["fastokens"].report.read_text())["stats"]["conversations_consumed"]
+    checked = json.loads(results["fastokens"].report.read_text())["engine"][
+        "conversations_cross_checked"
+    ]
+    consumed = json.loads(results["fastokens"].report.read_text())["stats"][
+        "conversations_consumed"
+    ]
     assert 0 < checked < consumed
 
 
 def test_a_normalizing_tokenizer_on_decomposed_text(tmp_path):
     """NFC composes "e\u0301" into "é": the pieces are measured as the tokenizer sees them."""
-    rows = [{"id": f"nfc_{k}", "source": "nfc", "messages": m} for k, m in enumerate(DECOMPOSED * 4)]
-    rows += [{"id": f"synthetic_{k}", "source": "synthetic", "messages": m} for k, m in enumerate(synthetic(4, 30))]
-    files = {"tokenizer.json": with_nfc_normalizer(tokenizer_json().decode()).encode(),
-             "chat_template.jinja": FIXTURE_TEMPLATE.read_bytes()}
-    manifest_path = lay_out_build(tmp_path / "hf", rows, name="nfc", row_tokens=128, build_rows=30,
-                                  tokenizer_files=files)
+    rows = [
+        {"id": f"nfc_{k}", "source": "nfc", "messages": m} for k, m in enumerate(DECOMPOSED * 4)
+    ]
+    rows += [
+        {"id": f"synthetic_{k}", "source": "synthetic", "messages": m}
+        for k, m in enumerate(synthetic(4, 30))
+    ]
+    files = {
+        "tokenizer.json": with_nfc_normalizer(tokenizer_json().decode()).encode(),
+        "chat_template.jinja": FIXTURE_TEMPLATE.read_bytes(),
+    }
+    manifest_path = lay_out_build(
+        tmp_path / "hf", rows, name="nfc", row_tokens=128, build_rows=30, tokenizer_files=files
+    )
     manifest = load_manifest(manifest_path)
     hub = Hub(tmp_path / "hf" / "hub", offline=True)
     snapshot = next((tmp_path / "hf" / "hub").glob("datasets--*/snapshots/*/data"))
     tokenizer = next((tmp_path / "hf" / "hub").glob("models--*/snapshots/*"))
-    expected = reference_rows(sorted(snapshot.glob("*.parquet")), tokenizer / "tokenizer.json",
-                              FIXTURE_TEMPLATE.read_text(), manifest.seed, manifest.row_tokens, manifest.rows)
+    expected = reference_rows(
+        sorted(snapshot.glob("*.parquet")),
+        tokenizer / "tokenizer.json",
+        FIXTURE_TEMPLATE.read_text(),
+        manifest.seed,
+        manifest.row_tokens,
+        manifest.rows,
+    )
     for engine in ("tokenizers", "fastokens"):
         result = build(manifest, tmp_path / engine, hub, card=False, engine=engine)
         table = pq.read_table(result.parquet)
-        assert list(zip(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist())) == expected
+        assert (
+            list(zip(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist()))
+            == expected
+        )
 
 
 class _Wrong:
@@ -89,12 +120,19 @@ def test_the_guard_stops_a_build_whose_fast_engine_differs(monkeypatch, hub, tmp
         from builders.formats.render import ChatRenderer
         from builders.messages import normalize_messages
 
-        victim = ChatRenderer(chat_template).render(normalize_messages(hard_cases()[0]))  # source row 0
-        return engines.Choice.of(engines.Guarded(_Wrong(reference, victim), reference), requested, None)
+        victim = ChatRenderer(chat_template).render(
+            normalize_messages(hard_cases()[0])
+        )  # source row 0
+        return engines.Choice.of(
+            engines.Guarded(_Wrong(reference, victim), reference), requested, None
+        )
 
     monkeypatch.setattr(engines, "choose", choose)
-    with pytest.raises(EngineDisagreement, match=r"source row 0: the wrong engine's tokens differ from tokenizers' "
-                                                 r".*--engine tokenizers"):
+    with pytest.raises(
+        EngineDisagreement,
+        match=r"source row 0: the wrong engine's tokens differ from tokenizers' "
+        r".*--engine tokenizers",
+    ):
         build(manifest, tmp_path / "out", hub, card=False)
     assert not (tmp_path / "out" / f"{SELF_CONTAINED}.parquet").exists()
     monkeypatch.setattr(engines, "choose", real_choose)
@@ -116,15 +154,31 @@ def test_auto_falls_back_to_tokenizers_with_a_note(fixture_cache, tmp_path):
     out = tmp_path / "out"
     sitecustomize = tmp_path / "site"
     sitecustomize.mkdir()
-    (sitecustomize / "fastokens.py").write_text("raise ImportError('fastokens is unavailable here')\n")
-    done = run_cli("--build", SELF_CONTAINED, "--out", str(out), hf_home=fixture_cache,
-                   env={"PYTHONPATH": str(sitecustomize)})
+    (sitecustomize / "fastokens.py").write_text(
+        "raise ImportError('fastokens is unavailable here')\n"
+    )
+    done = run_cli(
+        "--build",
+        SELF_CONTAINED,
+        "--out",
+        str(out),
+        hf_home=fixture_cache,
+        env={"PYTHONPATH": str(sitecustomize)},
+    )
     assert done.returncode == 0, done.stderr
     assert "encoding with tokenizers" in done.stderr and "fastokens cannot load" in done.stderr
     report = json.loads((out / f"{SELF_CONTAINED}.report.json").read_text())["engine"]
     assert report["name"] == "tokenizers" and "fastokens is unavailable here" in report["note"]
-    refused = run_cli("--build", SELF_CONTAINED, "--out", str(out), "--engine", "fastokens", hf_home=fixture_cache,
-                      env={"PYTHONPATH": str(sitecustomize)})
+    refused = run_cli(
+        "--build",
+        SELF_CONTAINED,
+        "--out",
+        str(out),
+        "--engine",
+        "fastokens",
+        hf_home=fixture_cache,
+        env={"PYTHONPATH": str(sitecustomize)},
+    )
     assert refused.returncode == 2 and "--engine fastokens: fastokens cannot load" in refused.stderr
 
 
@@ -143,7 +197,8 @@ def _wrong_in_workers(tmp_path, after_probes: bool) -> dict:
         "        calls.append(1)\n"
         f"        honest = {after_probes} and len(calls) == 1\n"
         "        return real(self, texts) if honest else [np.append(i, 0) for i in real(self, texts)]\n"
-        "    engines.FastokensEngine.encode = wrong\n")
+        "    engines.FastokensEngine.encode = wrong\n"
+    )
     return {"PYTHONPATH": str(site)}
 
 
@@ -152,9 +207,22 @@ def test_a_worker_whose_fast_engine_differs_stops_the_build(fixture_cache, tmp_p
     probes and then differs from tokenizers in the workers stops the build with exit 9, the worker's
     message intact."""
     out = tmp_path / "out"
-    done = run_cli("--build", SELF_CONTAINED, "--out", str(out), "--workers", "2", "--engine", "fastokens",
-                   hf_home=fixture_cache, env=_wrong_in_workers(tmp_path, after_probes=True))
-    assert done.returncode == 9 and "the fastokens engine's tokens differ from tokenizers'" in done.stderr, done.stderr
+    done = run_cli(
+        "--build",
+        SELF_CONTAINED,
+        "--out",
+        str(out),
+        "--workers",
+        "2",
+        "--engine",
+        "fastokens",
+        hf_home=fixture_cache,
+        env=_wrong_in_workers(tmp_path, after_probes=True),
+    )
+    assert (
+        done.returncode == 9
+        and "the fastokens engine's tokens differ from tokenizers'" in done.stderr
+    ), done.stderr
     assert not (out / f"{SELF_CONTAINED}.parquet").exists()
 
 
@@ -162,16 +230,40 @@ def test_workers_choose_the_engine_by_its_probes(fixture_cache, built, tmp_path)
     """The workers run the probes: where the fast engine differs on them, --engine fastokens is refused
     (exit 9) and auto builds the same rows with tokenizers, saying why."""
     env = _wrong_in_workers(tmp_path, after_probes=False)
-    refused = run_cli("--build", SELF_CONTAINED, "--out", str(tmp_path / "refused"), "--workers", "2", "--engine",
-                      "fastokens", hf_home=fixture_cache, env=env)
-    assert refused.returncode == 9 and "--engine fastokens: fastokens and tokenizers encode" in refused.stderr \
-        and "probe strings differently" in refused.stderr, refused.stderr
+    refused = run_cli(
+        "--build",
+        SELF_CONTAINED,
+        "--out",
+        str(tmp_path / "refused"),
+        "--workers",
+        "2",
+        "--engine",
+        "fastokens",
+        hf_home=fixture_cache,
+        env=env,
+    )
+    assert (
+        refused.returncode == 9
+        and "--engine fastokens: fastokens and tokenizers encode" in refused.stderr
+        and "probe strings differently" in refused.stderr
+    ), refused.stderr
     assert not (tmp_path / "refused").exists() or not list((tmp_path / "refused").iterdir())
     out = tmp_path / "auto"
-    done = run_cli("--build", SELF_CONTAINED, "--out", str(out), "--workers", "2", hf_home=fixture_cache, env=env)
+    done = run_cli(
+        "--build",
+        SELF_CONTAINED,
+        "--out",
+        str(out),
+        "--workers",
+        "2",
+        hf_home=fixture_cache,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     assert "encoding with tokenizers" in done.stderr and "probe strings differently" in done.stderr
     report = json.loads((out / f"{SELF_CONTAINED}.report.json").read_text())
     assert report["engine"]["name"] == "tokenizers" and report["engine"]["requested"] == "auto"
     assert report["workers"] == 2
-    assert (out / f"{SELF_CONTAINED}.parquet").read_bytes() == built(SELF_CONTAINED).parquet.read_bytes()
+    assert (out / f"{SELF_CONTAINED}.parquet").read_bytes() == built(
+        SELF_CONTAINED
+    ).parquet.read_bytes()

@@ -32,7 +32,9 @@ def big_build(tmp_path_factory):
 
 
 def start_build(hf_home, manifest, out, *more, **popen):
-    return start_cli("--manifest", str(manifest), "--out", str(out), *more, hf_home=hf_home, **popen)
+    return start_cli(
+        "--manifest", str(manifest), "--out", str(out), *more, hf_home=hf_home, **popen
+    )
 
 
 def wait_for(predicate, timeout=60.0):
@@ -46,13 +48,16 @@ def wait_for(predicate, timeout=60.0):
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 @pytest.mark.parametrize("when", ["starting", "writing"])
-def test_interrupted_build_leaves_no_file_and_a_rerun_is_identical(big_build, tmp_path, signum, when):
+def test_interrupted_build_leaves_no_file_and_a_rerun_is_identical(
+    big_build, tmp_path, signum, when
+):
     hf_home, manifest, expected = big_build
     out = tmp_path / "out"
     process = start_build(hf_home, manifest, out)
     if when == "writing":
-        assert wait_for(lambda: out.exists() and any(p.suffix == ".tmp" for p in out.iterdir())), \
+        assert wait_for(lambda: out.exists() and any(p.suffix == ".tmp" for p in out.iterdir())), (
             "the build never started writing"
+        )
     else:
         time.sleep(0.3)
     process.send_signal(signum)
@@ -66,7 +71,9 @@ def test_interrupted_build_leaves_no_file_and_a_rerun_is_identical(big_build, tm
     _, stderr = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, stderr
     assert (out / "big.parquet").read_bytes() == expected
-    assert not [p for p in out.iterdir() if p.suffix == ".tmp"], "a killed build's temporary file was left"
+    assert not [p for p in out.iterdir() if p.suffix == ".tmp"], (
+        "a killed build's temporary file was left"
+    )
 
 
 def test_a_stop_signal_landing_in_a_finalizer_still_stops_the_build(fixture_cache, tmp_path):
@@ -87,11 +94,23 @@ def test_a_stop_signal_landing_in_a_finalizer_still_stops_the_build(fixture_cach
         "    def plan(self, encoder):\n"
         "        Finalizer()\n"
         "        return real(self, encoder)\n"
-        "    builders.encode.stream.Stream.plan = plan\n")
+        "    builders.encode.stream.Stream.plan = plan\n"
+    )
     out = tmp_path / "out"
-    done = run_cli("--build", SELF_CONTAINED, "--out", str(out), hf_home=fixture_cache, env={"PYTHONPATH": str(site)})
-    assert "Exception ignored" in done.stderr, done.stderr  # the KeyboardInterrupt was swallowed where it landed
-    assert done.returncode == 130 and "interrupted" in done.stderr.strip().splitlines()[-1], done.stderr
+    done = run_cli(
+        "--build",
+        SELF_CONTAINED,
+        "--out",
+        str(out),
+        hf_home=fixture_cache,
+        env={"PYTHONPATH": str(site)},
+    )
+    assert "Exception ignored" in done.stderr, (
+        done.stderr
+    )  # the KeyboardInterrupt was swallowed where it landed
+    assert done.returncode == 130 and "interrupted" in done.stderr.strip().splitlines()[-1], (
+        done.stderr
+    )
     assert not out.exists() or not list(out.iterdir())
 
 
@@ -120,7 +139,10 @@ def temporaries_and_outputs(out: Path) -> list[Path]:
 
 # moments a worker is killed: as it starts (its interpreter still loading), or mid-build, a random
 # time after the build starts writing (seeded, so a failure names a moment that can be tried again)
-KILL_MOMENTS = ["starting", *(f"writing+{random.Random(seed).uniform(0, 0.5):.2f}s" for seed in range(3))]
+KILL_MOMENTS = [
+    "starting",
+    *(f"writing+{random.Random(seed).uniform(0, 0.5):.2f}s" for seed in range(3)),
+]
 
 
 @pytest.mark.parametrize("moment", KILL_MOMENTS)
@@ -133,8 +155,12 @@ def test_a_killed_worker_fails_the_build_clearly(big_build, tmp_path, moment):
     if moment == "starting":
         assert wait_for(lambda: worker_pids(process.pid)), "no worker seen"
     else:
-        assert wait_for(lambda: any(p.suffix == ".tmp" for p in temporaries_and_outputs(out))
-                        and len(worker_pids(process.pid)) >= 2), "no workers seen"
+        assert wait_for(
+            lambda: (
+                any(p.suffix == ".tmp" for p in temporaries_and_outputs(out))
+                and len(worker_pids(process.pid)) >= 2
+            )
+        ), "no workers seen"
         time.sleep(float(moment.removeprefix("writing+").removesuffix("s")))
     workers = worker_pids(process.pid)
     if process.poll() is not None or not workers:
@@ -168,14 +194,19 @@ if any("builders.encode.worker" in a for a in sys.orig_argv):
     return {"PYTHONPATH": str(folder)}
 
 
-@pytest.mark.parametrize("fault, message", [
-    ("killed", "worker process died while starting (killed by SIGKILL"),
-    ("init raises", "worker process could not start: RuntimeError: injected start-up failure"),
-])
+@pytest.mark.parametrize(
+    "fault, message",
+    [
+        ("killed", "worker process died while starting (killed by SIGKILL"),
+        ("init raises", "worker process could not start: RuntimeError: injected start-up failure"),
+    ],
+)
 def test_a_worker_that_cannot_start_fails_the_build_at_once(big_build, tmp_path, fault, message):
     hf_home, manifest, _ = big_build
     out = tmp_path / "out"
-    process = start_build(hf_home, manifest, out, "--workers", "2", "-q", env=worker_fault(tmp_path, fault))
+    process = start_build(
+        hf_home, manifest, out, "--workers", "2", "-q", env=worker_fault(tmp_path, fault)
+    )
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 7 and message in stderr, stderr
     assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
@@ -193,8 +224,12 @@ def test_interrupting_a_build_with_workers_prints_one_line(big_build, tmp_path, 
     if moment == "workers starting":
         assert wait_for(lambda: len(worker_pids(process.pid)) >= 2), "no workers seen"
     else:
-        assert wait_for(lambda: any(p.suffix == ".tmp" for p in temporaries_and_outputs(out))
-                        and len(worker_pids(process.pid)) >= 2), "no workers seen"
+        assert wait_for(
+            lambda: (
+                any(p.suffix == ".tmp" for p in temporaries_and_outputs(out))
+                and len(worker_pids(process.pid)) >= 2
+            )
+        ), "no workers seen"
     workers = worker_pids(process.pid)
     if signum == signal.SIGINT:
         os.killpg(process.pid, signum)
@@ -202,7 +237,9 @@ def test_interrupting_a_build_with_workers_prints_one_line(big_build, tmp_path, 
         process.send_signal(signum)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
-    assert stderr.strip().splitlines() == ["error: interrupted; nothing was left at the final path"], stderr
+    assert stderr.strip().splitlines() == [
+        "error: interrupted; nothing was left at the final path"
+    ], stderr
     assert gone(workers), "a worker outlived the build"
     assert not temporaries_and_outputs(out)
 
@@ -226,10 +263,21 @@ def limit_file_size():
 
 def test_full_disk_fails_clearly(fixture_cache, tmp_path):
     out = tmp_path / "out"
-    done = run_cli("--build", SELF_CONTAINED, "--out", str(out), hf_home=fixture_cache,
-                   env={"PYTHONDONTWRITEBYTECODE": "1"}, preexec_fn=limit_file_size)
+    done = run_cli(
+        "--build",
+        SELF_CONTAINED,
+        "--out",
+        str(out),
+        hf_home=fixture_cache,
+        env={"PYTHONDONTWRITEBYTECODE": "1"},
+        preexec_fn=limit_file_size,
+    )
     assert done.returncode == 6, done.stderr
-    assert "cannot write " in done.stderr and "File too large" in done.stderr and "Traceback" not in done.stderr
+    assert (
+        "cannot write " in done.stderr
+        and "File too large" in done.stderr
+        and "Traceback" not in done.stderr
+    )
     assert list(out.iterdir()) == []
 
 
@@ -240,8 +288,17 @@ def other_template():
     return FIXTURE_TEMPLATE.read_bytes().replace(b"written for", b"made for")
 
 
-@pytest.mark.parametrize("case", ["template tampered", "tokenizer missing", "shard not parquet", "shard truncated",
-                                  "no messages column", "messages of another type"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "template tampered",
+        "tokenizer missing",
+        "shard not parquet",
+        "shard truncated",
+        "no messages column",
+        "messages of another type",
+    ],
+)
 def test_bad_input_names_the_file_and_writes_nothing(tmp_path, case):
     rows = synthetic_rows(seed=2, count=40)
     good = parquet_shards(rows, shards=2, row_group_rows=8, message_type=MESSAGE)
@@ -249,13 +306,17 @@ def test_bad_input_names_the_file_and_writes_nothing(tmp_path, case):
     dataset, expected = dict(good), bad_name
     if case == "template tampered":
         manifest = lay_out_build(tmp_path / "hf", rows, dataset_files=dataset)
-        snapshot = next((tmp_path / "hf" / "hub" / "models--someone--custom-tokenizer" / "snapshots").iterdir())
+        snapshot = next(
+            (tmp_path / "hf" / "hub" / "models--someone--custom-tokenizer" / "snapshots").iterdir()
+        )
         (snapshot / "chat_template.jinja").unlink()
         (snapshot / "chat_template.jinja").write_bytes(other_template())
         expected = "chat_template.jinja: sha256 is"
     elif case == "tokenizer missing":
         manifest = lay_out_build(tmp_path / "hf", rows, dataset_files=dataset)
-        snapshot = next((tmp_path / "hf" / "hub" / "models--someone--custom-tokenizer" / "snapshots").iterdir())
+        snapshot = next(
+            (tmp_path / "hf" / "hub" / "models--someone--custom-tokenizer" / "snapshots").iterdir()
+        )
         (snapshot / "tokenizer.json").unlink()
         expected = "tokenizer.json: cannot read the pinned file"
     else:
@@ -283,9 +344,13 @@ def test_unrenderable_conversation_names_source_index_and_id(tmp_path):
     rows = synthetic_rows(seed=2, count=30)
     rows[13]["messages"].append({"role": "function", "content": "x"})
     manifest = lay_out_build(tmp_path / "hf", rows, build_rows=60)
-    done = run_cli("--manifest", str(manifest), "--out", str(tmp_path / "out"), hf_home=tmp_path / "hf")
+    done = run_cli(
+        "--manifest", str(manifest), "--out", str(tmp_path / "out"), hf_home=tmp_path / "hf"
+    )
     assert done.returncode == 4
-    assert f"source row 13 (id '{rows[13]['id']}')" in done.stderr and "role 'function'" in done.stderr
+    assert (
+        f"source row 13 (id '{rows[13]['id']}')" in done.stderr and "role 'function'" in done.stderr
+    )
     assert list((tmp_path / "out").iterdir()) == []
 
 
@@ -301,11 +366,15 @@ def tampered(table: pa.Table, how: str) -> pa.Table:
         return table.take(order)
     masks = table.column("loss_mask").to_pylist()
     masks[30][7] ^= 1
-    return table.set_column(1, "loss_mask", pa.array(masks, type=table.schema.field("loss_mask").type))
+    return table.set_column(
+        1, "loss_mask", pa.array(masks, type=table.schema.field("loss_mask").type)
+    )
 
 
-@pytest.mark.parametrize("how, figure", [("row removed", "rows"), ("rows swapped", "rows_sha256"),
-                                         ("mask bit flipped", "rows_sha256")])
+@pytest.mark.parametrize(
+    "how, figure",
+    [("row removed", "rows"), ("rows swapped", "rows_sha256"), ("mask bit flipped", "rows_sha256")],
+)
 def test_verify_detects_row_changes(built, tmp_path, how, figure):
     path = tmp_path / f"{SELF_CONTAINED}.parquet"
     pq.write_table(tampered(pq.read_table(built(SELF_CONTAINED).parquet), how), path)
@@ -350,8 +419,12 @@ def test_no_code_is_executed_from_inputs():
 @pytest.mark.parametrize("after", [0.05, 0.1, 0.2, 0.4])
 def test_ctrl_c_while_the_command_line_loads(fixture_cache, tmp_path, after):
     """Interrupted while its modules load (before any work), the command ends as it does later."""
-    process = start_cli("--build", SELF_CONTAINED, "--out", str(tmp_path / "out"), hf_home=fixture_cache)
+    process = start_cli(
+        "--build", SELF_CONTAINED, "--out", str(tmp_path / "out"), hf_home=fixture_cache
+    )
     time.sleep(after)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 130 and "interrupted" in stderr and "Traceback" not in stderr, stderr
+    assert process.returncode == 130 and "interrupted" in stderr and "Traceback" not in stderr, (
+        stderr
+    )

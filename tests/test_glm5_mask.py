@@ -7,12 +7,18 @@ import pytest
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
-from builders.messages import normalize_messages
 from builders.encode.encoder import ConversationEncoder
-from builders.formats import glm5_spec
 from builders.errors import SourceDataError
 from builders.fixture.conversations import hard_cases
-from builders.fixture.make import FIXTURE_TEMPLATE, shared_dir, synthetic_rows, tokenizer_json, tulu_fixture_rows
+from builders.fixture.make import (
+    FIXTURE_TEMPLATE,
+    shared_dir,
+    synthetic_rows,
+    tokenizer_json,
+    tulu_fixture_rows,
+)
+from builders.formats import glm5_spec
+from builders.messages import normalize_messages
 from helpers import TEMPLATES, encoder, with_its_eos
 from reference import refuse_undefined
 
@@ -28,10 +34,15 @@ EXPECTED_SUPERVISED = [
     ["hi<|user|>"],
     [],
     ["hello", "hello there, friend" + E],
-    ["Let me look that up.<|observation|>", "And the forecast.<|observation|>", "21 degrees, sunny and windy." + E],
+    [
+        "Let me look that up.<|observation|>",
+        "And the forecast.<|observation|>",
+        "21 degrees, sunny and windy." + E,
+    ],
     ["unprompted<|user|>"],
     ["晴れです 😀 — naïve café\u0301" + E],
 ]
+
 
 def supervised_spans(tokenizer: Tokenizer, ids, mask) -> list[str]:
     spans, current = [], []
@@ -53,7 +64,9 @@ def test_hard_cases_supervise_exactly_the_answers(template):
     assert len(cases) == len(EXPECTED_SUPERVISED)
     rows = [{"index": i, "id": f"hard_case_{i}", "messages": m} for i, m in enumerate(cases)]
     for row, conversation, expected in zip(rows, enc.encode(rows), EXPECTED_SUPERVISED):
-        assert supervised_spans(enc.tokenizer, *with_its_eos(enc, conversation)) == expected, row["id"]
+        assert supervised_spans(enc.tokenizer, *with_its_eos(enc, conversation)) == expected, row[
+            "id"
+        ]
 
 
 def all_fixture_rows():
@@ -70,7 +83,10 @@ def test_rendering_and_tokens_match_apply_chat_template(template, tmp_path):
     (tmp_path / "tokenizer.json").write_bytes(tokenizer_json())
     hf = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
     enc = encoder(template)
-    rows = [{"index": i, "id": r["id"], "messages": r["messages"]} for i, r in enumerate(all_fixture_rows())]
+    rows = [
+        {"index": i, "id": r["id"], "messages": r["messages"]}
+        for i, r in enumerate(all_fixture_rows())
+    ]
     encoded = enc.encode(rows)
     for row, conversation in zip(rows, encoded):
         messages = normalize_messages(row["messages"])
@@ -81,15 +97,21 @@ def test_rendering_and_tokens_match_apply_chat_template(template, tmp_path):
         assert conversation.ids.tolist() == list(ids), row["id"]
 
 
-@pytest.mark.parametrize("messages, problem", [
-    ([{"role": "function", "content": "x"}], "role 'function'"),
-    ([{"role": "user"}], "no content"),
-    ([{"role": "user", "content": ["a", "b"]}], "content of type list"),
-    ([{"role": "user", "content": "x", "tool_calls": [{"name": "f"}]}], "unsupported field 'tool_calls'"),
-    ([{"role": "user", "content": "x", "reasoning_content": "y"}], "only an assistant message"),
-    ("not a list", "not a list"),
-    ([], "no messages"),
-])
+@pytest.mark.parametrize(
+    "messages, problem",
+    [
+        ([{"role": "function", "content": "x"}], "role 'function'"),
+        ([{"role": "user"}], "no content"),
+        ([{"role": "user", "content": ["a", "b"]}], "content of type list"),
+        (
+            [{"role": "user", "content": "x", "tool_calls": [{"name": "f"}]}],
+            "unsupported field 'tool_calls'",
+        ),
+        ([{"role": "user", "content": "x", "reasoning_content": "y"}], "only an assistant message"),
+        ("not a list", "not a list"),
+        ([], "no messages"),
+    ],
+)
 def test_conversations_the_contract_cannot_render_are_refused(messages, problem):
     enc = encoder(FIXTURE_TEMPLATE.read_text(encoding="utf-8"))
     with pytest.raises(SourceDataError) as err:
@@ -100,7 +122,9 @@ def test_conversations_the_contract_cannot_render_are_refused(messages, problem)
 
 
 def test_a_template_that_renders_otherwise_is_refused():
-    enc = encoder("[gMASK]<sop>{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}{% endfor %}")
+    enc = encoder(
+        "[gMASK]<sop>{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}{% endfor %}"
+    )
     with pytest.raises(SourceDataError, match="renders this conversation differently"):
         enc.encode([{"index": 0, "id": "a", "messages": [{"role": "user", "content": "hi"}]}])
 
@@ -114,12 +138,29 @@ def test_a_token_across_the_prefill_boundary_is_refused():
             added["content"] = "</think>x"  # in place of </think>
     tokenizer = Tokenizer.from_str(json.dumps(spec))
     enc = ConversationEncoder(tokenizer, glm5_spec(FIXTURE_TEMPLATE.read_text(encoding="utf-8")))
-    rows = [{"index": 5, "id": "ok", "messages": [{"role": "user", "content": "q"},
-                                                   {"role": "assistant", "content": "fine"}]},
-            {"index": 9, "id": "across", "messages": [{"role": "user", "content": "q"},
-                                                      {"role": "assistant", "content": "xylophone"}]}]
-    with pytest.raises(SourceDataError, match=r"source row 9 \(id 'across'\): token \d+ \(bytes \d+\.\.\d+\) "
-                                              r"straddles the end of message piece 2 or of its prefill"):
+    rows = [
+        {
+            "index": 5,
+            "id": "ok",
+            "messages": [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": "fine"},
+            ],
+        },
+        {
+            "index": 9,
+            "id": "across",
+            "messages": [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": "xylophone"},
+            ],
+        },
+    ]
+    with pytest.raises(
+        SourceDataError,
+        match=r"source row 9 \(id 'across'\): token \d+ \(bytes \d+\.\.\d+\) "
+        r"straddles the end of message piece 2 or of its prefill",
+    ):
         enc.encode(rows)
     assert len(enc.encode(rows[:1])) == 1
 
@@ -129,9 +170,14 @@ def test_a_tokenizer_that_is_not_byte_level_is_refused():
 
     words = Tokenizer(models.WordLevel({"[UNK]": 0, "hi": 1}, unk_token="[UNK]"))
     words.pre_tokenizer = pre_tokenizers.Whitespace()
-    words.add_special_tokens(["<|endoftext|>", "<|user|>", "<|observation|>", "<|assistant|>", "[gMASK]", "<sop>"])
+    words.add_special_tokens(
+        ["<|endoftext|>", "<|user|>", "<|observation|>", "<|assistant|>", "[gMASK]", "<sop>"]
+    )
     words.add_tokens(["<think>", "</think>"])
     enc = ConversationEncoder(words, glm5_spec(FIXTURE_TEMPLATE.read_text(encoding="utf-8")))
-    with pytest.raises(SourceDataError, match=r"source row 0 \(id 'a'\): the tokens cover \d+ bytes of a \d+-byte "
-                                              r"rendering; the tokenizer does not encode the text losslessly"):
+    with pytest.raises(
+        SourceDataError,
+        match=r"source row 0 \(id 'a'\): the tokens cover \d+ bytes of a \d+-byte "
+        r"rendering; the tokenizer does not encode the text losslessly",
+    ):
         enc.encode([{"index": 0, "id": "a", "messages": [{"role": "user", "content": "hi there"}]}])

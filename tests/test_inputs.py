@@ -8,13 +8,21 @@ import pytest
 
 from builders.errors import PinnedInputError
 from builders.fixture.hf_cache import MESSAGE, parquet_shards, put_snapshot
-from builders.manifest import DatasetPin
 from builders.inputs.pinned import Hub, dataset_files, dataset_repo, resolve_snapshot
 from builders.inputs.source import Source
+from builders.manifest import DatasetPin
 
-ROWS = [{"id": f"r{i}", "source": "s", "messages": [{"role": "user", "content": f"q{i}"},
-                                                       {"role": "assistant", "content": f"a{i}"}]}
-        for i in range(10)]
+ROWS = [
+    {
+        "id": f"r{i}",
+        "source": "s",
+        "messages": [
+            {"role": "user", "content": f"q{i}"},
+            {"role": "assistant", "content": f"a{i}"},
+        ],
+    }
+    for i in range(10)
+]
 
 
 def lay_out(tmp_path, files):
@@ -31,7 +39,9 @@ def parquet_bytes(table):
 
 
 def test_source_index_spans_files_and_row_groups(tmp_path):
-    pin, snapshot = lay_out(tmp_path, parquet_shards(ROWS, shards=3, row_group_rows=2, message_type=MESSAGE))
+    pin, snapshot = lay_out(
+        tmp_path, parquet_shards(ROWS, shards=3, row_group_rows=2, message_type=MESSAGE)
+    )
     source = Source([(pin, dataset_files(pin, snapshot))])
     assert source.num_rows == 10
     taken = source.take([9, 0, 4, 4, 7]).to_pylist()
@@ -41,17 +51,28 @@ def test_source_index_spans_files_and_row_groups(tmp_path):
 
 
 def test_split_without_parquet_files(tmp_path):
-    pin, snapshot = lay_out(tmp_path, {"data/test-00000-of-00001.parquet": b"x", "README.md": b"hi"})
+    pin, snapshot = lay_out(
+        tmp_path, {"data/test-00000-of-00001.parquet": b"x", "README.md": b"hi"}
+    )
     with pytest.raises(PinnedInputError, match=r"no files match data/train-\*\.parquet"):
         dataset_files(pin, snapshot)
 
 
-@pytest.mark.parametrize("content, problem", [
-    (b"not parquet at all", "not a readable parquet file"),
-    (parquet_bytes(pa.table({"id": ["a"], "text": ["b"]})), "no column 'messages'"),
-    (parquet_bytes(pa.table({"id": ["a"], "messages": ["b"]})), "column 'messages' has type string"),
-    (parquet_bytes(pa.table({"id": [1], "messages": [[{"role": "user", "content": "x"}]]})), "column 'id'"),
-])
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (b"not parquet at all", "not a readable parquet file"),
+        (parquet_bytes(pa.table({"id": ["a"], "text": ["b"]})), "no column 'messages'"),
+        (
+            parquet_bytes(pa.table({"id": ["a"], "messages": ["b"]})),
+            "column 'messages' has type string",
+        ),
+        (
+            parquet_bytes(pa.table({"id": [1], "messages": [[{"role": "user", "content": "x"}]]})),
+            "column 'id'",
+        ),
+    ],
+)
 def test_bad_shard_is_named(tmp_path, content, problem):
     good = parquet_shards(ROWS, shards=1, row_group_rows=4, message_type=MESSAGE)
     files = {**good, "data/train-00001-of-00002.parquet": content}

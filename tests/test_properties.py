@@ -12,26 +12,54 @@ from builders.manifest import parse_manifest
 from helpers import TEMPLATES, encoder, with_its_eos
 from reference import Reference
 
-settings.register_profile("fixed-sft", derandomize=True, deadline=None, max_examples=200,
-                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "fixed-sft",
+    derandomize=True,
+    deadline=None,
+    max_examples=200,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 settings.load_profile("fixed-sft")
 
-MARKUP = ["<|user|>", "<|assistant|>", "<|system|>", "<|observation|>", "<|endoftext|>", "[gMASK]", "<sop>",
-          "<think>", "</think>", "<tool_response>", "\n", " ", "\t", "  \n\n"]
+MARKUP = [
+    "<|user|>",
+    "<|assistant|>",
+    "<|system|>",
+    "<|observation|>",
+    "<|endoftext|>",
+    "[gMASK]",
+    "<sop>",
+    "<think>",
+    "</think>",
+    "<tool_response>",
+    "\n",
+    " ",
+    "\t",
+    "  \n\n",
+]
 texts = st.lists(st.one_of(st.text(max_size=12), st.sampled_from(MARKUP)), max_size=6).map("".join)
 long_texts = st.builds(lambda t, n: t * n, texts, st.integers(1, 60))
 
 
-padded = st.builds(lambda before, text, after: before + text + after,
-                   st.sampled_from(["", " ", "\n"]), texts, st.sampled_from(["", " ", "\n "]))
+padded = st.builds(
+    lambda before, text, after: before + text + after,
+    st.sampled_from(["", " ", "\n"]),
+    texts,
+    st.sampled_from(["", " ", "\n "]),
+)
 
 
 @st.composite
 def messages(draw):
     out = []
-    roles = draw(st.lists(st.sampled_from(["system", "user", "assistant", "tool"]), min_size=1, max_size=6))
+    roles = draw(
+        st.lists(st.sampled_from(["system", "user", "assistant", "tool"]), min_size=1, max_size=6)
+    )
     if draw(st.booleans()):
-        roles += ["user", "assistant"]  # often end on an answer after the last user turn: reasoning shows
+        roles += [
+            "user",
+            "assistant",
+        ]  # often end on an answer after the last user turn: reasoning shows
     for role in roles:
         message = {"role": role, "content": draw(st.one_of(texts, long_texts, padded))}
         if role == "assistant" and draw(st.booleans()):
@@ -61,14 +89,38 @@ def test_builder_and_reference_agree_on_random_conversations(template, tokenizer
 
 
 yaml_values = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=50)),
-    lambda children: st.one_of(st.lists(children, max_size=4),
-                               st.dictionaries(st.sampled_from(["name", "dataset", "tokenizer", "repo", "revision",
-                                                                "split", "sha256", "tokenizer.json", "rows",
-                                                                "chat_template.jinja", "loss_mask", "seed",
-                                                                "row_tokens", "expect", "writer", "x"]),
-                                               children, max_size=6)),
-    max_leaves=20)
+    st.one_of(
+        st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=50)
+    ),
+    lambda children: st.one_of(
+        st.lists(children, max_size=4),
+        st.dictionaries(
+            st.sampled_from(
+                [
+                    "name",
+                    "dataset",
+                    "tokenizer",
+                    "repo",
+                    "revision",
+                    "split",
+                    "sha256",
+                    "tokenizer.json",
+                    "rows",
+                    "chat_template.jinja",
+                    "loss_mask",
+                    "seed",
+                    "row_tokens",
+                    "expect",
+                    "writer",
+                    "x",
+                ]
+            ),
+            children,
+            max_size=6,
+        ),
+    ),
+    max_leaves=20,
+)
 
 
 @given(yaml_values)

@@ -27,13 +27,22 @@ from helpers import (
 )
 from reference import rows_sha256
 
-SINGLE = [{key: alternative} for key, (_, alternatives) in READINGS.items() for alternative in alternatives
-          if alternative != "torch" or torch_available()]
+SINGLE = [
+    {key: alternative}
+    for key, (_, alternatives) in READINGS.items()
+    for alternative in alternatives
+    if alternative != "torch" or torch_available()
+]
 COMBINED = [
     {"order": "python-random", "eos": "none", "hash": "i8-i8"},
     {"mask_rule": "slime-pr1844", "encode": "add-special", "skip": "keep-all"},
     {"prefill": "whole-piece", "stop": "unsupervised", "final": "append-stop", "eos": "supervised"},
-    {"mask_rule": "slime-pr1824", "order": "source", "hash": "u4-all-u1-all", "eos": "unsupervised"},
+    {
+        "mask_rule": "slime-pr1824",
+        "order": "source",
+        "hash": "u4-all-u1-all",
+        "eos": "unsupervised",
+    },
     {"encode": "add-special", "prefill": "after-role", "final": "append-stop"},
 ]
 
@@ -51,7 +60,9 @@ def default_sha(synthetic_source, tmp_path_factory):
     return json.loads(result.report.read_text())["figures"]["rows_sha256"]
 
 
-@pytest.mark.parametrize("readings", SINGLE + COMBINED, ids=lambda r: ",".join(f"{k}={v}" for k, v in r.items()))
+@pytest.mark.parametrize(
+    "readings", SINGLE + COMBINED, ids=lambda r: ",".join(f"{k}={v}" for k, v in r.items())
+)
 def test_a_reading_builds_the_references_rows(synthetic_source, default_sha, readings, tmp_path):
     result, manifest = build_under(synthetic_source, "readings", readings, tmp_path)
     expected = reference_under(synthetic_source, manifest, readings)
@@ -65,17 +76,34 @@ def test_a_reading_builds_the_references_rows(synthetic_source, default_sha, rea
 
 def test_slime_pr1844_leaves_out_two_answers_in_a_row(synthetic_source, tmp_path):
     """#1844's spans run to a stop token, past a second <|assistant|>: the second header is not found."""
-    result, _ = build_under(synthetic_source, "readings", {"mask_rule": "slime-pr1844", "order": "source"}, tmp_path)
+    result, _ = build_under(
+        synthetic_source, "readings", {"mask_rule": "slime-pr1844", "order": "source"}, tmp_path
+    )
     assert json.loads(result.report.read_text())["stats"]["conversations_left_out"] >= 1
 
 
 @NEEDS_SHARED
-@pytest.mark.parametrize("readings", [{"mask_rule": "slime-pr1844"}, {"mask_rule": "slime-pr1824"},
-                                      {"encode": "add-special", "final": "append-stop"}])
+@pytest.mark.parametrize(
+    "readings",
+    [
+        {"mask_rule": "slime-pr1844"},
+        {"mask_rule": "slime-pr1824"},
+        {"encode": "add-special", "final": "append-stop"},
+    ],
+)
 def test_readings_with_the_pinned_template_and_real_rows(readings, tmp_path_factory, tmp_path):
     hf_home = tmp_path_factory.mktemp("tulu-readings")
     template = (shared_dir() / PINNED_TEMPLATE).read_bytes()
-    lay_out_build(hf_home, tulu_fixture_rows(shared_dir()), name="tulu", seed=42, row_tokens=1024, build_rows=48,
-                  shards=2, row_group_rows=16, tokenizer_files=glm4_tokenizer_files(template))
+    lay_out_build(
+        hf_home,
+        tulu_fixture_rows(shared_dir()),
+        name="tulu",
+        seed=42,
+        row_tokens=1024,
+        build_rows=48,
+        shards=2,
+        row_group_rows=16,
+        tokenizer_files=glm4_tokenizer_files(template),
+    )
     result, manifest = build_under(hf_home, "tulu", readings, tmp_path)
     assert file_rows(result.parquet) == reference_under(hf_home, manifest, readings)

@@ -16,6 +16,13 @@ def test_the_wheel_ships_every_package_of_the_builder():
     """pyproject lists its packages by name: a new subpackage left out builds a wheel that cannot import it."""
     import tomllib
 
-    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"])
-    packages = {".".join(init.parent.relative_to(REPO).parts) for init in (REPO / "builders").rglob("__init__.py")}
+    listed = set(
+        tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"][
+            "packages"
+        ]
+    )
+    packages = {
+        ".".join(init.parent.relative_to(REPO).parts)
+        for init in (REPO / "builders").rglob("__init__.py")
+    }
     assert packages <= listed, f"pyproject.toml does not list {sorted(packages - listed)}"

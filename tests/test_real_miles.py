@@ -15,14 +15,21 @@ import pytest
 
 from helpers import REPO, manifest_names
 
-pytestmark = pytest.mark.skipif(not os.environ.get("MILES_SRC"), reason="needs MILES_SRC, a miles checkout "
-                                                                          "(not on PyPI; never in CI)")
+pytestmark = pytest.mark.skipif(
+    not os.environ.get("MILES_SRC"),
+    reason="needs MILES_SRC, a miles checkout (not on PyPI; never in CI)",
+)
 
 
 def run_check(*args: str) -> subprocess.CompletedProcess:
     python = os.environ.get("MILES_PYTHON", sys.executable)
-    return subprocess.run([python, str(REPO / "bench" / "real_miles.py"), *args], capture_output=True, text=True,
-                          cwd=REPO, timeout=1800)
+    return subprocess.run(
+        [python, str(REPO / "bench" / "real_miles.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=1800,
+    )
 
 
 @pytest.mark.parametrize("name", manifest_names())

@@ -52,7 +52,9 @@ def unrenderable(row: dict) -> dict:
     return row
 
 
-@pytest.mark.parametrize("edit", [answer_changed, unrenderable], ids=["content edited", "edited to be unrenderable"])
+@pytest.mark.parametrize(
+    "edit", [answer_changed, unrenderable], ids=["content edited", "edited to be unrenderable"]
+)
 def test_a_shard_edited_in_the_cache_is_refused_before_any_output(tmp_path, edit):
     rows = synthetic_rows(seed=5, count=120)
     hf_home = tmp_path / "hf"
@@ -64,7 +66,9 @@ def test_a_shard_edited_in_the_cache_is_refused_before_any_output(tmp_path, edit
     out = tmp_path / "out"
     done = run_cli("-q", "--manifest", str(manifest), "--out", str(out), hf_home=hf_home)
     assert done.returncode == 3, done.stderr
-    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, (
+        done.stderr
+    )
     assert EDITED_SHARD.split("/")[-1] in done.stderr
     assert hashlib.sha256(edited).hexdigest() in done.stderr and claimed in done.stderr
     assert not out.exists() or [p.name for p in out.iterdir()] == []
@@ -79,9 +83,17 @@ def test_the_report_records_the_sha256_of_the_bytes_read(tmp_path):
     assert done.returncode == 0, done.stderr
     report = json.loads((out / "custom.report.json").read_text())
     snapshot = snapshot_file(hf_home, "data")
-    expected = [{"name": f"data/{p.name}", "bytes": p.stat().st_size,
-                 "sha256": hashlib.sha256(p.read_bytes()).hexdigest()} for p in sorted(snapshot.iterdir())]
-    assert [{k: f[k] for k in ("name", "bytes", "sha256")} for f in report["source_files"]] == expected
+    expected = [
+        {
+            "name": f"data/{p.name}",
+            "bytes": p.stat().st_size,
+            "sha256": hashlib.sha256(p.read_bytes()).hexdigest(),
+        }
+        for p in sorted(snapshot.iterdir())
+    ]
+    assert [
+        {k: f[k] for k in ("name", "bytes", "sha256")} for f in report["source_files"]
+    ] == expected
     card = (out / "custom.md").read_text()
     assert all(f["sha256"] in card for f in expected)
 
@@ -96,18 +108,39 @@ def test_a_file_whose_blob_is_not_named_by_sha256_is_hashed_and_recorded(tmp_pat
     blob.parent.mkdir()
     blob.write_bytes(b"not what any sha256 names")
     (tmp_path / "linked.json").symlink_to(blob)
-    files = pinned_files({"data/plain.jsonl": plain, "data/linked.json": tmp_path / "linked.json"}.items())
+    files = pinned_files(
+        {"data/plain.jsonl": plain, "data/linked.json": tmp_path / "linked.json"}.items()
+    )
     assert [f.expected_sha256 for f in files] == [None, None]
-    named = [PinnedFile("data/lfs.parquet", lfs, hashlib.sha256(lfs.read_bytes()).hexdigest(), "its LFS object id")]
+    named = [
+        PinnedFile(
+            "data/lfs.parquet",
+            lfs,
+            hashlib.sha256(lfs.read_bytes()).hexdigest(),
+            "its LFS object id",
+        )
+    ]
     with hashed_files(files + named) as hashes:
         recorded = hashes.checked()
     assert recorded == [
-        {"name": "data/plain.jsonl", "bytes": len(plain.read_bytes()),
-         "sha256": hashlib.sha256(plain.read_bytes()).hexdigest(), "checked_against": None},
-        {"name": "data/linked.json", "bytes": len(blob.read_bytes()),
-         "sha256": hashlib.sha256(blob.read_bytes()).hexdigest(), "checked_against": None},
-        {"name": "data/lfs.parquet", "bytes": len(lfs.read_bytes()), "sha256": named[0].expected_sha256,
-         "checked_against": "its LFS object id"},
+        {
+            "name": "data/plain.jsonl",
+            "bytes": len(plain.read_bytes()),
+            "sha256": hashlib.sha256(plain.read_bytes()).hexdigest(),
+            "checked_against": None,
+        },
+        {
+            "name": "data/linked.json",
+            "bytes": len(blob.read_bytes()),
+            "sha256": hashlib.sha256(blob.read_bytes()).hexdigest(),
+            "checked_against": None,
+        },
+        {
+            "name": "data/lfs.parquet",
+            "bytes": len(lfs.read_bytes()),
+            "sha256": named[0].expected_sha256,
+            "checked_against": "its LFS object id",
+        },
     ]
 
 
@@ -115,27 +148,38 @@ def test_a_mismatch_names_the_file_and_where_its_sha256_came_from(tmp_path):
     path = tmp_path / "shard.parquet"
     path.write_bytes(b"edited bytes")
     claimed = hashlib.sha256(b"original bytes").hexdigest()
-    with hashed_files([PinnedFile("data/shard.parquet", path, claimed, "its LFS object id")]) as hashes:
-        with pytest.raises(PinnedInputError) as err:
-            hashes.checked()
+    with (
+        hashed_files(
+            [PinnedFile("data/shard.parquet", path, claimed, "its LFS object id")]
+        ) as hashes,
+        pytest.raises(PinnedInputError) as err,
+    ):
+        hashes.checked()
     message = str(err.value)
-    assert str(path) in message and claimed in message and hashlib.sha256(b"edited bytes").hexdigest() in message
+    assert (
+        str(path) in message
+        and claimed in message
+        and hashlib.sha256(b"edited bytes").hexdigest() in message
+    )
     assert "LFS object id" in message
 
 
 def test_an_unreadable_file_is_a_pinned_input_error(tmp_path):
-    with hashed_files([PinnedFile("data/gone.parquet", tmp_path / "gone.parquet", None, None)]) as hashes:
-        with pytest.raises(PinnedInputError, match="gone.parquet: cannot read"):
-            hashes.checked()
-
+    with (
+        hashed_files(
+            [PinnedFile("data/gone.parquet", tmp_path / "gone.parquet", None, None)]
+        ) as hashes,
+        pytest.raises(PinnedInputError, match="gone.parquet: cannot read"),
+    ):
+        hashes.checked()
 
 
 def test_a_hashing_process_that_dies_is_a_worker_error(tmp_path):
     """The source files are hashed in a process of their own: one killed before it has hashed them all
     (here while it waits to read a named pipe) is exit 7, as a worker that dies; the files it hashed
     before keep their digests."""
-    from builders.inputs.digest import HashingProcess
     from builders.errors import WorkerError
+    from builders.inputs.digest import HashingProcess
 
     first, fifo = tmp_path / "first.parquet", tmp_path / "shard.parquet"
     first.write_bytes(b"PAR1")
@@ -143,7 +187,9 @@ def test_a_hashing_process_that_dies_is_a_worker_error(tmp_path):
     hashing = HashingProcess([first, fifo])
     assert hashing.digests[0].result(timeout=30) == (hashlib.sha256(b"PAR1").hexdigest(), 4)
     hashing.process.kill()
-    with pytest.raises(WorkerError, match=r"the process hashing the source files died .*killed by SIGKILL"):
+    with pytest.raises(
+        WorkerError, match=r"the process hashing the source files died .*killed by SIGKILL"
+    ):
         hashing.digests[1].result(timeout=30)
     hashing.stop()
     assert WorkerError.exit_code == 7

@@ -6,28 +6,30 @@ from __future__ import annotations
 import json
 
 import numpy as np
-
 import pyarrow.parquet as pq
 import pytest
 
-from builders.encode import stream
 from builders.build import build
+from builders.encode import stream
 from builders.errors import SourceDataError
 from builders.fixture.conversations import synthetic
+from builders.inputs.pinned import Hub
 from builders.manifest import load_manifest
 from builders.rows.order import permutation
-from builders.inputs.pinned import Hub
 from helpers import lay_out_build
 
-ROWS = [{"id": f"c{k}", "source": "synthetic", "messages": m} for k, m in enumerate(synthetic(21, 600))]
+ROWS = [
+    {"id": f"c{k}", "source": "synthetic", "messages": m} for k, m in enumerate(synthetic(21, 600))
+]
 
 
 @pytest.fixture(scope="module")
 def laid_out(tmp_path_factory):
     """600 conversations in 60 row groups; 800 rows of 256 tokens consume nearly all of them (849 is all)."""
     hf_home = tmp_path_factory.mktemp("stream")
-    manifest = lay_out_build(hf_home, ROWS, name="stream", row_tokens=256, build_rows=800, shards=3,
-                             row_group_rows=10)
+    manifest = lay_out_build(
+        hf_home, ROWS, name="stream", row_tokens=256, build_rows=800, shards=3, row_group_rows=10
+    )
     return load_manifest(manifest), Hub(hf_home / "hub", offline=True)
 
 
@@ -50,7 +52,11 @@ def plain(laid_out, tmp_path_factory):
 def test_each_row_group_is_decoded_once(plain):
     _, report = plain
     reading = report["source_reading"]
-    assert reading["passes"] == 1 and reading["row_groups_decoded"] == 60 and reading["rows_spilled"] == 0
+    assert (
+        reading["passes"] == 1
+        and reading["row_groups_decoded"] == 60
+        and reading["rows_spilled"] == 0
+    )
     assert report["stats"]["conversations_consumed"] > 0.8 * len(ROWS)  # nearly the whole source
 
 
@@ -62,23 +68,42 @@ def test_workers_decode_the_row_groups_and_change_nothing(laid_out, plain, tmp_p
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_rows_beyond_memory_wait_on_disk_and_change_nothing(laid_out, plain, tmp_path, monkeypatch, workers):
-    data, reading, _ = build_with(laid_out, tmp_path, monkeypatch, workers, MEMORY_ROWS_BYTES=1, ENCODE_BATCH=16)
+def test_rows_beyond_memory_wait_on_disk_and_change_nothing(
+    laid_out, plain, tmp_path, monkeypatch, workers
+):
+    data, reading, _ = build_with(
+        laid_out, tmp_path, monkeypatch, workers, MEMORY_ROWS_BYTES=1, ENCODE_BATCH=16
+    )
     assert data == plain[0]  # 32 rows in memory at once, the rest on disk
-    assert reading["passes"] == 1 and reading["row_groups_decoded"] == 60 and reading["rows_spilled"] > 400
+    assert (
+        reading["passes"] == 1
+        and reading["row_groups_decoded"] == 60
+        and reading["rows_spilled"] > 400
+    )
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_a_short_estimate_makes_another_pass_and_changes_nothing(laid_out, plain, tmp_path, monkeypatch, workers):
-    data, reading, _ = build_with(laid_out, tmp_path, monkeypatch, workers, HORIZON_MARGIN=0.5, EAGER_SHARE=0.3,
-                                  ENCODE_BATCH=16)
+def test_a_short_estimate_makes_another_pass_and_changes_nothing(
+    laid_out, plain, tmp_path, monkeypatch, workers
+):
+    data, reading, _ = build_with(
+        laid_out,
+        tmp_path,
+        monkeypatch,
+        workers,
+        HORIZON_MARGIN=0.5,
+        EAGER_SHARE=0.3,
+        ENCODE_BATCH=16,
+    )
     assert data == plain[0]
     assert reading["passes"] >= 2 and reading["horizon"] < 0.6 * len(ROWS)
 
 
 @pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("constants", [{}, {"MEMORY_ROWS_BYTES": 1}, {"EAGER_SHARE": 0.0}])
-def test_the_first_bad_conversation_in_stream_order_is_the_one_reported(tmp_path, monkeypatch, constants, workers):
+def test_the_first_bad_conversation_in_stream_order_is_the_one_reported(
+    tmp_path, monkeypatch, constants, workers
+):
     """Two conversations the contract cannot render, in different row groups: whichever is decoded or
     encoded first, the error names the one the stream reaches first."""
     for name, value in constants.items():
@@ -87,12 +112,27 @@ def test_the_first_bad_conversation_in_stream_order_is_the_one_reported(tmp_path
     early, late = order[40], order[300]
     rows = [dict(r) for r in ROWS]
     for k in (early, late):
-        rows[k] = {**rows[k], "messages": rows[k]["messages"] + [{"role": "narrator", "content": "x"}]}
-    manifest = lay_out_build(tmp_path / "hf", rows, name="bad", row_tokens=256, build_rows=800, shards=3,
-                             row_group_rows=10)
+        rows[k] = {
+            **rows[k],
+            "messages": rows[k]["messages"] + [{"role": "narrator", "content": "x"}],
+        }
+    manifest = lay_out_build(
+        tmp_path / "hf",
+        rows,
+        name="bad",
+        row_tokens=256,
+        build_rows=800,
+        shards=3,
+        row_group_rows=10,
+    )
     with pytest.raises(SourceDataError, match=rf"source row {early} \(id 'c{early}'\)"):
-        build(load_manifest(manifest), tmp_path / "out", Hub(tmp_path / "hf" / "hub", offline=True), card=False,
-              workers=workers)
+        build(
+            load_manifest(manifest),
+            tmp_path / "out",
+            Hub(tmp_path / "hf" / "hub", offline=True),
+            card=False,
+            workers=workers,
+        )
 
 
 def test_rows_are_the_stream_prefix(plain, laid_out):
@@ -122,14 +162,18 @@ def test_workers_encode_as_this_process_does():
     """A pool's conversations (each field, dtypes included) and its errors are those of this process."""
     import pyarrow as pa
 
-    from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows
     from builders.encode.pool import InProcess, Pool
+    from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows
     from helpers import encoder
 
     enc = encoder(FIXTURE_TEMPLATE.read_text(encoding="utf-8"))
-    rows = [{**row, "index": k, "source": "s" if k % 2 else None}
-            for k, row in enumerate(synthetic_rows(seed=5, count=40))]
-    rows[7]["messages"].append({"role": "function", "content": "x"})  # the contract cannot encode it
+    rows = [
+        {**row, "index": k, "source": "s" if k % 2 else None}
+        for k, row in enumerate(synthetic_rows(seed=5, count=40))
+    ]
+    rows[7]["messages"].append(
+        {"role": "function", "content": "x"}
+    )  # the contract cannot encode it
     table, positions = pa.Table.from_pylist(rows), np.arange(100, 100 + len(rows))
 
     def encoded(encoding) -> dict:
@@ -137,7 +181,9 @@ def test_workers_encode_as_this_process_does():
         with encoding:
             encoding.start(enc, "tokenizers", enc.tokenizer.to_str(), None)
             assert encoding.settle().name == "tokenizers"
-            encoding.submit(table.slice(0, 25), positions[:25], waiting)  # one batch for each worker
+            encoding.submit(
+                table.slice(0, 25), positions[:25], waiting
+            )  # one batch for each worker
             encoding.submit(table.slice(25), positions[25:], waiting)
             for position in positions.tolist():
                 try:
@@ -151,9 +197,21 @@ def test_workers_encode_as_this_process_does():
     for position in positions.tolist():
         mine, theirs = here[position], there[position]
         if position != 107:
-            assert (theirs.index, theirs.id, theirs.source, theirs.ends_with_answer, theirs.left_out,
-                    theirs.cross_checked) == (mine.index, mine.id, mine.source, mine.ends_with_answer, mine.left_out,
-                                              mine.cross_checked)
+            assert (
+                theirs.index,
+                theirs.id,
+                theirs.source,
+                theirs.ends_with_answer,
+                theirs.left_out,
+                theirs.cross_checked,
+            ) == (
+                mine.index,
+                mine.id,
+                mine.source,
+                mine.ends_with_answer,
+                mine.left_out,
+                mine.cross_checked,
+            )
             assert theirs.ids.dtype == mine.ids.dtype and np.array_equal(theirs.ids, mine.ids)
             assert theirs.mask.dtype == mine.mask.dtype and np.array_equal(theirs.mask, mine.mask)
 
@@ -162,9 +220,9 @@ def test_a_format_that_json_cannot_carry_is_refused_before_workers_start():
     """Template variables whose JSON form differs (a key that is not text) would render otherwise in a worker."""
     import dataclasses
 
+    from builders.encode.worker import start_up_message
     from builders.errors import UsageError
     from builders.fixture.make import FIXTURE_TEMPLATE
-    from builders.encode.worker import start_up_message
     from helpers import encoder
 
     enc = encoder(FIXTURE_TEMPLATE.read_text(encoding="utf-8"))

@@ -15,12 +15,12 @@ from transformers import PreTrainedTokenizerFast
 
 import pretokenized_sft_rollout
 from builders.errors import VerificationError
-from builders.rows.figures import RowFigures
 from builders.fixture.conversations import hard_cases
 from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows, tokenizer_json
 from builders.formats.glm5_layout import EOS
 from builders.manifest import load_manifest
 from builders.rows import RowReader, worker_shard
+from builders.rows.figures import RowFigures
 from helpers import MANIFESTS, REPO, SELF_CONTAINED, encoder, manifest_names, with_its_eos
 from miles_emulation import MilesWouldCrash, Target, trained_targets
 from reference import Reference
@@ -57,11 +57,16 @@ def test_iterating_gives_back_exactly_the_built_rows(rows_file):
 @pytest.mark.parametrize("world_size", [1, 2, 3, 5, 8])
 def test_shards_are_disjoint_and_cover_every_row(rows_file, world_size):
     reader = RowReader(rows_file)
-    shards = [[row["index"] for row in reader.rows(rank=r, world_size=world_size)] for r in range(world_size)]
+    shards = [
+        [row["index"] for row in reader.rows(rank=r, world_size=world_size)]
+        for r in range(world_size)
+    ]
     flat = sorted(i for shard in shards for i in shard)
     assert flat == list(range(len(reader)))
-    again = [[row["index"] for row in RowReader(rows_file).rows(rank=r, world_size=world_size)]
-             for r in range(world_size)]
+    again = [
+        [row["index"] for row in RowReader(rows_file).rows(rank=r, world_size=world_size)]
+        for r in range(world_size)
+    ]
     assert again == shards
 
 
@@ -70,8 +75,10 @@ def test_resuming_continues_where_it_stopped(rows_file, world_size, consumed):
     reader = RowReader(rows_file)
     for rank in range(world_size):
         whole = [row["index"] for row in reader.rows(rank=rank, world_size=world_size)]
-        resumed = [row["index"] for row in reader.rows(start=consumed * world_size, rank=rank,
-                                                       world_size=world_size)]
+        resumed = [
+            row["index"]
+            for row in reader.rows(start=consumed * world_size, rank=rank, world_size=world_size)
+        ]
         assert resumed == whole[consumed:]
 
 
@@ -80,8 +87,10 @@ def test_loader_workers_split_their_ranks_rows(rows_file, world_size, workers):
     reader = RowReader(rows_file)
     for rank in range(world_size):
         mine = [row["index"] for row in reader.rows(rank=rank, world_size=world_size)]
-        split = [[row["index"] for row in reader.rows(7, *worker_shard(rank, world_size, w, workers))]
-                 for w in range(workers)]
+        split = [
+            [row["index"] for row in reader.rows(7, *worker_shard(rank, world_size, w, workers))]
+            for w in range(workers)
+        ]
         assert sorted(i for part in split for i in part) == [i for i in mine if i >= 7]
 
 
@@ -89,7 +98,9 @@ def test_reads_one_row_group_at_a_time(rows_file, monkeypatch):
     reader = RowReader(rows_file)
     reads = []
     original = reader._parquet.read_row_group
-    monkeypatch.setattr(reader._parquet, "read_row_group", lambda g, **kw: reads.append(g) or original(g, **kw))
+    monkeypatch.setattr(
+        reader._parquet, "read_row_group", lambda g, **kw: reads.append(g) or original(g, **kw)
+    )
     for _ in reader.rows():
         pass
     assert reads == list(range(reader._parquet.metadata.num_row_groups))
@@ -99,7 +110,11 @@ def test_verify_refuses_a_file_that_differs(rows_file, tmp_path):
     table = pq.read_table(rows_file)
     pq.write_table(table.slice(1), tmp_path / "short.parquet")
     with pytest.raises(VerificationError, match="rows expected 48, got 47"):
-        RowReader(tmp_path / "short.parquet", load_manifest(MANIFESTS / f"{SELF_CONTAINED}.yaml"), verify=True)
+        RowReader(
+            tmp_path / "short.parquet",
+            load_manifest(MANIFESTS / f"{SELF_CONTAINED}.yaml"),
+            verify=True,
+        )
 
 
 def test_the_docs_reader_snippet_runs_from_any_folder(rows_file, tmp_path):
@@ -109,8 +124,13 @@ def test_the_docs_reader_snippet_runs_from_any_folder(rows_file, tmp_path):
     snippet = readme.split("```python\n", 1)[1].split("row = reader[17]")[0]
     snippet = snippet.replace('"out/glm47flash-tulu3-fixed8192-v1.parquet"', repr(str(rows_file)))
     snippet = snippet.replace('"glm47flash-tulu3-fixed8192-v1"', repr(SELF_CONTAINED))
-    done = subprocess.run([sys.executable, "-c", snippet + "print(len(reader), reader[3]['index'])"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", snippet + "print(len(reader), reader[3]['index'])"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["48", "3"]
 
@@ -118,8 +138,10 @@ def test_the_docs_reader_snippet_runs_from_any_folder(rows_file, tmp_path):
 def test_torch_dataset(rows_file):
     torch = pytest.importorskip("torch", reason="torch is optional and not installed")
     from builders.rows import torch_dataset
-    loader = torch.utils.data.DataLoader(torch_dataset(rows_file, rank=1, world_size=2), batch_size=None,
-                                         num_workers=2)
+
+    loader = torch.utils.data.DataLoader(
+        torch_dataset(rows_file, rank=1, world_size=2), batch_size=None, num_workers=2
+    )
     assert sorted(int(row["index"]) for row in loader) == list(range(1, 48, 2))
 
 
@@ -144,23 +166,33 @@ class DataBuffer:
         self.samples = []
         for batch in pq.ParquetFile(path).iter_batches():
             for data in batch.to_pylist():
-                self.samples.append(Sample(prompt=data.get(input_key), metadata=data.get(metadata_key) or {}))
+                self.samples.append(
+                    Sample(prompt=data.get(input_key), metadata=data.get(metadata_key) or {})
+                )
         self.offset = 0
 
     def get_samples(self, n):
-        picked = self.samples[self.offset:self.offset + n]
+        picked = self.samples[self.offset : self.offset + n]
         self.offset += n
         return [[sample] for sample in picked]
 
 
 def fill(path, batch_size=16):
     """Every row of ``path`` through miles' reading path and the rollout function, in order."""
-    args = SimpleNamespace(prompt_data=str(path), input_key="messages", metadata_key="metadata",
-                           rollout_batch_size=batch_size, rollout_global_dataset=True)
+    args = SimpleNamespace(
+        prompt_data=str(path),
+        input_key="messages",
+        metadata_key="metadata",
+        rollout_batch_size=batch_size,
+        rollout_global_dataset=True,
+    )
     buffer = DataBuffer(path, args.input_key, args.metadata_key)
     filled = []
     while buffer.offset < len(buffer.samples):
-        filled += [sample for (sample,) in pretokenized_sft_rollout.generate_rollout(args, len(filled), buffer)]
+        filled += [
+            sample
+            for (sample,) in pretokenized_sft_rollout.generate_rollout(args, len(filled), buffer)
+        ]
     return filled
 
 
@@ -168,14 +200,16 @@ def assert_trains_exactly_the_supervised_tokens(filled, masks, per_micro_batch):
     """Through miles' packing and slicing, each micro-batch trains exactly its rows' supervised
     tokens at positions >= 1, each from the logit just before it in the same row."""
     for first in range(0, len(filled), per_micro_batch):
-        batch = filled[first:first + per_micro_batch]
+        batch = filled[first : first + per_micro_batch]
         targets, normalizer = trained_targets(batch)
         rows = [sample.metadata["row_index"] for sample in batch]
         expected = {(row, int(t)) for row in rows for t in np.flatnonzero(masks[row]) if t >= 1}
         assert len(targets) == len(expected) and {(t.row, t.position) for t in targets} == expected
         assert all((t.logit_row, t.logit_position) == (t.row, t.position - 1) for t in targets)
         # miles counts a sample with nothing to train as one token (max(mask.sum(), 1))
-        assert normalizer == len(expected) + sum(1 for row in rows if not np.asarray(masks[row])[1:].any())
+        assert normalizer == len(expected) + sum(
+            1 for row in rows if not np.asarray(masks[row])[1:].any()
+        )
 
 
 @pytest.mark.parametrize("name", manifest_names())
@@ -208,7 +242,15 @@ def edge_rows_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("edge") / "edge.parquet"
     writer = RowWriter(path)
     for k, mask in enumerate(EDGE_MASKS.values()):
-        writer.write(Row(np.arange(8, dtype=np.int32) + 10 * k, np.array(mask, dtype=np.uint8), [k], [f"c{k}"], [0]))
+        writer.write(
+            Row(
+                np.arange(8, dtype=np.int32) + 10 * k,
+                np.array(mask, dtype=np.uint8),
+                [k],
+                [f"c{k}"],
+                [0],
+            )
+        )
     writer.close()
     return path
 
@@ -227,7 +269,10 @@ def test_a_response_from_token_0_breaks_miles(edge_rows_file):
     logit when first in its micro-batch, and the previous row's last logit otherwise."""
     filled = fill(edge_rows_file, batch_size=2)
     first, second = filled[0], filled[2]  # both start supervised
-    for sample, mask in ((first, EDGE_MASKS["starts supervised"]), (second, EDGE_MASKS["all supervised"])):
+    for sample, mask in (
+        (first, EDGE_MASKS["starts supervised"]),
+        (second, EDGE_MASKS["all supervised"]),
+    ):
         sample.response_length, sample.loss_mask = len(mask), list(mask)
     with pytest.raises(MilesWouldCrash):
         trained_targets([first, second])
@@ -258,7 +303,7 @@ class MultiTurnLossMaskGenerator:
         else:
             raise ValueError(f"Unsupported tokenizer type: {self.tokenizer_type}")
 '''
-STAND_IN_ARGUMENTS = '''
+STAND_IN_ARGUMENTS = """
 def add_args(parser):
     parser.add_argument(
                 "--loss-mask-type",
@@ -267,7 +312,7 @@ def add_args(parser):
                 choices=["qwen", "qwen3", "distill_qwen"],
                 help="Loss mask type",
             )
-'''
+"""
 
 
 @pytest.fixture
@@ -283,12 +328,16 @@ def patched_miles(tmp_path, monkeypatch):
     done = subprocess.run(script + [str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert subprocess.run(script + ["--check", str(tmp_path)], capture_output=True).returncode == 0
-    assert subprocess.run(script + [str(tmp_path)], capture_output=True, text=True).stdout.strip() == \
-        "already applied"
+    assert (
+        subprocess.run(script + [str(tmp_path)], capture_output=True, text=True).stdout.strip()
+        == "already applied"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     for name in [m for m in sys.modules if m == "miles" or m.startswith("miles.")]:
         monkeypatch.delitem(sys.modules, name)
-    return importlib.import_module("miles.utils.mask_utils"), importlib.import_module("miles.utils.arguments")
+    return importlib.import_module("miles.utils.mask_utils"), importlib.import_module(
+        "miles.utils.arguments"
+    )
 
 
 def test_patched_generator_returns_the_builders_tokens_and_mask(patched_miles, tmp_path):
@@ -298,10 +347,15 @@ def test_patched_generator_returns_the_builders_tokens_and_mask(patched_miles, t
     assert parser.parse_args(["--loss-mask-type", "glm5"]).loss_mask_type == "glm5"
     (tmp_path / "tokenizer.json").write_bytes(tokenizer_json())
     template = FIXTURE_TEMPLATE.read_text(encoding="utf-8")
-    hf = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"), chat_template=template)
+    hf = PreTrainedTokenizerFast(
+        tokenizer_file=str(tmp_path / "tokenizer.json"), chat_template=template
+    )
     generator = mask_utils.MultiTurnLossMaskGenerator(hf, tokenizer_type="glm5")
     builder = encoder(template)
-    rows = [{"index": i, "id": r["id"], "messages": r["messages"]} for i, r in enumerate(synthetic_rows())]
+    rows = [
+        {"index": i, "id": r["id"], "messages": r["messages"]}
+        for i, r in enumerate(synthetic_rows())
+    ]
     for row, expected in zip(rows, builder.encode(rows)):
         token_ids, loss_mask = generator.get_loss_mask(row["messages"])
         assert (token_ids, loss_mask) == with_its_eos(builder, expected), row["id"]
@@ -328,19 +382,29 @@ def test_step_loss_mask_unsupervises_an_answer_and_its_stop_token(glm_hf_tokeniz
     for messages in [*hard_cases(), *(r["messages"] for r in synthetic_rows()[:60])]:
         answers = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         for untrained in [set(), *({i} for i in answers), set(answers)]:
-            marked = [{**m, "step_loss_mask": 0} if i in untrained else m for i, m in enumerate(messages)]
-            assert glm5_loss_mask(hf, marked) == reference.conversation(messages, frozenset(untrained))
+            marked = [
+                {**m, "step_loss_mask": 0} if i in untrained else m for i, m in enumerate(messages)
+            ]
+            assert glm5_loss_mask(hf, marked) == reference.conversation(
+                messages, frozenset(untrained)
+            )
             checked += bool(untrained)
     assert checked > 100
     # the field present and 1 is the field absent, and the builder's rows have it absent
     messages = hard_cases()[1]
-    assert glm5_loss_mask(hf, [{**m, "step_loss_mask": 1} for m in messages]) == glm5_loss_mask(hf, messages)
+    assert glm5_loss_mask(hf, [{**m, "step_loss_mask": 1} for m in messages]) == glm5_loss_mask(
+        hf, messages
+    )
 
 
 @pytest.mark.parametrize("module", ["builders.rows", "pretokenized_sft_rollout"])
 def test_the_training_side_loads_no_tokenizer_stack(module):
     """What miles imports from this project pulls in no transformers, tokenizers, jinja2 or huggingface_hub."""
-    code = (f"import sys, {module}; print(sorted({{n.split('.')[0] for n in sys.modules}} & "
-            "{'transformers', 'tokenizers', 'jinja2', 'huggingface_hub', 'torch', 'matplotlib', 'tqdm'}))")
+    code = (
+        f"import sys, {module}; print(sorted({{n.split('.')[0] for n in sys.modules}} & "
+        "{'transformers', 'tokenizers', 'jinja2', 'huggingface_hub', 'torch', 'matplotlib', 'tqdm'}))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
-    assert done.returncode == 0 and done.stdout.strip() == "[]" and done.stderr == "", done.stdout + done.stderr
+    assert done.returncode == 0 and done.stdout.strip() == "[]" and done.stderr == "", (
+        done.stdout + done.stderr
+    )

@@ -29,9 +29,9 @@ from builders.fixture.make import (
 )
 from builders.fixture.tokenizer import ADDED_TOKENS, SPECIAL_TOKENS, with_nfc_normalizer
 from builders.formats import FormatSpec, glm5_spec
-from builders.manifest import load_manifest, parse_manifest
-from builders.inputs.pinned import Hub
 from builders.formats.vocab import char_spans
+from builders.inputs.pinned import Hub
+from builders.manifest import load_manifest, parse_manifest
 from helpers import MANIFESTS, NEEDS_SHARED, TEMPLATES, lay_out_build, manifest_names, run_cli
 
 GLM_STOPS = ("<|endoftext|>", "<|user|>", "<|observation|>")
@@ -39,18 +39,28 @@ GLM_PREFILLS = ({}, {"enable_thinking": False})
 
 
 def turns_spec(template: str, **more) -> FormatSpec:
-    return FormatSpec("turns", template, **{"eos": "<|endoftext|>", "stop": GLM_STOPS, "prefills": GLM_PREFILLS,
-                                            **more})
+    return FormatSpec(
+        "turns",
+        template,
+        **{"eos": "<|endoftext|>", "stop": GLM_STOPS, "prefills": GLM_PREFILLS, **more},
+    )
 
 
 def glm_template(which) -> str:
     """A GLM-format template with its generation prompt (the fixture's gets one added)."""
     text = which()
-    return text if "add_generation_prompt" in text else fixture_template_with_generation_prompt().decode()
+    return (
+        text
+        if "add_generation_prompt" in text
+        else fixture_template_with_generation_prompt().decode()
+    )
 
 
 def rows_of(conversations, first_index: int = 0) -> list[dict]:
-    return [{"index": first_index + k, "id": f"c{k}", "messages": m} for k, m in enumerate(conversations)]
+    return [
+        {"index": first_index + k, "id": f"c{k}", "messages": m}
+        for k, m in enumerate(conversations)
+    ]
 
 
 def fixture_tokenizer() -> Tokenizer:
@@ -67,8 +77,13 @@ def test_turns_gives_the_glm5_mask_on_the_hard_cases(template, normalizer):
     source = with_nfc_normalizer(source) if normalizer else source
     glm5 = ConversationEncoder(Tokenizer.from_str(source), glm5_spec(text))
     turns = ConversationEncoder(Tokenizer.from_str(source), turns_spec(text))
-    nfd = [{"role": "user", "content": "cafe\u0301?"}, {"role": "assistant", "content": "re\u0301sume\u0301 done"}]
-    rows = rows_of(hard_cases() + [nfd]) + [dict(r, index=1000 + k) for k, r in enumerate(synthetic_rows())]
+    nfd = [
+        {"role": "user", "content": "cafe\u0301?"},
+        {"role": "assistant", "content": "re\u0301sume\u0301 done"},
+    ]
+    rows = rows_of(hard_cases() + [nfd]) + [
+        dict(r, index=1000 + k) for k, r in enumerate(synthetic_rows())
+    ]
     for row, a, b in zip(rows, glm5.encode(rows), turns.encode(rows)):
         assert a.ids.tolist() == b.ids.tolist() and a.mask.tolist() == b.mask.tolist(), row["id"]
         assert a.ends_with_answer == b.ends_with_answer, row["id"]
@@ -81,12 +96,25 @@ def turns_manifest(name: str, fixture_cache: Path, folder: Path) -> Path:
     tok = doc["tokenizer"]
     if tok["repo"] == TOKENIZER_REPO:
         tok["repo"] = GENERATION_PROMPT_TOKENIZER_REPO
-        refs = fixture_cache / "hub" / f"models--{GENERATION_PROMPT_TOKENIZER_REPO.replace('/', '--')}" / "refs"
+        refs = (
+            fixture_cache
+            / "hub"
+            / f"models--{GENERATION_PROMPT_TOKENIZER_REPO.replace('/', '--')}"
+            / "refs"
+        )
         tok["revision"] = (refs / "main").read_text().strip()
-        tok["sha256"]["chat_template.jinja"] = hashlib.sha256(fixture_template_with_generation_prompt()).hexdigest()
-    tok |= {"eos": "<|endoftext|>", "stop": list(GLM_STOPS), "prefills": [dict(p) for p in GLM_PREFILLS]}
+        tok["sha256"]["chat_template.jinja"] = hashlib.sha256(
+            fixture_template_with_generation_prompt()
+        ).hexdigest()
+    tok |= {
+        "eos": "<|endoftext|>",
+        "stop": list(GLM_STOPS),
+        "prefills": [dict(p) for p in GLM_PREFILLS],
+    }
     doc["loss_mask"] = "turns"
-    doc["expect"] = {k: v for k, v in doc["expect"].items() if k in ("rows_sha256", "supervised_token_ratio")}
+    doc["expect"] = {
+        k: v for k, v in doc["expect"].items() if k in ("rows_sha256", "supervised_token_ratio")
+    }
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
@@ -100,7 +128,9 @@ def test_turns_builds_the_glm5_rows_of_every_fixture_manifest(name, fixture_cach
     result = build(manifest, tmp_path / "out", hub, card=True)
     assert result.verified, [c for c in result.verification.checks if c.status != "ok"]
     report = json.loads(result.report.read_text())
-    assert report["chat_format"]["loss_mask"] == "turns" and report["chat_format"]["stop"] == list(GLM_STOPS)
+    assert report["chat_format"]["loss_mask"] == "turns" and report["chat_format"]["stop"] == list(
+        GLM_STOPS
+    )
     card = (tmp_path / "out" / f"{name}.md").read_text()
     assert "`loss_mask: turns`" in card and "generation_prompts" in card
 
@@ -111,7 +141,12 @@ def test_rollout_and_row_iterator_work_on_turns_rows(fixture_cache, hub, tmp_pat
     from builders.rows import RowReader
 
     name = manifest_names(with_shared=False)[0]
-    result = build(load_manifest(turns_manifest(name, fixture_cache, tmp_path)), tmp_path / "out", hub, card=False)
+    result = build(
+        load_manifest(turns_manifest(name, fixture_cache, tmp_path)),
+        tmp_path / "out",
+        hub,
+        card=False,
+    )
     ids, masks = built_rows(result.parquet)
     assert [list(r["input_ids"]) for r in RowReader(result.parquet)] == ids
     filled = fill(result.parquet)
@@ -120,14 +155,18 @@ def test_rollout_and_row_iterator_work_on_turns_rows(fixture_cache, hub, tmp_pat
 
 
 # a ChatML-shaped template on the fixture tokenizer's special tokens: the stop token is followed by markup
-CHATML = ("{%- for m in messages -%}<|user|>{{ m.role }}\n{{ m.content }}<|endoftext|>\n{%- endfor -%}"
-          "{%- if add_generation_prompt -%}<|user|>assistant\n{% endif %}")
+CHATML = (
+    "{%- for m in messages -%}<|user|>{{ m.role }}\n{{ m.content }}<|endoftext|>\n{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|user|>assistant\n{% endif %}"
+)
 
 
 def supervised_text(encoder, conversation) -> str:
     ids, mask = conversation.ids, conversation.mask
-    return "|".join(encoder.tokenizer.decode([int(i) for i in ids[a:b]], skip_special_tokens=False)
-                    for a, b in _runs(mask))
+    return "|".join(
+        encoder.tokenizer.decode([int(i) for i in ids[a:b]], skip_special_tokens=False)
+        for a, b in _runs(mask)
+    )
 
 
 def _runs(mask):
@@ -136,10 +175,16 @@ def _runs(mask):
 
 
 def test_the_stop_token_ends_an_answer_and_the_markup_after_it_is_not_supervised():
-    enc = ConversationEncoder(fixture_tokenizer(), FormatSpec("turns", CHATML, "<|endoftext|>", ("<|endoftext|>",)))
-    conversation = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
-                    {"role": "assistant", "content": "hello"}, {"role": "user", "content": "bye"},
-                    {"role": "assistant", "content": "see you"}]
+    enc = ConversationEncoder(
+        fixture_tokenizer(), FormatSpec("turns", CHATML, "<|endoftext|>", ("<|endoftext|>",))
+    )
+    conversation = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "bye"},
+        {"role": "assistant", "content": "see you"},
+    ]
     (encoded,) = enc.encode(rows_of([conversation]))
     # the header is the generation prompt "<|user|>assistant\n"; "\n" after each <|endoftext|> is markup
     assert supervised_text(enc, encoded) == "hello<|endoftext|>|see you<|endoftext|>"
@@ -151,31 +196,51 @@ def test_the_stop_token_ends_an_answer_and_the_markup_after_it_is_not_supervised
 
 
 def test_an_untrained_answer_is_rendered_but_not_supervised():
-    enc = ConversationEncoder(fixture_tokenizer(), FormatSpec("turns", CHATML, "<|endoftext|>", ("<|endoftext|>",)))
-    conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello", "step_loss_mask": 0},
-                    {"role": "user", "content": "bye"}, {"role": "assistant", "content": "see you"}]
+    enc = ConversationEncoder(
+        fixture_tokenizer(), FormatSpec("turns", CHATML, "<|endoftext|>", ("<|endoftext|>",))
+    )
+    conversation = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello", "step_loss_mask": 0},
+        {"role": "user", "content": "bye"},
+        {"role": "assistant", "content": "see you"},
+    ]
     (encoded,) = enc.encode(rows_of([conversation]))
     assert "hello" in enc.tokenizer.decode(encoded.ids.tolist())
     assert supervised_text(enc, encoded) == "see you<|endoftext|>"
 
 
-@pytest.mark.parametrize("messages, named", [
-    ([{"role": "user", "content": "x"}, {"role": "assistant", "content": "y", "tool_calls": [{"name": "f"}]}],
-     "'tool_calls'"),
-    ([{"role": "user", "content": [{"type": "text", "text": "x"}]}], "content of type list"),
-    ([{"role": "user", "content": "x", "name": "bob"}], "'name'"),
-])
+@pytest.mark.parametrize(
+    "messages, named",
+    [
+        (
+            [
+                {"role": "user", "content": "x"},
+                {"role": "assistant", "content": "y", "tool_calls": [{"name": "f"}]},
+            ],
+            "'tool_calls'",
+        ),
+        ([{"role": "user", "content": [{"type": "text", "text": "x"}]}], "content of type list"),
+        ([{"role": "user", "content": "x", "name": "bob"}], "'name'"),
+    ],
+)
 def test_messages_with_tools_lists_or_other_fields_are_refused_by_name(messages, named):
-    enc = ConversationEncoder(fixture_tokenizer(), turns_spec(fixture_template_with_generation_prompt().decode()))
+    enc = ConversationEncoder(
+        fixture_tokenizer(), turns_spec(fixture_template_with_generation_prompt().decode())
+    )
     with pytest.raises(SourceDataError, match=f"source row 7 \\(id 'c0'\\).*{named}"):
         enc.encode(rows_of([messages], first_index=7))
 
 
 def test_a_conversation_whose_markup_depends_on_its_text_is_refused_at_the_character():
-    template = ("{%- for m in messages -%}<|user|>{{ m.role }}\n{% if m.content | length > 5 %}[long]{% endif %}"
-                "{{ m.content }}<|endoftext|>{%- endfor -%}{%- if add_generation_prompt -%}<|user|>assistant\n"
-                "{% endif %}")
-    enc = ConversationEncoder(fixture_tokenizer(), FormatSpec("turns", template, "<|endoftext|>", ("<|endoftext|>",)))
+    template = (
+        "{%- for m in messages -%}<|user|>{{ m.role }}\n{% if m.content | length > 5 %}[long]{% endif %}"
+        "{{ m.content }}<|endoftext|>{%- endfor -%}{%- if add_generation_prompt -%}<|user|>assistant\n"
+        "{% endif %}"
+    )
+    enc = ConversationEncoder(
+        fixture_tokenizer(), FormatSpec("turns", template, "<|endoftext|>", ("<|endoftext|>",))
+    )
     short = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
     enc.encode(rows_of([short]))
     long = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a long answer"}]
@@ -183,69 +248,111 @@ def test_a_conversation_whose_markup_depends_on_its_text_is_refused_at_the_chara
         enc.encode(rows_of([short, long], first_index=40))
     text = str(err.value)
     # "<|user|>user\nhi<|endoftext|>" is 28 characters, "<|user|>assistant\n" 18: then the template prints [long]
-    assert "source row 41 (id 'c1')" in text and "message 1 (assistant)" in text and "character 46" in text, text
+    assert (
+        "source row 41 (id 'c1')" in text
+        and "message 1 (assistant)" in text
+        and "character 46" in text
+    ), text
     assert err.value.exit_code == 4
 
 
 def test_an_answer_with_no_generation_prompt_before_it_is_refused():
-    template = ("{%- for m in messages -%}{% if m.role == 'assistant' %}<|observation|>{% else %}<|user|>{% endif %}"
-                "{{ m.content }}{%- endfor -%}{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}")
-    enc = ConversationEncoder(fixture_tokenizer(), FormatSpec("turns", template, "<|endoftext|>", ("<|endoftext|>",)))
-    with pytest.raises(SourceDataError, match="source row 0 .*message 1 \\(assistant\\): none of the template's "
-                                              "generation prompts"):
-        enc.encode(rows_of([[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]]))
+    template = (
+        "{%- for m in messages -%}{% if m.role == 'assistant' %}<|observation|>{% else %}<|user|>{% endif %}"
+        "{{ m.content }}{%- endfor -%}{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}"
+    )
+    enc = ConversationEncoder(
+        fixture_tokenizer(), FormatSpec("turns", template, "<|endoftext|>", ("<|endoftext|>",))
+    )
+    with pytest.raises(
+        SourceDataError,
+        match="source row 0 .*message 1 \\(assistant\\): none of the template's generation prompts",
+    ):
+        enc.encode(
+            rows_of([[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]])
+        )
 
 
 # a Llama-3.2-style system block: the date comes from the clock unless pinned
-DATED = ("{%- set date_string = strftime_now('%d %b %Y') -%}<|user|>system\nToday Date: {{ date_string }}"
-         "<|endoftext|>{%- for m in messages -%}<|user|>{{ m.role }}\n{{ m.content }}<|endoftext|>{%- endfor -%}"
-         "{%- if add_generation_prompt -%}<|user|>assistant\n{% endif %}")
+DATED = (
+    "{%- set date_string = strftime_now('%d %b %Y') -%}<|user|>system\nToday Date: {{ date_string }}"
+    "<|endoftext|>{%- for m in messages -%}<|user|>{{ m.role }}\n{{ m.content }}<|endoftext|>{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|user|>assistant\n{% endif %}"
+)
 
 
 def test_a_template_that_reads_the_clock_needs_render_date_before_any_work():
     with pytest.raises(ManifestError, match="render_date") as err:
-        ConversationEncoder(fixture_tokenizer(), FormatSpec("turns", DATED, "<|endoftext|>", ("<|endoftext|>",)))
+        ConversationEncoder(
+            fixture_tokenizer(), FormatSpec("turns", DATED, "<|endoftext|>", ("<|endoftext|>",))
+        )
     assert err.value.exit_code == 2
 
 
-@pytest.mark.parametrize("render_date, shown", [("2024-07-26", "26 Jul 2024"), ("2031-01-02", "02 Jan 2031")])
+@pytest.mark.parametrize(
+    "render_date, shown", [("2024-07-26", "26 Jul 2024"), ("2031-01-02", "02 Jan 2031")]
+)
 def test_render_date_is_what_strftime_now_returns(render_date, shown):
-    enc = ConversationEncoder(fixture_tokenizer(), FormatSpec("turns", DATED, "<|endoftext|>", ("<|endoftext|>",),
-                                                              render_date=render_date))
-    (encoded,) = enc.encode(rows_of([[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]]))
+    enc = ConversationEncoder(
+        fixture_tokenizer(),
+        FormatSpec("turns", DATED, "<|endoftext|>", ("<|endoftext|>",), render_date=render_date),
+    )
+    (encoded,) = enc.encode(
+        rows_of([[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]])
+    )
     text = enc.tokenizer.decode(encoded.ids.tolist(), skip_special_tokens=False)
     assert f"Today Date: {shown}<|endoftext|>" in text
     assert supervised_text(enc, encoded) == "a<|endoftext|>"
 
 
 def manifest_text(sha: dict, tokenizer_lines: str, loss_mask: str = "turns") -> str:
-    return (f"name: t\ndataset: {{repo: a/b, revision: '{'1' * 40}', split: train}}\n"
-            f"tokenizer:\n  repo: a/c\n  revision: '{'2' * 40}'\n  sha256: {json.dumps(sha)}\n{tokenizer_lines}"
-            f"loss_mask: {loss_mask}\nseed: 1\nrow_tokens: 8\nrows: 1\n")
+    return (
+        f"name: t\ndataset: {{repo: a/b, revision: '{'1' * 40}', split: train}}\n"
+        f"tokenizer:\n  repo: a/c\n  revision: '{'2' * 40}'\n  sha256: {json.dumps(sha)}\n{tokenizer_lines}"
+        f"loss_mask: {loss_mask}\nseed: 1\nrow_tokens: 8\nrows: 1\n"
+    )
 
 
 SHA = {"tokenizer.json": "a" * 64, "tokenizer_config.json": "b" * 64}
 
 
 def test_manifest_fields_of_turns():
-    manifest = parse_manifest(manifest_text(SHA, "  eos: '<|endoftext|>'\n  stop: ['<|user|>']\n"
-                                                 "  prefills: [{}, {enable_thinking: false}]\n"
-                                                 "  template_vars: {date_string: 26 Jul 2024, day: 2024-07-26}\n"
-                                                 "  render_date: 2024-07-26\n  chat_template_name: tool_use\n"))
+    manifest = parse_manifest(
+        manifest_text(
+            SHA,
+            "  eos: '<|endoftext|>'\n  stop: ['<|user|>']\n"
+            "  prefills: [{}, {enable_thinking: false}]\n"
+            "  template_vars: {date_string: 26 Jul 2024, day: 2024-07-26}\n"
+            "  render_date: 2024-07-26\n  chat_template_name: tool_use\n",
+        )
+    )
     tok = manifest.tokenizer
-    assert (tok.eos, tok.stop, tok.prefills) == ("<|endoftext|>", ("<|user|>",), ({}, {"enable_thinking": False}))
-    assert tok.template_vars == {"date_string": "26 Jul 2024", "day": "2024-07-26"} and tok.render_date == "2024-07-26"
-    assert tok.chat_template_name == "tool_use" and tok.files == ("tokenizer.json", "tokenizer_config.json")
+    assert (tok.eos, tok.stop, tok.prefills) == (
+        "<|endoftext|>",
+        ("<|user|>",),
+        ({}, {"enable_thinking": False}),
+    )
+    assert (
+        tok.template_vars == {"date_string": "26 Jul 2024", "day": "2024-07-26"}
+        and tok.render_date == "2024-07-26"
+    )
+    assert tok.chat_template_name == "tool_use" and tok.files == (
+        "tokenizer.json",
+        "tokenizer_config.json",
+    )
 
 
-@pytest.mark.parametrize("lines, loss_mask, named", [
-    ("  stop: ['<|user|>']\n", "turns", "tokenizer.eos"),
-    ("  eos: x\n", "turns", "tokenizer.stop"),
-    ("  eos: x\n  stop: []\n", "turns", "tokenizer.stop"),
-    ("  eos: x\n  stop: [x]\n  prefills: {a: 1}\n", "turns", "tokenizer.prefills"),
-    ("  eos: x\n  stop: [x]\n  render_date: soon\n", "turns", "tokenizer.render_date"),
-    ("  eos: x\n", "glm5", "tokenizer.eos"),
-])
+@pytest.mark.parametrize(
+    "lines, loss_mask, named",
+    [
+        ("  stop: ['<|user|>']\n", "turns", "tokenizer.eos"),
+        ("  eos: x\n", "turns", "tokenizer.stop"),
+        ("  eos: x\n  stop: []\n", "turns", "tokenizer.stop"),
+        ("  eos: x\n  stop: [x]\n  prefills: {a: 1}\n", "turns", "tokenizer.prefills"),
+        ("  eos: x\n  stop: [x]\n  render_date: soon\n", "turns", "tokenizer.render_date"),
+        ("  eos: x\n", "glm5", "tokenizer.eos"),
+    ],
+)
 def test_bad_turns_fields_are_named(lines, loss_mask, named):
     with pytest.raises(ManifestError, match=named.replace(".", "\\.")):
         parse_manifest(manifest_text(SHA, lines, loss_mask))
@@ -253,40 +360,71 @@ def test_bad_turns_fields_are_named(lines, loss_mask, named):
 
 def test_turns_refuses_glm_only_readings():
     with pytest.raises(ManifestError, match="contract.mask_rule.*turns"):
-        parse_manifest(manifest_text(SHA, "  eos: x\n  stop: [x]\n") + "contract: {mask_rule: slime-pr1844}\n")
+        parse_manifest(
+            manifest_text(SHA, "  eos: x\n  stop: [x]\n") + "contract: {mask_rule: slime-pr1844}\n"
+        )
 
 
 def test_eos_and_stop_must_be_special_tokens():
     with pytest.raises(ManifestError, match="tokenizer.stop: '<think>' is not a special token"):
-        ConversationEncoder(fixture_tokenizer(), turns_spec(fixture_template_with_generation_prompt().decode(),
-                                                            stop=("<|user|>", "<think>")))
+        ConversationEncoder(
+            fixture_tokenizer(),
+            turns_spec(
+                fixture_template_with_generation_prompt().decode(), stop=("<|user|>", "<think>")
+            ),
+        )
 
 
-NAMED_CONFIG_TEMPLATE = ("{{ bos_token }}{%- for m in messages -%}<|user|>{{ m.role }}\n{{ m.content }}{{ eos_token }}"
-                         "{%- endfor -%}{%- if add_generation_prompt -%}<|user|>assistant\n{% endif %}")
+NAMED_CONFIG_TEMPLATE = (
+    "{{ bos_token }}{%- for m in messages -%}<|user|>{{ m.role }}\n{{ m.content }}{{ eos_token }}"
+    "{%- endfor -%}{%- if add_generation_prompt -%}<|user|>assistant\n{% endif %}"
+)
 
 
 @pytest.mark.parametrize("name", [None, "other"])
 def test_the_template_from_tokenizer_config_gets_its_special_tokens(tmp_path, name):
     """tokenizer_config.json's chat_template (a list of named ones), its special tokens as the template's variables
     (a string, or an AddedToken mapping's content)."""
-    config = {"bos_token": {"__type": "AddedToken", "content": "[gMASK]"}, "eos_token": "<|endoftext|>",
-              "chat_template": [{"name": "default", "template": NAMED_CONFIG_TEMPLATE},
-                                {"name": "other", "template": "<sop>" + NAMED_CONFIG_TEMPLATE}]}
-    files = {"tokenizer.json": tokenizer_json(), "tokenizer_config.json": json.dumps(config).encode()}
-    path = lay_out_build(tmp_path, synthetic_rows(count=40), name="cfg", row_tokens=128, build_rows=4,
-                         tokenizer_files=files)
-    text = path.read_text().replace("loss_mask: glm5", (
-        "  eos: '<|endoftext|>'\n  stop: ['<|endoftext|>']\n" + (f"  chat_template_name: {name}\n" if name else "")
-        + "loss_mask: turns"))
+    config = {
+        "bos_token": {"__type": "AddedToken", "content": "[gMASK]"},
+        "eos_token": "<|endoftext|>",
+        "chat_template": [
+            {"name": "default", "template": NAMED_CONFIG_TEMPLATE},
+            {"name": "other", "template": "<sop>" + NAMED_CONFIG_TEMPLATE},
+        ],
+    }
+    files = {
+        "tokenizer.json": tokenizer_json(),
+        "tokenizer_config.json": json.dumps(config).encode(),
+    }
+    path = lay_out_build(
+        tmp_path,
+        synthetic_rows(count=40),
+        name="cfg",
+        row_tokens=128,
+        build_rows=4,
+        tokenizer_files=files,
+    )
+    text = path.read_text().replace(
+        "loss_mask: glm5",
+        (
+            "  eos: '<|endoftext|>'\n  stop: ['<|endoftext|>']\n"
+            + (f"  chat_template_name: {name}\n" if name else "")
+            + "loss_mask: turns"
+        ),
+    )
     path.write_text(text)
-    result = build(load_manifest(path), tmp_path / "out", Hub(tmp_path / "hub", offline=True), card=False)
+    result = build(
+        load_manifest(path), tmp_path / "out", Hub(tmp_path / "hub", offline=True), card=False
+    )
     report = json.loads(result.report.read_text())
     assert report["chat_format"]["chat_template"] == f"tokenizer_config.json ({name or 'default'})"
     from builders.rows import RowReader
 
     first = RowReader(result.parquet)[0]["input_ids"]
-    start = Tokenizer.from_str(tokenizer_json().decode()).decode(list(first)[:3], skip_special_tokens=False)
+    start = Tokenizer.from_str(tokenizer_json().decode()).decode(
+        list(first)[:3], skip_special_tokens=False
+    )
     assert start.startswith("<sop>[gMASK]<|user|>" if name else "[gMASK]<|user|>"), start
 
 
@@ -295,11 +433,17 @@ def sentencepiece_style() -> Tokenizer:
     tokenizer = Tokenizer(models.BPE(byte_fallback=True, unk_token=None))
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
     tokenizer.decoder = decoders.Sequence([decoders.Metaspace(), decoders.ByteFallback()])
-    trainer = trainers.BpeTrainer(vocab_size=800, min_frequency=2, show_progress=False,
-                                  initial_alphabet=[f"<0x{b:02X}>" for b in range(256)],
-                                  special_tokens=[f"<0x{b:02X}>" for b in range(256)])
+    trainer = trainers.BpeTrainer(
+        vocab_size=800,
+        min_frequency=2,
+        show_progress=False,
+        initial_alphabet=[f"<0x{b:02X}>" for b in range(256)],
+        special_tokens=[f"<0x{b:02X}>" for b in range(256)],
+    )
     tokenizer.train_from_iterator(corpus(lines=1500), trainer)
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tokenizer.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
+    )
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
     return tokenizer
 
@@ -334,8 +478,11 @@ def _character_mask(text: str, spans: np.ndarray, mask: np.ndarray) -> str:
 def test_a_turns_manifest_refused_for_the_clock_exits_2_before_any_work(tmp_path):
     files = {"tokenizer.json": tokenizer_json(), "chat_template.jinja": DATED.encode()}
     path = lay_out_build(tmp_path, synthetic_rows(count=20), name="dated", tokenizer_files=files)
-    path.write_text(path.read_text().replace("loss_mask: glm5", "  eos: '<|endoftext|>'\n  stop: ['<|endoftext|>']\n"
-                                                                "loss_mask: turns"))
+    path.write_text(
+        path.read_text().replace(
+            "loss_mask: glm5", "  eos: '<|endoftext|>'\n  stop: ['<|endoftext|>']\nloss_mask: turns"
+        )
+    )
     done = run_cli("--manifest", str(path), "--out", str(tmp_path / "out"), hf_home=tmp_path)
     assert done.returncode == 2 and "render_date" in done.stderr, done.stderr
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
@@ -345,12 +492,20 @@ def test_explain_on_a_turns_manifest_searches_the_readings_that_apply(fixture_ca
     """The turns build of a fixture manifest reproduces its pinned rows under the default reading; the
     GLM-only readings are named as not applying, and no contract tried holds one."""
     from builders.contract import DEFAULT
-    from builders.views.explain import explain
     from builders.runtime.progress import Reporter
+    from builders.views.explain import explain
 
-    manifest = load_manifest(turns_manifest(manifest_names(with_shared=False)[0], fixture_cache, tmp_path))
-    found = explain(manifest, Hub(fixture_cache / "hub", offline=True), Reporter.silent(), everything=True)
+    manifest = load_manifest(
+        turns_manifest(manifest_names(with_shared=False)[0], fixture_cache, tmp_path)
+    )
+    found = explain(
+        manifest, Hub(fixture_cache / "hub", offline=True), Reporter.silent(), everything=True
+    )
     assert found.matches[0] == DEFAULT
-    assert any("mask_rule, final, prefill do not apply" in note for note in found.notes), found.notes
-    assert all(c.mask_rule == "structure" and c.final == "eos" and c.prefill == "after-prefill"
-               for c in found.matches + [c for c, _ in found.ratio_matches])
+    assert any("mask_rule, final, prefill do not apply" in note for note in found.notes), (
+        found.notes
+    )
+    assert all(
+        c.mask_rule == "structure" and c.final == "eos" and c.prefill == "after-prefill"
+        for c in found.matches + [c for c, _ in found.ratio_matches]
+    )

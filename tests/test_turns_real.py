@@ -20,14 +20,20 @@ from builders.build import build
 from builders.errors import ManifestError, SourceDataError
 from builders.fixture.conversations import synthetic
 from builders.fixture.make import PINNED_TEMPLATE, tokenizer_json
+from builders.inputs.pinned import Hub
 from builders.manifest import load_manifest
 from builders.rows.packing import with_eos
-from builders.inputs.pinned import Hub
 from helpers import NEEDS_SHARED, file_rows, run_cli
 from reference import Reference, rows_sha256
 from reference_turns import TurnsReference, Undefined, checked
 
-TWO_ANSWERS_IN_A_ROW, EMPTY_THEN_ANSWER, ANSWER_THEN_EMPTY, SYSTEM_AFTER_REASONING, BLANK_SYSTEM = 3, 16, 17, 18, 19
+TWO_ANSWERS_IN_A_ROW, EMPTY_THEN_ANSWER, ANSWER_THEN_EMPTY, SYSTEM_AFTER_REASONING, BLANK_SYSTEM = (
+    3,
+    16,
+    17,
+    18,
+    19,
+)
 MODELS = {
     "qwen2.5": real_models.qwen25,
     "qwen3": real_models.qwen3,
@@ -42,11 +48,19 @@ TOOL_MESSAGE, ASSISTANT_FIRST, ANSWER_AFTER_TWO = 20, 25, 28
 # header before an answer that does not follow a user message. Qwen3: an empty answer before another
 # one finds the second's longer generation prompt (the empty think block) in its search region.
 # Gemma 3's template raises where the roles do not alternate user/assistant.
-NOT_AFTER_A_USER = {TWO_ANSWERS_IN_A_ROW, EMPTY_THEN_ANSWER, ANSWER_THEN_EMPTY, TOOL_MESSAGE, ASSISTANT_FIRST,
-                    ANSWER_AFTER_TWO}
-REFUSED = {"deepseek-v3.1": NOT_AFTER_A_USER,
-           "qwen3": {EMPTY_THEN_ANSWER},
-           "sentencepiece-gemma3": NOT_AFTER_A_USER | {SYSTEM_AFTER_REASONING, BLANK_SYSTEM}}
+NOT_AFTER_A_USER = {
+    TWO_ANSWERS_IN_A_ROW,
+    EMPTY_THEN_ANSWER,
+    ANSWER_THEN_EMPTY,
+    TOOL_MESSAGE,
+    ASSISTANT_FIRST,
+    ANSWER_AFTER_TWO,
+}
+REFUSED = {
+    "deepseek-v3.1": NOT_AFTER_A_USER,
+    "qwen3": {EMPTY_THEN_ANSWER},
+    "sentencepiece-gemma3": NOT_AFTER_A_USER | {SYSTEM_AFTER_REASONING, BLANK_SYSTEM},
+}
 HARD = real_models.hard_conversations()
 
 
@@ -62,14 +76,24 @@ def glm_pinned() -> real_models.Model:
 
     if shared_dir() is None:
         pytest.skip("needs ../shared (the pinned GLM-4.7-Flash template)")
-    return real_models.Model("glm-4.7-flash", {"tokenizer.json": tokenizer_json(),
-                                               "chat_template.jinja": (shared_dir() / PINNED_TEMPLATE).read_bytes()},
-                             {"eos": "<|endoftext|>", "stop": ["<|endoftext|>", "<|user|>", "<|observation|>"],
-                              "prefills": [{}, {"enable_thinking": False}]})
+    return real_models.Model(
+        "glm-4.7-flash",
+        {
+            "tokenizer.json": tokenizer_json(),
+            "chat_template.jinja": (shared_dir() / PINNED_TEMPLATE).read_bytes(),
+        },
+        {
+            "eos": "<|endoftext|>",
+            "stop": ["<|endoftext|>", "<|user|>", "<|observation|>"],
+            "prefills": [{}, {"enable_thinking": False}],
+        },
+    )
 
 
 def tools_free(conversations):
-    return [c for c in conversations if all(m["role"] in ("system", "user", "assistant") for m in c)]
+    return [
+        c for c in conversations if all(m["role"] in ("system", "user", "assistant") for m in c)
+    ]
 
 
 @pytest.fixture(scope="module", params=list(MODELS))
@@ -93,11 +117,13 @@ def supervised_text(reference: TurnsReference, conversation) -> tuple[str, int]:
     """The characters of the render under supervised tokens, and the EOS's mask value."""
     text = reference.render(conversation)
     ids, mask = reference.conversation(conversation)
-    offsets = reference.tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    offsets = reference.tok(text, add_special_tokens=False, return_offsets_mapping=True)[
+        "offset_mapping"
+    ]
     out, reached = "", 0
     for (start, end), supervised in zip(offsets, mask):
         if supervised and end > reached:
-            out += text[max(start, reached):end]
+            out += text[max(start, reached) : end]
             reached = end
     return out, mask[-1]
 
@@ -112,27 +138,50 @@ def test_the_reference_supervises_what_rows_md_says(model):
     """ROWS.md's worked examples: an answer and its stop token, not the markup after it; an EOS
     supervised only where the answer's markup runs to the end without a stop token."""
     m, _, reference = model
-    if m.name == "glm-4.7-flash":  # glm5's examples: the EOS ends a final answer; the next <|user|> an earlier one
+    if (
+        m.name == "glm-4.7-flash"
+    ):  # glm5's examples: the EOS ends a final answer; the next <|user|> an earlier one
         assert supervised_text(reference, HARD[0]) == ("Hi! How can I help?", 1)
         assert supervised_text(reference, HARD[13]) == ("hi<|user|>", 0)
         # ROWS.md's corners where turns parts from glm5
-        assert supervised_text(reference, HARD[ANSWER_THEN_EMPTY]) == ("the first<|assistant|></think>", 1)
-        assert supervised_text(reference, HARD[BLANK_SYSTEM])[0] == "the answer<|system|>  <|user|>fine"
+        assert supervised_text(reference, HARD[ANSWER_THEN_EMPTY]) == (
+            "the first<|assistant|></think>",
+            1,
+        )
+        assert (
+            supervised_text(reference, HARD[BLANK_SYSTEM])[0]
+            == "the answer<|system|>  <|user|>fine"
+        )
         return
-    stop_after = {"qwen2.5": "<|im_end|>", "qwen3": "<|im_end|>", "deepseek-v3.1": "<｜end▁of▁sentence｜>",
-                  "llama3.1": "<|eot_id|>", "llama3.2": "<|eot_id|>", "sentencepiece-gemma3": "<end_of_turn>"}[m.name]
+    stop_after = {
+        "qwen2.5": "<|im_end|>",
+        "qwen3": "<|im_end|>",
+        "deepseek-v3.1": "<｜end▁of▁sentence｜>",
+        "llama3.1": "<|eot_id|>",
+        "llama3.2": "<|eot_id|>",
+        "sentencepiece-gemma3": "<end_of_turn>",
+    }[m.name]
     assert supervised_text(reference, HARD[0]) == ("Hi! How can I help?" + stop_after, 0)
     assert supervised_text(reference, HARD[13]) == ("hi" + stop_after, 0)  # ends on a user turn
     answer, _ = supervised_text(reference, HARD[4])
     assert answer.endswith("second answer" + stop_after) and "question" not in answer
-    if m.name == "qwen3":  # Qwen3's empty think block is part of the generation prompt, a shown one is not
-        assert supervised_text(reference, HARD[6])[0] == "<think>\nstep one\nstep two\n</think>\n\nfinal<|im_end|>"
+    if (
+        m.name == "qwen3"
+    ):  # Qwen3's empty think block is part of the generation prompt, a shown one is not
+        assert (
+            supervised_text(reference, HARD[6])[0]
+            == "<think>\nstep one\nstep two\n</think>\n\nfinal<|im_end|>"
+        )
         assert "<think>" not in supervised_text(reference, HARD[5])[0]
     if m.name == "llama3.2":
         assert "Today Date: 09 Feb 2025" in reference.render(HARD[0])
-    if m.name == "deepseek-v3.1":  # the system message the template moves to the front does not end the search
+    if (
+        m.name == "deepseek-v3.1"
+    ):  # the system message the template moves to the front does not end the search
         # (an answer that prints nothing: its region ends at the next printed text after what came before it)
-        assert supervised_text(reference, HARD[SYSTEM_AFTER_REASONING])[0] == (stop_after + "done" + stop_after)
+        assert supervised_text(reference, HARD[SYSTEM_AFTER_REASONING])[0] == (
+            stop_after + "done" + stop_after
+        )
 
 
 @NEEDS_SHARED
@@ -142,16 +191,27 @@ def test_the_reference_gives_glm5_rows_on_the_pinned_glm_template(shared, tmp_pa
 
     (tmp_path / "tokenizer.json").write_bytes(tokenizer_json())
     (tmp_path / "chat_template.jinja").write_bytes((shared / PINNED_TEMPLATE).read_bytes())
-    turns = TurnsReference(tmp_path, {"sha256": {"tokenizer.json": None, "chat_template.jinja": None},
-                                      "eos": "<|endoftext|>", "stop": ["<|endoftext|>", "<|user|>", "<|observation|>"],
-                                      "prefills": [{}, {"enable_thinking": False}]})
-    glm5 = Reference(tmp_path / "tokenizer.json", (shared / PINNED_TEMPLATE).read_text(encoding="utf-8"))
+    turns = TurnsReference(
+        tmp_path,
+        {
+            "sha256": {"tokenizer.json": None, "chat_template.jinja": None},
+            "eos": "<|endoftext|>",
+            "stop": ["<|endoftext|>", "<|user|>", "<|observation|>"],
+            "prefills": [{}, {"enable_thinking": False}],
+        },
+    )
+    glm5 = Reference(
+        tmp_path / "tokenizer.json", (shared / PINNED_TEMPLATE).read_text(encoding="utf-8")
+    )
     for conversation in hard_cases() + synthetic(11, 60):
         assert turns.conversation(conversation) == glm5.conversation(conversation), conversation
 
 
 def rows_of(conversations, prefix: str) -> list[dict]:
-    return [{"id": f"{prefix}{i}", "source": "turns-test", "messages": c} for i, c in enumerate(conversations)]
+    return [
+        {"id": f"{prefix}{i}", "source": "turns-test", "messages": c}
+        for i, c in enumerate(conversations)
+    ]
 
 
 def loaded(manifest):
@@ -159,13 +219,17 @@ def loaded(manifest):
     try:
         return load_manifest(manifest)
     except ManifestError as error:
-        if ("loss_mask" in str(error) and "turns" in str(error)) or "tokenizer.eos: unknown field" in str(error):
+        if (
+            "loss_mask" in str(error) and "turns" in str(error)
+        ) or "tokenizer.eos: unknown field" in str(error):
             pytest.skip(f"the builder does not implement loss_mask: turns yet (issue 17): {error}")
         raise
 
 
 def turns_build(manifest, tmp_path):
-    return build(loaded(manifest), tmp_path / "out", Hub(manifest.parent / "hub", offline=True), card=False)
+    return build(
+        loaded(manifest), tmp_path / "out", Hub(manifest.parent / "hub", offline=True), card=False
+    )
 
 
 def encoder_of(m: real_models.Model, hf_home):
@@ -173,14 +237,18 @@ def encoder_of(m: real_models.Model, hf_home):
     from builders.encode.encoder import ConversationEncoder
     from builders.inputs.pinned import pinned_inputs
 
-    manifest = real_models.lay_out_turns(hf_home, rows_of([HARD[0]], "e"), m, name="encoder", shards=1)
+    manifest = real_models.lay_out_turns(
+        hf_home, rows_of([HARD[0]], "e"), m, name="encoder", shards=1
+    )
     pinned, _ = pinned_inputs(loaded(manifest), Hub(hf_home / "hub", offline=True))
     return ConversationEncoder(pinned.tokenizer, pinned.spec)
 
 
 def builder_outcome(encoder, conversation) -> tuple[list[int], list[int]]:
     """The builder's ids and mask of one conversation, the EOS after them; raises its SourceDataError."""
-    encoded = encoder.encode([{"index": 0, "id": "one", "source": "turns-test", "messages": conversation}])[0]
+    encoded = encoder.encode(
+        [{"index": 0, "id": "one", "source": "turns-test", "messages": conversation}]
+    )[0]
     ids, mask = with_eos(encoded.ids, encoded.mask, encoded.ends_with_answer, encoder.eos_id)
     return ids.tolist(), mask.tolist()
 
@@ -198,23 +266,35 @@ def test_every_hard_conversation_encodes_as_the_reference_says(model, builder_en
     disagreements = []
     for i, conversation in enumerate(HARD):
         expected = outcome(reference, conversation)
-        row = {"index": i, "id": f"hard-{i}", "source": "turns-test",
-               "messages": [{"reasoning_content": None, **m} for m in conversation]}
+        row = {
+            "index": i,
+            "id": f"hard-{i}",
+            "source": "turns-test",
+            "messages": [{"reasoning_content": None, **m} for m in conversation],
+        }
         try:
             encoded = builder_encoder.encode([row])[0]
         except SourceDataError as refusal:
             if not isinstance(expected, Undefined):
                 disagreements.append((i, f"the builder refuses: {refusal}"))
             elif not names_the_conversation(str(refusal), i, f"hard-{i}", expected.message, False):
-                disagreements.append((i, f"the refusal does not name row and message {expected.message}: {refusal}"))
+                disagreements.append(
+                    (i, f"the refusal does not name row and message {expected.message}: {refusal}")
+                )
             continue
         if isinstance(expected, Undefined):
             disagreements.append((i, f"the builder does not refuse; the reference: {expected}"))
             continue
-        ids, mask = with_eos(encoded.ids, encoded.mask, encoded.ends_with_answer, builder_encoder.eos_id)
+        ids, mask = with_eos(
+            encoded.ids, encoded.mask, encoded.ends_with_answer, builder_encoder.eos_id
+        )
         if (ids.tolist(), mask.tolist()) != expected:
-            disagreements.append((i, f"mask differs: builder {mask.tolist()}, reference {expected[1]}"))
-    assert not disagreements, "\n".join(f"hard conversation {i} {HARD[i]}: {what}" for i, what in disagreements)
+            disagreements.append(
+                (i, f"mask differs: builder {mask.tolist()}, reference {expected[1]}")
+            )
+    assert not disagreements, "\n".join(
+        f"hard conversation {i} {HARD[i]}: {what}" for i, what in disagreements
+    )
 
 
 def test_the_builder_builds_the_references_rows(model, tmp_path):
@@ -222,8 +302,9 @@ def test_the_builder_builds_the_references_rows(model, tmp_path):
     m, _, reference = model
     candidates = HARD + tools_free(synthetic(5, 40))
     defined = [c for c in candidates if not isinstance(outcome(reference, c), Undefined)]
-    manifest = real_models.lay_out_turns(tmp_path, rows_of(defined, "c"), m, name=m.name.replace(".", "-"),
-                                         row_tokens=128)
+    manifest = real_models.lay_out_turns(
+        tmp_path, rows_of(defined, "c"), m, name=m.name.replace(".", "-"), row_tokens=128
+    )
     loaded(manifest)
     expected = real_models.reference_turns_rows(tmp_path, manifest, reference, every=True)
     real_models.with_rows(manifest, len(expected))
@@ -236,19 +317,27 @@ def test_a_build_refuses_a_conversation_the_template_refuses(tmp_path):
     """Exit 4 (a SourceDataError) from a build, naming the source row: Gemma 3's template raises on two answers in
     a row."""
     m = MODELS["sentencepiece-gemma3"]()
-    manifest = real_models.lay_out_turns(tmp_path / "hf", rows_of([HARD[0], HARD[1], HARD[TWO_ANSWERS_IN_A_ROW],
-                                                                   HARD[5]], "r"), m, name="refusal", build_rows=1000,
-                                         shards=1)
+    manifest = real_models.lay_out_turns(
+        tmp_path / "hf",
+        rows_of([HARD[0], HARD[1], HARD[TWO_ANSWERS_IN_A_ROW], HARD[5]], "r"),
+        m,
+        name="refusal",
+        build_rows=1000,
+        shards=1,
+    )
     with pytest.raises(SourceDataError) as refusal:
         turns_build(manifest, tmp_path)
     assert names_the_conversation(str(refusal.value), 2, "r2", character=False), str(refusal.value)
 
 
-def names_the_conversation(message: str, index: int, row_id: str, message_index: int | None = None,
-                           character: bool = True) -> bool:
-    return bool((re.search(rf"\b{index}\b", message) or row_id in message)
-                and (message_index is None or re.search(rf"message {message_index}\b", message))
-                and (not character or "character" in message))
+def names_the_conversation(
+    message: str, index: int, row_id: str, message_index: int | None = None, character: bool = True
+) -> bool:
+    return bool(
+        (re.search(rf"\b{index}\b", message) or row_id in message)
+        and (message_index is None or re.search(rf"message {message_index}\b", message))
+        and (not character or "character" in message)
+    )
 
 
 def truncating_gemma() -> real_models.Model:
@@ -258,7 +347,9 @@ def truncating_gemma() -> real_models.Model:
     template = m.files["chat_template.jinja"].decode()
     printed = "{{ message['content'] | trim }}"
     assert printed in template
-    m.files["chat_template.jinja"] = template.replace(printed, "{{ (message['content'] | trim)[:24] }}").encode()
+    m.files["chat_template.jinja"] = template.replace(
+        printed, "{{ (message['content'] | trim)[:24] }}"
+    ).encode()
     return m
 
 
@@ -273,8 +364,14 @@ def test_a_text_the_placeholders_cannot_follow_is_refused_at_its_character(tmp_p
     text = reference.render(long_answer)
     assert (refused.value.message, refused.value.character) == (1, text.index("x" * 24) + 24)
     hf_home = tmp_path / "hf"
-    manifest = real_models.lay_out_turns(hf_home, rows_of([HARD[0], long_answer], "t"), m, name="truncating",
-                                         build_rows=1000, shards=1)
+    manifest = real_models.lay_out_turns(
+        hf_home,
+        rows_of([HARD[0], long_answer], "t"),
+        m,
+        name="truncating",
+        build_rows=1000,
+        shards=1,
+    )
     with pytest.raises(SourceDataError) as refusal:
         turns_build(manifest, tmp_path)
     assert names_the_conversation(str(refusal.value), 1, "t1", message_index=1), str(refusal.value)
@@ -292,9 +389,13 @@ def test_a_template_calling_strftime_now_without_render_date_is_refused(tmp_path
         (tmp_path / name).write_bytes(data)
     with pytest.raises(ValueError, match="render_date"):
         TurnsReference(tmp_path, {"sha256": dict.fromkeys(m.files), **m.fields})
-    manifest = real_models.lay_out_turns(tmp_path / "hf", rows_of([HARD[0]] * 20, "d"), m, name="undated")
+    manifest = real_models.lay_out_turns(
+        tmp_path / "hf", rows_of([HARD[0]] * 20, "d"), m, name="undated"
+    )
     loaded(manifest)
-    done = run_cli("--manifest", str(manifest), "--out", str(tmp_path / "out"), hf_home=tmp_path / "hf")
+    done = run_cli(
+        "--manifest", str(manifest), "--out", str(tmp_path / "out"), hf_home=tmp_path / "hf"
+    )
     assert done.returncode == 2, done.stderr
     assert "render_date" in done.stderr and "strftime_now" in done.stderr
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
@@ -302,30 +403,50 @@ def test_a_template_calling_strftime_now_without_render_date_is_refused(tmp_path
 
 def test_a_refusal_exits_4_from_the_command_line(tmp_path):
     m = MODELS["sentencepiece-gemma3"]()
-    manifest = real_models.lay_out_turns(tmp_path / "hf", rows_of([HARD[0], HARD[TWO_ANSWERS_IN_A_ROW]], "e"), m,
-                                         name="refused-cli", build_rows=1000, shards=1)
+    manifest = real_models.lay_out_turns(
+        tmp_path / "hf",
+        rows_of([HARD[0], HARD[TWO_ANSWERS_IN_A_ROW]], "e"),
+        m,
+        name="refused-cli",
+        build_rows=1000,
+        shards=1,
+    )
     loaded(manifest)
-    done = run_cli("--manifest", str(manifest), "--out", str(tmp_path / "out"), hf_home=tmp_path / "hf")
+    done = run_cli(
+        "--manifest", str(manifest), "--out", str(tmp_path / "out"), hf_home=tmp_path / "hf"
+    )
     assert done.returncode == SourceDataError.exit_code == 4, done.stderr
     assert names_the_conversation(done.stderr, 1, "e1", character=False), done.stderr
 
 
 SHAPES_REFUSED = {
-    "tool calls": {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
-                                                                       "function": {"name": "f", "arguments": "{}"}}]},
+    "tool calls": {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}],
+    },
     "another field": {"role": "user", "content": "hi", "name": "someone"},
 }
 
 
 @pytest.mark.parametrize("shape", list(SHAPES_REFUSED))
 def test_a_message_with_tool_calls_or_other_fields_is_refused_by_name(shape, tmp_path):
-    conversation = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"},
-                    SHAPES_REFUSED[shape]]
+    conversation = [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "hi"},
+        SHAPES_REFUSED[shape],
+    ]
     with pytest.raises(Undefined):
         checked(conversation)
     m = MODELS["sentencepiece-gemma3"]()
-    manifest = real_models.lay_out_turns(tmp_path, rows_of([HARD[0], conversation, HARD[1]], "s"), m, name="shapes",
-                                         build_rows=1000, inferred=True)
+    manifest = real_models.lay_out_turns(
+        tmp_path,
+        rows_of([HARD[0], conversation, HARD[1]], "s"),
+        m,
+        name="shapes",
+        build_rows=1000,
+        inferred=True,
+    )
     with pytest.raises(SourceDataError) as refusal:
         turns_build(manifest, tmp_path)
     assert re.search(r"\b1\b", str(refusal.value)) or "s1" in str(refusal.value), str(refusal.value)
@@ -343,9 +464,11 @@ def replacing_gemma() -> real_models.Model:
     template = m.files["chat_template.jinja"].decode()
     prefix = "{%- set first_user_prefix = messages[0]['content'] + '"
     assert prefix in template
-    m.files["chat_template.jinja"] = template.replace(prefix, "{%- set first_user_prefix = (messages[0]['content'] "
-                                                              "| replace('Reasoning effort', 'Reasoning strength')) + '"
-                                                      ).encode()
+    m.files["chat_template.jinja"] = template.replace(
+        prefix,
+        "{%- set first_user_prefix = (messages[0]['content'] "
+        "| replace('Reasoning effort', 'Reasoning strength')) + '",
+    ).encode()
     return m
 
 
@@ -353,7 +476,12 @@ def test_the_replace_filter_cuts_text_as_the_replace_method_does(tmp_path):
     m = replacing_gemma()
     for file, data in m.files.items():
         (tmp_path / file).write_bytes(data)
-    conversation = [{"role": "system", "content": "Use Reasoning effort: high"}, {"role": "user", "content": "q"},
-                    {"role": "assistant", "content": "x"}]
-    expected = TurnsReference(tmp_path, {"sha256": dict.fromkeys(m.files), **m.fields}).conversation(conversation)
+    conversation = [
+        {"role": "system", "content": "Use Reasoning effort: high"},
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "x"},
+    ]
+    expected = TurnsReference(
+        tmp_path, {"sha256": dict.fromkeys(m.files), **m.fields}
+    ).conversation(conversation)
     assert builder_outcome(encoder_of(m, tmp_path / "hf"), conversation) == expected

@@ -17,8 +17,8 @@ from tokenizers import Tokenizer
 
 from builders.contract import APPENDED, DEFAULT, EOS_AFTER_ANSWER, EOS_AFTER_OTHER, WRAP, Contract
 from builders.encode.engines import TokenizersEngine
-from builders.formats import FormatSpec, make_format
 from builders.errors import ConversationError
+from builders.formats import FormatSpec, make_format
 from builders.formats.base import Annotated, located
 from builders.formats.vocab import Vocab
 
@@ -30,9 +30,13 @@ class EncodedConversation:
     source: str | None  # the source dataset's ``source`` column (which Tulu subset)
     ids: np.ndarray  # int32: the conversation's tokens (the EOS that follows it is the stream's)
     mask: np.ndarray  # uint8, same length
-    ends_with_answer: bool  # whether the last piece is an answer, so the EOS after it is its stop token
+    ends_with_answer: (
+        bool  # whether the last piece is an answer, so the EOS after it is its stop token
+    )
     left_out: bool = False  # a mask rule that finds no answer header in it leaves it out of the stream (slime readings)
-    cross_checked: bool = False  # encoded by the reference engine too (a fast engine's sample), and agreed
+    cross_checked: bool = (
+        False  # encoded by the reference engine too (a fast engine's sample), and agreed
+    )
 
 
 class ConversationEncoder:
@@ -42,7 +46,9 @@ class ConversationEncoder:
     ``tokenizer.json`` configures, as transformers does when it encodes a rendered chat.
     """
 
-    def __init__(self, tokenizer: Tokenizer, spec: FormatSpec, contract: Contract = DEFAULT, engine=None):
+    def __init__(
+        self, tokenizer: Tokenizer, spec: FormatSpec, contract: Contract = DEFAULT, engine=None
+    ):
         self.tokenizer = tokenizer
         self.tokenizer.no_truncation()
         self.tokenizer.no_padding()
@@ -76,8 +82,18 @@ class ConversationEncoder:
         for row, annotated in zip(rows, self.annotate(rows, rules)):
             materialized = self.materialize(annotated, self.contract)
             ids, mask, ends = materialized if materialized else (_EMPTY_IDS, _EMPTY_MASK, False)
-            out.append(EncodedConversation(row["index"], row["id"], row.get("source"), ids, mask, ends,
-                                           left_out=materialized is None, cross_checked=annotated.cross_checked))
+            out.append(
+                EncodedConversation(
+                    row["index"],
+                    row["id"],
+                    row.get("source"),
+                    ids,
+                    mask,
+                    ends,
+                    left_out=materialized is None,
+                    cross_checked=annotated.cross_checked,
+                )
+            )
         return out
 
     def annotate(self, rows: list[dict], rules=()) -> list[Annotated]:
@@ -89,15 +105,21 @@ class ConversationEncoder:
                     raise ConversationError(row["layout_error"])
         return self.format.annotate(rows, self.engine, tuple(rules))
 
-    def materialize(self, annotated: Annotated, contract: Contract) -> tuple[np.ndarray, np.ndarray, bool] | None:
+    def materialize(
+        self, annotated: Annotated, contract: Contract
+    ) -> tuple[np.ndarray, np.ndarray, bool] | None:
         """The ids and mask of a conversation under ``contract`` (the EOS not included); None where its
         rule leaves it out."""
         wrap = self.vocab.post_processor_wrap() if contract.encode == "add-special" else None
-        coded = self.stream_codes(annotated, contract.mask_rule, wrap, final=contract.final == "append-stop")
+        coded = self.stream_codes(
+            annotated, contract.mask_rule, wrap, final=contract.final == "append-stop"
+        )
         if coded is None:
             return None
         ids, codes = coded
-        values, _ = contract.table(self._values if contract == self.contract else self.class_values(contract))
+        values, _ = contract.table(
+            self._values if contract == self.contract else self.class_values(contract)
+        )
         return ids, values[codes], annotated.ends_with_answer
 
     def class_values(self, contract: Contract) -> tuple[int, ...]:
@@ -107,8 +129,14 @@ class ConversationEncoder:
             return (0, 1)
         return tuple(int(v) for v in self.format.class_mask(contract))
 
-    def stream_codes(self, annotated: Annotated, rule: str, wrap: tuple[np.ndarray, np.ndarray] | None,
-                     final: bool = True, eos: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
+    def stream_codes(
+        self,
+        annotated: Annotated,
+        rule: str,
+        wrap: tuple[np.ndarray, np.ndarray] | None,
+        final: bool = True,
+        eos: bool = False,
+    ) -> tuple[np.ndarray, np.ndarray] | None:
         """A conversation's ids and codes (``Contract.table``) under mask rule ``rule``: its own tokens,
         and around them what a reading may add: the ``add-special`` ``wrap`` (None: not there), with
         ``final`` the stop token ``final: append-stop`` appends, with ``eos`` the EOS. Own-rule readings
@@ -117,25 +145,41 @@ class ConversationEncoder:
             base, pieces = self.format.classes, [(annotated.ids, annotated.classes)]
             appended = self.format.appended_stop()
             if final and appended is not None and annotated.ends_with_answer:
-                pieces.append((np.array([self.vocab.token_id(appended, self.format.name)], np.int32),
-                               np.array([base + APPENDED], np.uint8)))
+                pieces.append(
+                    (
+                        np.array([self.vocab.token_id(appended, self.format.name)], np.int32),
+                        np.array([base + APPENDED], np.uint8),
+                    )
+                )
         else:
             entry = annotated.rules[rule]
             if entry is None:
                 return None
             base, (appended, mask) = 2, entry
-            pieces = [(annotated.ids if appended is None else np.append(annotated.ids, np.int32(appended)), mask)]
+            pieces = [
+                (
+                    annotated.ids
+                    if appended is None
+                    else np.append(annotated.ids, np.int32(appended)),
+                    mask,
+                )
+            ]
         if wrap is not None:
             before, after = wrap
-            pieces = [(before, np.full(len(before), base + WRAP, np.uint8)), *pieces,
-                      (after, np.full(len(after), base + WRAP, np.uint8))]
+            pieces = [
+                (before, np.full(len(before), base + WRAP, np.uint8)),
+                *pieces,
+                (after, np.full(len(after), base + WRAP, np.uint8)),
+            ]
         if eos:
             code = base + (EOS_AFTER_ANSWER if annotated.ends_with_answer else EOS_AFTER_OTHER)
             pieces.append((np.array([self.eos_id], np.int32), np.array([code], np.uint8)))
         if len(pieces) == 1:
             return pieces[0]
-        return (np.concatenate([p[0] for p in pieces]).astype(np.int32, copy=False),
-                np.concatenate([p[1] for p in pieces]).astype(np.uint8, copy=False))
+        return (
+            np.concatenate([p[0] for p in pieces]).astype(np.int32, copy=False),
+            np.concatenate([p[1] for p in pieces]).astype(np.uint8, copy=False),
+        )
 
 
 _EMPTY_IDS = np.zeros(0, dtype=np.int32)

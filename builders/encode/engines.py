@@ -19,33 +19,54 @@ from __future__ import annotations
 import re
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from importlib import metadata
 
 import numpy as np
 from tokenizers import Tokenizer
 
 from builders.errors import EngineDisagreement, UsageError
+from builders.versions import package_version
 
 ENGINES = ("auto", "fastokens", "tokenizers")
 CROSS_CHECK_EVERY = 64
 CROSS_CHECK_LONG = 16_384
 
 
-class TokenizersEngine:
+class Engine:
+    """What encodes texts for a chat format: ``encode``, and a guard's ``cross_check`` and ``finish``
+    (an unguarded engine samples nothing and has nothing to wait for)."""
+
+    name: str
+    version: str | None
+
+    def encode(self, texts: list[str]) -> list[np.ndarray]:
+        """Each text's ids (``add_special_tokens=False``), int32."""
+        raise NotImplementedError
+
+    def cross_check(
+        self, texts: list[str], ids: list[np.ndarray], indices: list[int]
+    ) -> list[bool]:
+        """Which of the encoded ``texts`` (of source rows ``indices``) the reference encodes too, beside the build."""
+        return [False] * len(texts)
+
+    def finish(self) -> None:
+        """Wait for the pending cross-checks; raise the first disagreement."""
+
+
+class TokenizersEngine(Engine):
     """The reference: ``tokenizers.Tokenizer.encode_batch_fast`` (no offsets)."""
 
     name = "tokenizers"
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
-        self.version = _version("tokenizers")
+        self.version = package_version("tokenizers")
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
         encodings = self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)
         return [np.array(e.ids, dtype=np.int32) for e in encodings]
 
 
-class FastokensEngine:
+class FastokensEngine(Engine):
     """``fastokens.Tokenizer.encode_batch_flat``: every text's ids in one buffer, no per-token objects."""
 
     name = "fastokens"
@@ -56,7 +77,7 @@ class FastokensEngine:
         self.tokenizer = fastokens.Tokenizer.from_json_str(tokenizer_json)
         self.tokenizer.no_truncation()
         self.tokenizer.no_padding()
-        self.version = _version("fastokens")
+        self.version = package_version("fastokens")
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
         ids, offsets = self.tokenizer.encode_batch_flat(texts, add_special_tokens=False)
@@ -65,7 +86,7 @@ class FastokensEngine:
         return np.split(flat, bounds[1:-1]) if len(texts) else []
 
 
-class Guarded:
+class Guarded(Engine):
     """A fast engine whose sampled conversations the reference encodes too, in a thread of its own.
 
     ``cross_check`` returns at once; the comparisons run beside the build (the reference releases
@@ -82,16 +103,22 @@ class Guarded:
     def encode(self, texts: list[str]) -> list[np.ndarray]:
         return self.fast.encode(texts)
 
-    def cross_check(self, texts: list[str], ids: list[np.ndarray], indices: list[int]) -> list[bool]:
+    def cross_check(
+        self, texts: list[str], ids: list[np.ndarray], indices: list[int]
+    ) -> list[bool]:
         """Have the reference encode the sampled ones of ``texts``; return which were sampled.
 
         ``indices`` are the conversations' source indices.
         """
         self._raise_finished()
-        sampled = [i % CROSS_CHECK_EVERY == 0 or len(t) > CROSS_CHECK_LONG for i, t in zip(indices, ids)]
+        sampled = [
+            i % CROSS_CHECK_EVERY == 0 or len(t) > CROSS_CHECK_LONG for i, t in zip(indices, ids)
+        ]
         chosen = [k for k, s in enumerate(sampled) if s]
         if chosen:
-            self.check([texts[k] for k in chosen], [ids[k] for k in chosen], [indices[k] for k in chosen])
+            self.check(
+                [texts[k] for k in chosen], [ids[k] for k in chosen], [indices[k] for k in chosen]
+            )
         return sampled
 
     def check(self, texts: list[str], ids: list[np.ndarray], indices: list[int]) -> None:
@@ -119,13 +146,8 @@ class Guarded:
                 raise EngineDisagreement(
                     f"source row {index}: the {self.name} engine's tokens differ from tokenizers' at token {at} "
                     f"({len(text_ids)} vs {len(expected)} tokens); nothing was written to the final path. Build "
-                    f"with --engine tokenizers, and please report the conversation")
-
-
-def finish(engine) -> None:
-    """Let a guarded engine's pending comparisons finish (a disagreement raises)."""
-    if isinstance(engine, Guarded):
-        engine.finish()
+                    f"with --engine tokenizers, and please report the conversation"
+                )
 
 
 @dataclass(frozen=True)
@@ -144,10 +166,17 @@ class Choice:
         return cls(engine.name, engine.version, requested, note, engine)
 
     def describe(self) -> str:
-        return f"encoding with {self.name} {self.version}" + (f" ({self.note})" if self.note else "")
+        return f"encoding with {self.name} {self.version}" + (
+            f" ({self.note})" if self.note else ""
+        )
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "version": self.version, "requested": self.requested, "note": self.note}
+        return {
+            "name": self.name,
+            "version": self.version,
+            "requested": self.requested,
+            "note": self.note,
+        }
 
 
 def choose(requested: str, tokenizer: Tokenizer, tokenizer_json: str, chat_template: str) -> Choice:
@@ -167,35 +196,83 @@ def choose(requested: str, tokenizer: Tokenizer, tokenizer_json: str, chat_templ
         return Choice.of(reference, requested, f"{problem}; encoding with tokenizers")
     differing = _disagreements(fast, reference, probes(tokenizer, chat_template))
     if differing:
-        problem = f"fastokens and tokenizers encode {len(differing)} probe strings differently (first: " \
-                  f"{differing[0]!r})"
+        problem = (
+            f"fastokens and tokenizers encode {len(differing)} probe strings differently (first: "
+            f"{differing[0]!r})"
+        )
         if requested == "fastokens":
-            raise EngineDisagreement(f"--engine fastokens: {problem}; build with --engine tokenizers")
+            raise EngineDisagreement(
+                f"--engine fastokens: {problem}; build with --engine tokenizers"
+            )
         return Choice.of(reference, requested, f"{problem}; encoding with tokenizers")
     return Choice.of(Guarded(fast, reference), requested, None)
 
 
 def _disagreements(fast, reference, texts: list[str]) -> list[str]:
-    return [text for text, a, b in zip(texts, fast.encode(texts), reference.encode(texts)) if not np.array_equal(a, b)]
+    return [
+        text
+        for text, a, b in zip(texts, fast.encode(texts), reference.encode(texts))
+        if not np.array_equal(a, b)
+    ]
 
 
 def probes(tokenizer: Tokenizer, chat_template: str) -> list[str]:
     """Strings on which a second engine must agree with tokenizers before it encodes anything."""
     added = [t.content for t in tokenizer.get_added_tokens_decoder().values()]
-    around = [form.format(t=t) for t in added for form in ("{t}", "x{t}y", " {t} ", "{t}{t}", "\n{t}\n", "{t}  a")]
-    whitespace = [" ", "  ", "   x", "x   ", "\n", "\n\n", "\n\n\n", " \n \n ", "\t", "\t\t x", "\r\n", "a\r\n\r\nb",
-                  "  \n\n  \n"]
-    digits = ["0", "12", "123", "1234", "12345678", "3.14159", "2026-12-03", "1,000,000", "x1y22z333"]
-    scripts = ["東京の天気は？", "模型数据训练", "안녕하세요 세계", "Привет, мир", "مرحبا بالعالم", "नमस्ते दुनिया",
-               "😀🚀", "👨‍👩‍👧‍👦", "🇯🇵🇫🇷", "Cafe\u0301 e\u0301\u0301 n\u0303", "ﬁ ½ Ⅻ ｶﾀｶﾅ", "\u200b\u200d\ufeff"]
-    mixed = ["Hello, world! It's 42°C.", "def f(x):\n    return x ** 2\n", "{\"key\": [1, 2, {\"a\": null}]}",
-             "<|user|>What does <|assistant|> mean?<|assistant|></think>It is a role token.<|endoftext|>"]
-    fragments = [f for f in re.split(r"\{%.*?%\}|\{\{.*?\}\}|\{#.*?#\}", chat_template, flags=re.S) if f.strip()]
+    around = [
+        form.format(t=t)
+        for t in added
+        for form in ("{t}", "x{t}y", " {t} ", "{t}{t}", "\n{t}\n", "{t}  a")
+    ]
+    whitespace = [
+        " ",
+        "  ",
+        "   x",
+        "x   ",
+        "\n",
+        "\n\n",
+        "\n\n\n",
+        " \n \n ",
+        "\t",
+        "\t\t x",
+        "\r\n",
+        "a\r\n\r\nb",
+        "  \n\n  \n",
+    ]
+    digits = [
+        "0",
+        "12",
+        "123",
+        "1234",
+        "12345678",
+        "3.14159",
+        "2026-12-03",
+        "1,000,000",
+        "x1y22z333",
+    ]
+    scripts = [
+        "東京の天気は？",
+        "模型数据训练",
+        "안녕하세요 세계",
+        "Привет, мир",
+        "مرحبا بالعالم",
+        "नमस्ते दुनिया",
+        "😀🚀",
+        "👨‍👩‍👧‍👦",
+        "🇯🇵🇫🇷",
+        "Cafe\u0301 e\u0301\u0301 n\u0303",
+        "ﬁ ½ Ⅻ ｶﾀｶﾅ",
+        "\u200b\u200d\ufeff",
+    ]
+    mixed = [
+        "Hello, world! It's 42°C.",
+        "def f(x):\n    return x ** 2\n",
+        '{"key": [1, 2, {"a": null}]}',
+        "<|user|>What does <|assistant|> mean?<|assistant|></think>It is a role token.<|endoftext|>",
+    ]
+    fragments = [
+        f
+        for f in re.split(r"\{%.*?%\}|\{\{.*?\}\}|\{#.*?#\}", chat_template, flags=re.S)
+        if f.strip()
+    ]
     return around + whitespace + digits + scripts + mixed + fragments + ["".join(fragments)]
-
-
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None

@@ -26,16 +26,16 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import wait
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from builders.encode import engines
-from builders.encode.encoder import ConversationEncoder
-from builders.errors import EngineDisagreement, SourceDataError
-from builders.encode.encoder import EncodedConversation
-from builders.inputs.source import Source
+from builders.encode.encoder import ConversationEncoder, EncodedConversation
 from builders.encode.worker import Worker, encode_rows
+from builders.errors import EngineDisagreement, SourceDataError
+from builders.inputs.source import Source
 
 Encoded = dict  # stream position → EncodedConversation, or the SourceDataError of that conversation
 IN_PROCESS_UP_TO = 2  # cores on which --workers auto encodes in this process
@@ -47,6 +47,22 @@ def worker_count(requested: str | int) -> int:
         return int(requested)
     cores = len(os.sched_getaffinity(0))
     return 1 if cores <= IN_PROCESS_UP_TO else cores
+
+
+class Encoding(Protocol):
+    """Where the stream's conversations are encoded (``InProcess`` or ``Pool``), as the stream uses it."""
+
+    decodes_groups: bool  # the workers decode the source's row groups themselves (``submit_group``)
+    ahead: int  # batches handed out before the stream takes the oldest
+
+    def start(
+        self, encoder: ConversationEncoder, engine: str, tokenizer_json: str, source: Source
+    ) -> None: ...
+    def settle(self) -> engines.Choice: ...
+    def finish(self) -> None: ...
+    def submit(self, table: pa.Table, positions: np.ndarray, encoded: Encoded) -> None: ...
+    def ready(self, encoded: Encoded, position: int) -> bool: ...
+    def take(self, encoded: Encoded, position: int) -> EncodedConversation: ...
 
 
 class InProcess:
@@ -64,12 +80,15 @@ class InProcess:
         self._chooser.shutdown(wait=True, cancel_futures=True)
         return False
 
-    def start(self, encoder: ConversationEncoder, engine: str, tokenizer_json: str, source: Source) -> None:
+    def start(
+        self, encoder: ConversationEncoder, engine: str, tokenizer_json: str, source: Source
+    ) -> None:
         """Begin choosing ``engine`` (what ``--engine`` asks for) for ``encoder`` (the format and contract,
         with the reference engine until ``settle``); ``tokenizer_json`` is the pinned file's text."""
         self.encoder = encoder
-        self._choice = self._chooser.submit(engines.choose, engine, encoder.tokenizer, tokenizer_json,
-                                            encoder.spec.chat_template)
+        self._choice = self._chooser.submit(
+            engines.choose, engine, encoder.tokenizer, tokenizer_json, encoder.spec.chat_template
+        )
 
     def settle(self) -> engines.Choice:
         """The engine chosen (a refused ``--engine`` raises here); encode with it from now on."""
@@ -79,7 +98,7 @@ class InProcess:
 
     def finish(self) -> None:
         """Let the engine's last cross-checks finish (a disagreement raises)."""
-        engines.finish(self.encoder.engine)
+        self.encoder.engine.finish()
 
     def submit(self, table: pa.Table, positions: np.ndarray, encoded: Encoded) -> None:
         encoded.update(encode_rows(self.encoder, table.to_pylist(), positions))
@@ -100,14 +119,20 @@ class Pool(InProcess):
 
     def __init__(self, workers: int):
         self.count, self.depth = workers, 2 * workers
-        self.ahead = self.depth  # every worker busy with two batches while the build takes the oldest
+        self.ahead = (
+            self.depth
+        )  # every worker busy with two batches while the build takes the oldest
         self.workers: list[Worker] = []
         self.source: Source | None = None
-        self.hold: Callable[[pa.Table, np.ndarray], None] | None = None  # takes the rows a group sends back
+        self.hold: Callable[[pa.Table, np.ndarray], None] | None = (
+            None  # takes the rows a group sends back
+        )
 
     def __enter__(self):
         try:
-            for _ in range(self.count):  # all start at once; each then waits for its start-up message
+            for _ in range(
+                self.count
+            ):  # all start at once; each then waits for its start-up message
                 self.workers.append(Worker())
         except BaseException:
             self._stop()
@@ -118,7 +143,9 @@ class Pool(InProcess):
         self._stop()
         return False
 
-    def start(self, encoder: ConversationEncoder, engine: str, tokenizer_json: str, source: Source | None) -> None:
+    def start(
+        self, encoder: ConversationEncoder, engine: str, tokenizer_json: str, source: Source | None
+    ) -> None:
         """Send each worker what it encodes with: ``encoder``'s format and contract, the ``engine`` asked
         for, ``tokenizer_json`` (the pinned file's text, which ``encoder``'s tokenizer was loaded from),
         and the ``source`` whose row groups it decodes."""
@@ -133,8 +160,10 @@ class Pool(InProcess):
             self._collect({}, block=True)
         chosen = {json.dumps(worker.choice, sort_keys=True) for worker in self.workers}
         if len(chosen) > 1:
-            raise EngineDisagreement(f"the worker processes chose different engines ({'; '.join(sorted(chosen))}); "
-                                     f"build with --engine tokenizers")
+            raise EngineDisagreement(
+                f"the worker processes chose different engines ({'; '.join(sorted(chosen))}); "
+                f"build with --engine tokenizers"
+            )
         return engines.Choice(**self.workers[0].choice)
 
     def finish(self) -> None:
@@ -143,12 +172,21 @@ class Pool(InProcess):
     def submit(self, table: pa.Table, positions: np.ndarray, encoded: Encoded) -> None:
         self._least_busy(encoded).send_batch(table, positions)
 
-    def submit_group(self, group: int, rows: np.ndarray, positions: np.ndarray, eager: int, encoded: Encoded,
-                     hold: Callable[[pa.Table, np.ndarray], None]) -> None:
+    def submit_group(
+        self,
+        group: int,
+        rows: np.ndarray,
+        positions: np.ndarray,
+        eager: int,
+        encoded: Encoded,
+        hold: Callable[[pa.Table, np.ndarray], None],
+    ) -> None:
         """Have a worker decode row group ``group``, encode its ``rows`` at ``positions`` before ``eager``
         and send back the others, which go to ``hold`` (rows, positions)."""
         self.hold = hold
-        self._least_busy(encoded).send_group(group, self.source.group_rows(group), rows, positions, eager)
+        self._least_busy(encoded).send_group(
+            group, self.source.group_rows(group), rows, positions, eager
+        )
 
     def wait_all(self, encoded: Encoded) -> None:
         """Take every answer still on its way (so each group's held-back rows are held)."""
@@ -188,7 +226,7 @@ class Pool(InProcess):
         self.workers = []
 
 
-def encoding(workers: int) -> InProcess:
+def encoding(workers: int) -> Encoding:
     """This process when ``workers`` is 1 (the engine then uses all cores itself), else a pool of
     ``workers`` processes; either is told what to encode with by ``start``."""
     return InProcess() if workers <= 1 else Pool(workers)

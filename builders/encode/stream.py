@@ -36,16 +36,19 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from builders.errors import SourceDataError
-from builders.encode.pool import encode_rows
 from builders.encode.encoder import EncodedConversation
+from builders.encode.pool import Encoding, encode_rows
+from builders.errors import SourceDataError
 from builders.inputs.source import Source
 
 READ_THREADS = 2  # row groups decoded at once
 READ_AHEAD = 2 * READ_THREADS  # row groups decoded or decoding, not yet taken apart
 HORIZON_MARGIN = 1.3  # rows kept past the estimate of what the build consumes
 EAGER_SHARE = 0.85  # of the estimate, encoded as soon as its row group is decoded
-SAMPLE_GROUPS, SAMPLE_ROWS = 8, 64  # row groups spread over the source, and rows of each, for the estimate
+SAMPLE_GROUPS, SAMPLE_ROWS = (
+    8,
+    64,
+)  # row groups spread over the source, and rows of each, for the estimate
 MEMORY_ROWS_BYTES = 320 << 20  # decoded rows held in memory; the rest of a pass waits on disk
 ENCODE_BATCH = 256  # conversations encoded together
 
@@ -68,7 +71,7 @@ class Stream:
     def __init__(self, source: Source, order: np.ndarray, needed_tokens: int):
         """``order``: the source indices in stream order (all of them, or what a mixture's ``take`` keeps)."""
         self.source, self.order, self.needed_tokens = source, order, needed_tokens
-        self.encoding = None  # set by encoded_with
+        self.encoding: Encoding | None = None  # set by encoded_with
         self.position = np.full(source.num_rows, -1, dtype=np.int64)  # -1: not in the stream
         self.position[order] = np.arange(len(order), dtype=np.int64)
         self.stats = StreamStats()
@@ -78,17 +81,24 @@ class Stream:
         """Estimate how many conversations the rows need, from the mean tokens of a sample: the
         first ``SAMPLE_ROWS`` rows of ``SAMPLE_GROUPS`` row groups spread over the source, encoded by
         ``encoder`` (any engine: only their lengths count). The groups are kept for the pass."""
-        groups = np.unique(np.linspace(0, self.source.num_groups - 1, SAMPLE_GROUPS).astype(np.int64)).tolist()
+        groups = np.unique(
+            np.linspace(0, self.source.num_groups - 1, SAMPLE_GROUPS).astype(np.int64)
+        ).tolist()
         for group in groups:
             self._decoded[group] = self.source.read_group(group)
             self.stats.row_groups_decoded += 1
-        sample = pa.concat_tables([t.slice(0, SAMPLE_ROWS) for t in self._decoded.values()]).to_pylist()
-        tokens = [len(c.ids) + 1 for _, c in encode_rows(encoder, sample, range(len(sample)))
-                  if isinstance(c, EncodedConversation)]
+        sample = pa.concat_tables(
+            [t.slice(0, SAMPLE_ROWS) for t in self._decoded.values()]
+        ).to_pylist()
+        tokens = [
+            len(c.ids) + 1
+            for _, c in encode_rows(encoder, sample, range(len(sample)))
+            if isinstance(c, EncodedConversation)
+        ]
         mean = max(1.0, sum(tokens) / max(1, len(tokens)))
         self.stats.estimated_conversations = max(ENCODE_BATCH, math.ceil(self.needed_tokens / mean))
 
-    def encoded_with(self, encoding) -> Stream:
+    def encoded_with(self, encoding: Encoding) -> Stream:
         """Encode with ``encoding`` (``builders.encode.pool``: this process, or a pool)."""
         self.encoding = encoding
         return self
@@ -96,13 +106,21 @@ class Stream:
     def __iter__(self) -> Iterator[EncodedConversation]:
         n = len(self.order)
         estimate = self.stats.estimated_conversations
-        end = n if HORIZON_MARGIN * estimate >= n else math.ceil(HORIZON_MARGIN * estimate) + ENCODE_BATCH
+        end = (
+            n
+            if HORIZON_MARGIN * estimate >= n
+            else math.ceil(HORIZON_MARGIN * estimate) + ENCODE_BATCH
+        )
         self.stats.horizon = min(n, end)
         start, end, eager = 0, min(n, end), min(n, int(EAGER_SHARE * estimate))
         with tempfile.TemporaryDirectory(prefix="fixed-sft-spill-") as spill:
             while start < n:
                 yield from self._pass(start, end, eager, Path(spill))
-                start, end, eager = end, min(n, 2 * end - start), end  # outrun: another stretch as long
+                start, end, eager = (
+                    end,
+                    min(n, 2 * end - start),
+                    end,
+                )  # outrun: another stretch as long
 
     def _read(self, group: int) -> pa.Table:
         table = self._decoded.pop(group, None)
@@ -117,14 +135,19 @@ class Stream:
         wanted = self.order[start:end]
         groups = np.unique(self.source.group_of(wanted)).tolist()
         # rows in memory at once: half encoded early, half waiting as Arrow data; the rest waits on disk
-        in_memory = max(2 * ENCODE_BATCH, int(MEMORY_ROWS_BYTES / max(1.0, self.source.bytes_per_row())))
+        in_memory = max(
+            2 * ENCODE_BATCH, int(MEMORY_ROWS_BYTES / max(1.0, self.source.bytes_per_row()))
+        )
         eager = min(eager, end, start + in_memory // 2)
         held = _Held(eager + in_memory // 2, in_memory // 2, spill)
         encoded: dict[int, EncodedConversation | SourceDataError] = {}
         position, last_eager = start, eager
         bounds = start, end, eager
-        feed = self._hand_out(groups, bounds, encoded, held) if self.encoding.decodes_groups \
+        feed = (
+            self._hand_out(groups, bounds, encoded, held)
+            if self.encoding.decodes_groups
             else self._decode(groups, bounds, encoded, held)
+        )
         for _ in feed:  # after each row group handed out: the prefix encoded so far
             while position < last_eager and self.encoding.ready(encoded, position):
                 yield self.encoding.take(encoded, position)
@@ -133,12 +156,23 @@ class Stream:
         self.stats.rows_spilled += held.spilled
         yield from self._taken(encoded, position, last_eager)
         position = last_eager
-        submitted: deque[int] = deque()  # the sizes of the held batches handed out and not yet taken, in order
-        for table, positions in held.in_order():  # held rows are the positions from eager to end, in order
+        submitted: deque[int] = (
+            deque()
+        )  # the sizes of the held batches handed out and not yet taken, in order
+        for (
+            table,
+            positions,
+        ) in held.in_order():  # held rows are the positions from eager to end, in order
             for first in range(0, table.num_rows, ENCODE_BATCH):
-                self.encoding.submit(table.slice(first, ENCODE_BATCH), positions[first:first + ENCODE_BATCH], encoded)
+                self.encoding.submit(
+                    table.slice(first, ENCODE_BATCH),
+                    positions[first : first + ENCODE_BATCH],
+                    encoded,
+                )
                 submitted.append(min(ENCODE_BATCH, table.num_rows - first))
-                while len(submitted) > self.encoding.ahead:  # the oldest batch, while the later ones encode
+                while (
+                    len(submitted) > self.encoding.ahead
+                ):  # the oldest batch, while the later ones encode
                     size = submitted.popleft()
                     yield from self._taken(encoded, position, position + size)
                     position += size
@@ -150,10 +184,14 @@ class Stream:
         for position in range(start, end):
             yield self.encoding.take(encoded, position)
 
-    def _decode(self, groups: list[int], bounds: tuple[int, int, int], encoded: dict, held: _Held) -> Iterator[None]:
+    def _decode(
+        self, groups: list[int], bounds: tuple[int, int, int], encoded: dict, held: _Held
+    ) -> Iterator[None]:
         """Decode the groups here (``READ_THREADS`` at a time) and take each apart."""
         with ThreadPoolExecutor(max_workers=READ_THREADS) as readers:
-            queue = iter(groups)  # decoded groups wait for the encoder: at most READ_AHEAD of them at once
+            queue = iter(
+                groups
+            )  # decoded groups wait for the encoder: at most READ_AHEAD of them at once
             pending = {readers.submit(self._read, group) for group in islice(queue, READ_AHEAD)}
             while pending:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -162,7 +200,9 @@ class Stream:
                     self._take_apart(future.result(), bounds, encoded, held)
                 yield
 
-    def _hand_out(self, groups: list[int], bounds: tuple[int, int, int], encoded: dict, held: _Held) -> Iterator[None]:
+    def _hand_out(
+        self, groups: list[int], bounds: tuple[int, int, int], encoded: dict, held: _Held
+    ) -> Iterator[None]:
         """Have the workers decode the groups (each its own), encode their rows before ``eager`` and send
         back the rest, which ``held`` keeps; the sample's groups, decoded already, are taken apart here."""
         start, end, eager = bounds
@@ -171,14 +211,16 @@ class Stream:
                 self._take_apart(self._decoded.pop(group), bounds, encoded, held)
             else:
                 first, count = self.source.group_rows(group)
-                positions = self.position[first:first + count]
+                positions = self.position[first : first + count]
                 rows = np.flatnonzero((positions >= start) & (positions < end))
                 self.encoding.submit_group(group, rows, positions[rows], eager, encoded, held.add)
                 self.stats.row_groups_decoded += 1
             yield
         self.encoding.wait_all(encoded)
 
-    def _take_apart(self, table: pa.Table, bounds: tuple[int, int, int], encoded: dict, held: _Held) -> None:
+    def _take_apart(
+        self, table: pa.Table, bounds: tuple[int, int, int], encoded: dict, held: _Held
+    ) -> None:
         """A decoded group's rows in [start, eager) to the encoder, those in [eager, end) to ``held``."""
         start, end, eager = bounds
         positions = self.position[table.column("index").to_numpy()]
@@ -214,9 +256,13 @@ class _Held:
             far, far_positions = table.filter(~near), positions[~near]
             keys = (far_positions - self.memory_end) // self.bucket
             for key in np.unique(keys).tolist():
-                part = far.filter(keys == key).append_column("position", pa.array(far_positions[keys == key]))
+                part = far.filter(keys == key).append_column(
+                    "position", pa.array(far_positions[keys == key])
+                )
                 if key not in self.writers:
-                    self.writers[key] = pa.ipc.new_file(self.spill / f"bucket-{key}.arrow", part.schema)
+                    self.writers[key] = pa.ipc.new_file(
+                        self.spill / f"bucket-{key}.arrow", part.schema
+                    )
                 self.writers[key].write_table(part)
                 self.spilled += part.num_rows
 

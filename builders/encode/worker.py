@@ -47,19 +47,22 @@ import numpy as np
 import pyarrow as pa
 from tokenizers import Tokenizer
 
-from builders.encode import engines
-from builders.contract import Contract
-from builders.encode.encoder import ConversationEncoder
 from builders import errors
+from builders.contract import Contract
+from builders.encode import engines
+from builders.encode.encoder import ConversationEncoder, EncodedConversation
 from builders.errors import BuildError, SourceDataError, UsageError, WorkerError
 from builders.formats import FormatSpec
-from builders.encode.encoder import EncodedConversation
-from builders.manifest import DatasetPin
 from builders.inputs.source import Source
+from builders.manifest import DatasetPin
 
-ROOT = Path(__file__).resolve().parents[2]  # the folder that holds this package: workers run the same code
-BOOTSTRAP = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); sys.path.insert(0, sys.argv[1]); "
-             "from builders.encode.worker import serve; serve(int(sys.argv[2]))")
+ROOT = (
+    Path(__file__).resolve().parents[2]
+)  # the folder that holds this package: workers run the same code
+BOOTSTRAP = (
+    "import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); sys.path.insert(0, sys.argv[1]); "
+    "from builders.encode.worker import serve; serve(int(sys.argv[2]))"
+)
 NOTHING_LEFT = "nothing was left at the final path"
 
 
@@ -68,19 +71,27 @@ class Worker:
 
     def __init__(self):
         ours, theirs = socket.socketpair()
-        environment = {**os.environ, "TOKENIZERS_PARALLELISM": "false",  # one thread each: the workers are
-                       "RAYON_NUM_THREADS": "1"}                          # the parallelism
+        environment = {
+            **os.environ,
+            "TOKENIZERS_PARALLELISM": "false",  # one thread each: the workers are
+            "RAYON_NUM_THREADS": "1",
+        }  # the parallelism
         with theirs:
             self.process = subprocess.Popen(
-                [sys.executable, "-c", BOOTSTRAP, str(ROOT), str(theirs.fileno())], pass_fds=[theirs.fileno()],
-                stdin=subprocess.DEVNULL, env=environment, start_new_session=True)
+                [sys.executable, "-c", BOOTSTRAP, str(ROOT), str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                env=environment,
+                start_new_session=True,
+            )
         self.channel = Connection(ours.detach())
         self.started = False  # it said ready
         self.choice: dict | None = None  # the engine it chose (``Choice.as_dict``), once ready
         self.in_flight = 0  # batches sent, not yet returned
 
-    def send_start_up(self, encoder: ConversationEncoder, engine: str, tokenizer_json: str,
-                      source: Source | None) -> None:
+    def send_start_up(
+        self, encoder: ConversationEncoder, engine: str, tokenizer_json: str, source: Source | None
+    ) -> None:
         """What the worker encodes with (``encoder``'s format and contract, the ``engine`` asked for,
         ``tokenizer_json``: the pinned file's text, which ``encoder``'s tokenizer was loaded from) and
         the source whose row groups it decodes."""
@@ -91,13 +102,25 @@ class Worker:
         """Source rows to encode, with their stream positions."""
         self._send_task({}, batch_message(table, positions))
 
-    def send_group(self, group: int, bounds: tuple[int, int], rows: np.ndarray, positions: np.ndarray,
-                   eager: int) -> None:
+    def send_group(
+        self,
+        group: int,
+        bounds: tuple[int, int],
+        rows: np.ndarray,
+        positions: np.ndarray,
+        eager: int,
+    ) -> None:
         """Row group ``group`` (its first source index and rows, ``bounds``, which the worker's reading
         must match) to decode there: its ``rows`` (in the group) at ``positions``; those before
         ``eager`` encoded, the others sent back as they are."""
-        self._send_task({"group": group, "bounds": list(bounds), "eager": eager}, _ipc(pa.table(
-            {"row": pa.array(rows, pa.int64()), "position": pa.array(positions, pa.int64())})))
+        self._send_task(
+            {"group": group, "bounds": list(bounds), "eager": eager},
+            _ipc(
+                pa.table(
+                    {"row": pa.array(rows, pa.int64()), "position": pa.array(positions, pa.int64())}
+                )
+            ),
+        )
 
     def receive(self) -> tuple[list[tuple[int, object]], pa.Table | None]:
         """The next message: for a task, each position's EncodedConversation or SourceDataError, and
@@ -115,8 +138,12 @@ class Worker:
             if header.get("error"):  # the user's error, as it would be without workers
                 raise getattr(errors, header["error"])(header["message"])
             if self.started:  # a fault in the builder, as it would be without workers
-                raise RuntimeError(f"a tokenizing worker failed while encoding a batch:\n{header['traceback']}")
-            raise WorkerError(f"a tokenizing worker process could not start: {header['failed']}; {NOTHING_LEFT}")
+                raise RuntimeError(
+                    f"a tokenizing worker failed while encoding a batch:\n{header['traceback']}"
+                )
+            raise WorkerError(
+                f"a tokenizing worker process could not start: {header['failed']}; {NOTHING_LEFT}"
+            )
         if "ready" in header:
             self.started, self.choice = True, header["engine"]
             return [], None
@@ -154,14 +181,19 @@ class Worker:
     def _died(self) -> WorkerError:
         self.channel.close()
         try:
-            code = self.process.wait(timeout=5)  # its channel is closed: it has exited, or is exiting
+            code = self.process.wait(
+                timeout=5
+            )  # its channel is closed: it has exited, or is exiting
         except subprocess.TimeoutExpired:
             code = None
         if code is not None and code < 0:
             status = f"killed by {signal.Signals(-code).name}: killed, or out of memory"
         else:
-            status = f"exit code {code}; what it printed, if anything, is above" if code is not None else \
-                "its channel closed, but it did not exit"
+            status = (
+                f"exit code {code}; what it printed, if anything, is above"
+                if code is not None
+                else "its channel closed, but it did not exit"
+            )
         when = "while starting" if not self.started else "before returning its batch"
         return WorkerError(f"a tokenizing worker process died {when} ({status}); {NOTHING_LEFT}")
 
@@ -178,13 +210,17 @@ def serve(fd: int) -> None:
         tokenizer_json = channel.recv_bytes().decode("utf-8")
         threading.Thread(target=_receive, args=(channel, tasks), daemon=True).start()
         tokenizer = Tokenizer.from_str(tokenizer_json)
-        encoder = ConversationEncoder(tokenizer, _format_spec(start_up["format"]), Contract(**start_up["contract"]))
-        choice = engines.choose(start_up["engine"], tokenizer, tokenizer_json, encoder.spec.chat_template)
+        encoder = ConversationEncoder(
+            tokenizer, _format_spec(start_up["format"]), Contract(**start_up["contract"])
+        )
+        choice = engines.choose(
+            start_up["engine"], tokenizer, tokenizer_json, encoder.spec.chat_template
+        )
         encoder = encoder.with_engine(choice.engine)
         datasets = start_up["source"]
     except (EOFError, OSError):
         return  # the build is gone
-    except Exception as err:  # noqa: BLE001 (reported to the build, which names it)
+    except Exception as err:
         _fail(channel, err)
         return
     try:
@@ -197,28 +233,46 @@ def serve(fd: int) -> None:
                 if "group" in header:
                     source = source or _source(datasets)
                     if list(source.group_rows(header["group"])) != header["bounds"]:
-                        raise RuntimeError(f"row group {header['group']}: the worker reads rows "
-                                           f"{source.group_rows(header['group'])}, the build {header['bounds']}")
+                        raise RuntimeError(
+                            f"row group {header['group']}: the worker reads rows "
+                            f"{source.group_rows(header['group'])}, the build {header['bounds']}"
+                        )
                     table, later = _group_rows(source, header["group"], table, header["eager"])
-                results = encode_rows(encoder, table.drop_columns(["position"]).to_pylist(),
-                                      table.column("position").to_numpy())
-                engines.finish(encoder.engine)  # its cross-checks passed before it is sent
-            except Exception as err:  # noqa: BLE001 (the user's error, or a fault in the builder: the build raises it)
+                results = encode_rows(
+                    encoder,
+                    table.drop_columns(["position"]).to_pylist(),
+                    table.column("position").to_numpy(),
+                )
+                encoder.engine.finish()  # its cross-checks passed before it is sent
+            except Exception as err:
                 _fail(channel, err)
                 return
-            failed = [(position, str(item)) for position, item in results if isinstance(item, SourceDataError)]
-            channel.send_bytes(json.dumps({"batch": len(results), "errors": failed,
-                                           "later": later is not None}).encode("utf-8"))
-            channel.send_bytes(_ipc(_conversations_table(
-                [(p, c) for p, c in results if isinstance(c, EncodedConversation)])))
+            failed = [
+                (position, str(item))
+                for position, item in results
+                if isinstance(item, SourceDataError)
+            ]
+            channel.send_bytes(
+                json.dumps(
+                    {"batch": len(results), "errors": failed, "later": later is not None}
+                ).encode("utf-8")
+            )
+            channel.send_bytes(
+                _ipc(
+                    _conversations_table(
+                        [(p, c) for p, c in results if isinstance(c, EncodedConversation)]
+                    )
+                )
+            )
             if later is not None:
                 channel.send_bytes(_ipc(later))
     except OSError:
         return  # the build is gone
 
 
-def start_up_message(encoder: ConversationEncoder, engine: str = "tokenizers",
-                     source: Source | None = None) -> bytes:
+def start_up_message(
+    encoder: ConversationEncoder, engine: str = "tokenizers", source: Source | None = None
+) -> bytes:
     """What a worker's encoder is made of besides the tokenizer: the contract, the engine asked for
     (``--engine``) and the chat format's inputs, and the source it decodes (each dataset's pin and
     files), as JSON. A format whose template variables JSON does not carry exactly (a mapping with
@@ -229,22 +283,45 @@ def start_up_message(encoder: ConversationEncoder, engine: str = "tokenizers",
     except (TypeError, ValueError):
         text = None
     if text is None or _format_spec(json.loads(text)) != encoder.spec:
-        raise UsageError("tokenizer.template_vars and tokenizer.prefills hold data other than plain JSON (text "
-                         "keys, text, numbers, lists): worker processes could not render as this process does; "
-                         "build with --workers 1")
-    datasets = [] if source is None else [(asdict(pin), [(f.name, str(f.path)) for f in source.files if f.dataset == j])
-                                          for j, pin in enumerate(source.pins)]
-    return json.dumps({"contract": encoder.contract.as_dict(), "engine": engine, "format": spec,
-                       "source": datasets}).encode("utf-8")
+        raise UsageError(
+            "tokenizer.template_vars and tokenizer.prefills hold data other than plain JSON (text "
+            "keys, text, numbers, lists): worker processes could not render as this process does; "
+            "build with --workers 1"
+        )
+    datasets = (
+        []
+        if source is None
+        else [
+            (asdict(pin), [(f.name, str(f.path)) for f in source.files if f.dataset == j])
+            for j, pin in enumerate(source.pins)
+        ]
+    )
+    return json.dumps(
+        {
+            "contract": encoder.contract.as_dict(),
+            "engine": engine,
+            "format": spec,
+            "source": datasets,
+        }
+    ).encode("utf-8")
 
 
 def _source(datasets: list) -> Source:
     """The source a start-up message describes, opened again in the worker."""
+
     def pin(data: dict) -> DatasetPin:
         roles = data["roles"]
-        return DatasetPin(**{**data, "keys": tuple(data["keys"]),
-                             "roles": None if roles is None else tuple(tuple(r) for r in roles)})
-    return Source([(pin(data), [(name, Path(path)) for name, path in files]) for data, files in datasets])
+        return DatasetPin(
+            **{
+                **data,
+                "keys": tuple(data["keys"]),
+                "roles": None if roles is None else tuple(tuple(r) for r in roles),
+            }
+        )
+
+    return Source(
+        [(pin(data), [(name, Path(path)) for name, path in files]) for data, files in datasets]
+    )
 
 
 def _format_spec(data: dict) -> FormatSpec:
@@ -257,17 +334,25 @@ def batch_message(table: pa.Table, positions: np.ndarray) -> pa.Buffer:
     return _ipc(table.append_column("position", pa.array(positions, pa.int64())))
 
 
-def _group_rows(source: Source, group: int, wanted: pa.Table, eager: int) -> tuple[pa.Table, pa.Table]:
+def _group_rows(
+    source: Source, group: int, wanted: pa.Table, eager: int
+) -> tuple[pa.Table, pa.Table]:
     """The wanted rows of ``group``, decoded, with their ``position``: those before ``eager`` in stream
     order (to encode), and the others (to send back)."""
     positions = wanted.column("position").to_numpy()
-    rows = source.read_group(group).take(wanted.column("row")).append_column("position", wanted.column("position"))
+    rows = (
+        source.read_group(group)
+        .take(wanted.column("row"))
+        .append_column("position", wanted.column("position"))
+    )
     now = np.flatnonzero(positions < eager)
     now = now[np.argsort(positions[now], kind="stable")]
     return rows.take(pa.array(now)), rows.filter(pa.array(positions >= eager))
 
 
-def encode_rows(encoder: ConversationEncoder, rows: list[dict], positions) -> list[tuple[int, object]]:
+def encode_rows(
+    encoder: ConversationEncoder, rows: list[dict], positions
+) -> list[tuple[int, object]]:
     """Each row's encoded conversation (or its SourceDataError), with its position."""
     positions = [int(p) for p in positions]
     try:
@@ -293,9 +378,16 @@ def _receive(channel: Connection, tasks: queue.SimpleQueue) -> None:
 def _fail(channel: Connection, err: Exception) -> None:
     user = isinstance(err, BuildError) and getattr(errors, type(err).__name__, None) is type(err)
     try:
-        channel.send_bytes(json.dumps({"failed": f"{type(err).__name__}: {err}", "message": str(err),
-                                       "error": type(err).__name__ if user else None,
-                                       "traceback": "".join(traceback.format_exception(err))}).encode("utf-8"))
+        channel.send_bytes(
+            json.dumps(
+                {
+                    "failed": f"{type(err).__name__}: {err}",
+                    "message": str(err),
+                    "error": type(err).__name__ if user else None,
+                    "traceback": "".join(traceback.format_exception(err)),
+                }
+            ).encode("utf-8")
+        )
     except OSError:
         pass  # the build is gone
 
@@ -327,24 +419,41 @@ def _split(column: pa.ChunkedArray, dtype) -> list[np.ndarray]:
 
 def _conversations_table(results: list[tuple[int, EncodedConversation]]) -> pa.Table:
     conversations = [c for _, c in results]
-    return pa.table({
-        "position": pa.array([p for p, _ in results], pa.int64()),
-        "index": pa.array([c.index for c in conversations], pa.int64()),
-        "id": pa.array([c.id for c in conversations], pa.string()),
-        "source": pa.array([c.source for c in conversations], pa.string()),
-        "ids": _lists([c.ids for c in conversations], np.int32),
-        "mask": _lists([c.mask for c in conversations], np.uint8),
-        "ends_with_answer": pa.array([c.ends_with_answer for c in conversations], pa.bool_()),
-        "left_out": pa.array([c.left_out for c in conversations], pa.bool_()),
-        "cross_checked": pa.array([c.cross_checked for c in conversations], pa.bool_()),
-    })
+    return pa.table(
+        {
+            "position": pa.array([p for p, _ in results], pa.int64()),
+            "index": pa.array([c.index for c in conversations], pa.int64()),
+            "id": pa.array([c.id for c in conversations], pa.string()),
+            "source": pa.array([c.source for c in conversations], pa.string()),
+            "ids": _lists([c.ids for c in conversations], np.int32),
+            "mask": _lists([c.mask for c in conversations], np.uint8),
+            "ends_with_answer": pa.array([c.ends_with_answer for c in conversations], pa.bool_()),
+            "left_out": pa.array([c.left_out for c in conversations], pa.bool_()),
+            "cross_checked": pa.array([c.cross_checked for c in conversations], pa.bool_()),
+        }
+    )
 
 
 def _conversations(table: pa.Table) -> list[tuple[int, EncodedConversation]]:
-    columns = {name: table.column(name).to_numpy().tolist() for name in
-               ("position", "index", "ends_with_answer", "left_out", "cross_checked")}
+    columns = {
+        name: table.column(name).to_numpy().tolist()
+        for name in ("position", "index", "ends_with_answer", "left_out", "cross_checked")
+    }
     columns |= {name: table.column(name).to_pylist() for name in ("id", "source")}
     ids, mask = _split(table.column("ids"), np.int32), _split(table.column("mask"), np.uint8)
-    return [(columns["position"][k], EncodedConversation(
-        columns["index"][k], columns["id"][k], columns["source"][k], ids[k], mask[k], columns["ends_with_answer"][k],
-        left_out=columns["left_out"][k], cross_checked=columns["cross_checked"][k])) for k in range(table.num_rows)]
+    return [
+        (
+            columns["position"][k],
+            EncodedConversation(
+                columns["index"][k],
+                columns["id"][k],
+                columns["source"][k],
+                ids[k],
+                mask[k],
+                columns["ends_with_answer"][k],
+                left_out=columns["left_out"][k],
+                cross_checked=columns["cross_checked"][k],
+            ),
+        )
+        for k in range(table.num_rows)
+    ]

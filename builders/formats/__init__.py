@@ -21,7 +21,11 @@ FORMATS: dict[str, str] = {  # loss_mask: "module:class"
     "miles-qwen3": "builders.formats.peers:MilesQwen3Format",
     "hf-generation": "builders.formats.peers:HFGenerationFormat",
 }
-PEER_READINGS = ("miles-qwen", "miles-qwen3", "hf-generation")  # formats that reproduce another tool's rows
+PEER_FORMATS = (
+    "miles-qwen",
+    "miles-qwen3",
+    "hf-generation",
+)  # formats that reproduce another tool's rows
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,9 @@ class FormatSpec:
     template_vars: dict = field(default_factory=dict)
     render_date: str | None = None
     special_tokens: dict = field(default_factory=dict)
-    template_source: str = "chat_template.jinja"  # the pinned file (and name) the template came from
+    template_source: str = (
+        "chat_template.jinja"  # the pinned file (and name) the template came from
+    )
 
 
 def format_class(loss_mask: str) -> type[ChatFormat]:

@@ -50,7 +50,9 @@ class Annotated:
 
     ids: np.ndarray  # int32: the rendered text's tokens (add_special_tokens=False), no EOS
     classes: np.ndarray  # uint8: each token's class (the format's)
-    message_text: np.ndarray | None  # bool: the token is part of a message's own text (None where not kept)
+    message_text: (
+        np.ndarray | None
+    )  # bool: the token is part of a message's own text (None where not kept)
     ends_with_answer: bool  # the EOS after the conversation is its last answer's stop token
     cross_checked: bool = False  # the reference engine encoded it too, and agreed
     # readings of mask_rule that are their own rules (glm5's slime rules): rule -> (appended stop id or None,
@@ -106,8 +108,10 @@ class ChatFormat(ABC):
         """The field of ``contract`` whose reading does not apply to this format, and why (None: all apply)."""
         for key, values in cls.readings.items():
             if getattr(contract, key) not in values:
-                return f"contract.{key}", (f"{getattr(contract, key)} does not apply to loss_mask {cls.name} "
-                                           f"(it takes {', '.join(values)})")
+                return f"contract.{key}", (
+                    f"{getattr(contract, key)} does not apply to loss_mask {cls.name} "
+                    f"(it takes {', '.join(values)})"
+                )
         return None
 
     @classmethod

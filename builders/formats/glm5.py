@@ -10,16 +10,20 @@ from __future__ import annotations
 import jinja2
 import numpy as np
 
-from builders.formats import glm5_layout as glm5
-from builders.formats import slime
-from builders.formats.render import ChatRenderer
-from builders.messages import normalize_messages, split_step_loss_mask
 from builders.contract import READINGS, SLIME_RULES, Contract
 from builders.errors import ConversationError
+from builders.formats import glm5_layout as glm5
+from builders.formats import slime
 from builders.formats.base import Annotated, ChatFormat, located
+from builders.formats.render import ChatRenderer
 from builders.formats.vocab import char_spans
+from builders.messages import normalize_messages, split_step_loss_mask
 
-STRUCTURE_ONLY = ("prefill", "stop", "final")  # readings that refine the structure rule, not the slime rules
+STRUCTURE_ONLY = (
+    "prefill",
+    "stop",
+    "final",
+)  # readings that refine the structure rule, not the slime rules
 
 
 class Glm5Format(ChatFormat):
@@ -30,7 +34,9 @@ class Glm5Format(ChatFormat):
         super().__init__(spec, tokenizer, vocab)
         self.renderer = ChatRenderer(spec.chat_template)
         self.eos_id = vocab.token_id(glm5.EOS, self.name)
-        self.stop_ids = np.array([vocab.token_id(t, self.name) for t in glm5.STOP_TOKENS], dtype=np.int64)
+        self.stop_ids = np.array(
+            [vocab.token_id(t, self.name) for t in glm5.STOP_TOKENS], dtype=np.int64
+        )
         self._offsets_from_bytes = vocab.offsets_are_spans()
 
     @property
@@ -58,22 +64,24 @@ class Glm5Format(ChatFormat):
     @classmethod
     def redundant(cls, contract: Contract) -> bool:
         """Under a slime rule, ``prefill``, ``stop`` and ``final`` change nothing: the slime reading's own rows."""
-        return not contract.structure_rule and any(getattr(contract, key) != READINGS[key][0]
-                                                   for key in STRUCTURE_ONLY)
+        return not contract.structure_rule and any(
+            getattr(contract, key) != READINGS[key][0] for key in STRUCTURE_ONLY
+        )
 
     def annotate(self, rows: list[dict], engine, rules: tuple[str, ...] = ()) -> list[Annotated]:
         layouts = self._layouts(rows)
         texts = [lay.text for lay in layouts]
         tokens = engine.encode(texts)
-        checked = engine.cross_check(texts, tokens, [row["index"] for row in rows]) \
-            if hasattr(engine, "cross_check") else [False] * len(rows)
+        checked = engine.cross_check(texts, tokens, [row["index"] for row in rows])
         try:
             placements = self.placements(layouts, tokens)
         except ConversationError as err:
             with located(rows[err.conversation]):
                 raise
-        annotated = [Annotated(ids, placement.classes, placement.message_text, lay.ends_with_answer, check)
-                     for lay, ids, placement, check in zip(layouts, tokens, placements, checked)]
+        annotated = [
+            Annotated(ids, placement.classes, placement.message_text, lay.ends_with_answer, check)
+            for lay, ids, placement, check in zip(layouts, tokens, placements, checked)
+        ]
         rules = [rule for rule in rules if rule in SLIME_RULES]
         if rules:
             offsets = self._offsets(texts, [a.ids for a in annotated])
@@ -133,17 +141,23 @@ class Glm5Format(ChatFormat):
             return None
         if stop:
             offsets = np.vstack([offsets, [[len(text), len(text) + len(stop)]]])
-        return (self.vocab.token_id(stop, self.name) if stop else None), slime.token_mask(characters, offsets)
+        return (self.vocab.token_id(stop, self.name) if stop else None), slime.token_mask(
+            characters, offsets
+        )
 
 
 def _same(rendered: str, text: str) -> None:
     """Refuse a rendering that is not the glm5 layout's text."""
     if rendered != text:
-        at = next((i for i, (a, b) in enumerate(zip(rendered, text)) if a != b), min(len(rendered), len(text)))
+        at = next(
+            (i for i, (a, b) in enumerate(zip(rendered, text)) if a != b),
+            min(len(rendered), len(text)),
+        )
         raise ConversationError(
             f"the chat template renders this conversation differently from the glm5 piece layout (first "
-            f"difference at character {at}: template {rendered[at:at + 40]!r}, glm5 {text[at:at + 40]!r}); "
-            f"the glm5 mask is only defined for the GLM-4.7-Flash chat format")
+            f"difference at character {at}: template {rendered[at : at + 40]!r}, glm5 {text[at : at + 40]!r}); "
+            f"the glm5 mask is only defined for the GLM-4.7-Flash chat format"
+        )
 
 
 def _utf8_length(text: str) -> int:

@@ -28,7 +28,12 @@ from builders.errors import ConversationError
 PREFIX = "[gMASK]<sop>"
 EOS = "<|endoftext|>"
 STOP_TOKENS = ("<|endoftext|>", "<|user|>", "<|observation|>")
-ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>", "tool": "<|observation|>"}
+ROLE_TOKENS = {
+    "system": "<|system|>",
+    "user": "<|user|>",
+    "assistant": "<|assistant|>",
+    "tool": "<|observation|>",
+}
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 # token classes under the structure rule
@@ -80,12 +85,23 @@ def layout(messages: list[dict], untrained: frozenset[int] = frozenset()) -> Lay
         elif role == "tool":
             if i == 0 or messages[i - 1]["role"] != "tool":
                 parts.append(Part(ROLE_TOKENS["tool"], OTHER, False, piece))
-            parts += (Part("<tool_response>", OTHER, False, piece), Part(message["content"], OTHER, True, piece),
-                      Part("</tool_response>", OTHER, False, piece))
+            parts += (
+                Part("<tool_response>", OTHER, False, piece),
+                Part(message["content"], OTHER, True, piece),
+                Part("</tool_response>", OTHER, False, piece),
+            )
         else:
-            parts += (Part(ROLE_TOKENS[role], OTHER, False, piece), Part(message["content"], OTHER, True, piece))
-    return Layout(tuple(parts), "".join(p.text for p in parts), tuple(m["role"] for m in messages), tuple(answers),
-                  bool(answers) and answers[-1] == len(messages))
+            parts += (
+                Part(ROLE_TOKENS[role], OTHER, False, piece),
+                Part(message["content"], OTHER, True, piece),
+            )
+    return Layout(
+        tuple(parts),
+        "".join(p.text for p in parts),
+        tuple(m["role"] for m in messages),
+        tuple(answers),
+        bool(answers) and answers[-1] == len(messages),
+    )
 
 
 def _answer(message: dict, show_reasoning: bool, trained: bool, piece: int) -> tuple[Part, ...]:
@@ -95,15 +111,24 @@ def _answer(message: dict, show_reasoning: bool, trained: bool, piece: int) -> t
     if not isinstance(reasoning, str):
         reasoning = ""
         if THINK_CLOSE in content:
-            reasoning = content.split(THINK_CLOSE)[0].rstrip("\n").split(THINK_OPEN)[-1].lstrip("\n")
+            reasoning = (
+                content.split(THINK_CLOSE)[0].rstrip("\n").split(THINK_OPEN)[-1].lstrip("\n")
+            )
             content = content.split(THINK_CLOSE)[-1].lstrip("\n")
     role, prefill, answer = (ROLE, PREFILL_THINK, ANSWER) if trained else (OTHER, OTHER, OTHER)
     if show_reasoning and reasoning:
-        return (Part(ROLE_TOKENS["assistant"], role, False, piece), Part(THINK_OPEN, prefill, False, piece),
-                Part(reasoning.strip(), answer, True, piece), Part(THINK_CLOSE, answer, False, piece),
-                Part(content.strip(), answer, True, piece))
-    return (Part(ROLE_TOKENS["assistant"], role, False, piece), Part(THINK_CLOSE, prefill, False, piece),
-            Part(content.strip(), answer, True, piece))
+        return (
+            Part(ROLE_TOKENS["assistant"], role, False, piece),
+            Part(THINK_OPEN, prefill, False, piece),
+            Part(reasoning.strip(), answer, True, piece),
+            Part(THINK_CLOSE, answer, False, piece),
+            Part(content.strip(), answer, True, piece),
+        )
+    return (
+        Part(ROLE_TOKENS["assistant"], role, False, piece),
+        Part(THINK_CLOSE, prefill, False, piece),
+        Part(content.strip(), answer, True, piece),
+    )
 
 
 class Placement(NamedTuple):
@@ -113,8 +138,13 @@ class Placement(NamedTuple):
     message_text: np.ndarray  # bool: the token is part of a message's own text
 
 
-def place(layouts: list[Layout], ids: list[np.ndarray], token_bytes: np.ndarray, stop_ids: np.ndarray,
-          measure: Callable[[str], int]) -> list[Placement]:
+def place(
+    layouts: list[Layout],
+    ids: list[np.ndarray],
+    token_bytes: np.ndarray,
+    stop_ids: np.ndarray,
+    measure: Callable[[str], int],
+) -> list[Placement]:
     """Give each token of each conversation its class, from the byte spans of its layout's parts.
 
     ``token_bytes`` holds each token id's length in bytes of the text as the tokenizer sees it,
@@ -127,16 +157,27 @@ def place(layouts: list[Layout], ids: list[np.ndarray], token_bytes: np.ndarray,
         return []
     texts, part_class, part_text, part_piece = zip(*(part for lay in layouts for part in lay.parts))
     lengths = np.fromiter(map(measure, texts), np.int64, len(texts))
-    piece_base = np.cumsum([0] + [lay.pieces for lay in layouts])  # pieces numbered across the batch
-    part_piece = np.array(part_piece, dtype=np.int64) + np.repeat(piece_base[:-1], [len(lay.parts) for lay in layouts])
+    piece_base = np.cumsum(
+        [0] + [lay.pieces for lay in layouts]
+    )  # pieces numbered across the batch
+    part_piece = np.array(part_piece, dtype=np.int64) + np.repeat(
+        piece_base[:-1], [len(lay.parts) for lay in layouts]
+    )
     part_class = np.array(part_class, dtype=np.uint8)
     part_text = np.array(part_text, dtype=bool)
     part_end = np.cumsum(lengths)
     piece_end = np.zeros(piece_base[-1], dtype=np.int64)
     np.maximum.at(piece_end, part_piece, part_end)
-    rendering_end = piece_end[piece_base[1:] - 1]  # each conversation's bytes end with its last piece
+    rendering_end = piece_end[
+        piece_base[1:] - 1
+    ]  # each conversation's bytes end with its last piece
     keep = lengths > 0
-    part_end, part_piece, part_class, part_text = part_end[keep], part_piece[keep], part_class[keep], part_text[keep]
+    part_end, part_piece, part_class, part_text = (
+        part_end[keep],
+        part_piece[keep],
+        part_class[keep],
+        part_text[keep],
+    )
 
     counts = np.fromiter((len(i) for i in ids), np.int64, len(ids))
     flat = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int32)
@@ -149,8 +190,11 @@ def place(layouts: list[Layout], ids: list[np.ndarray], token_bytes: np.ndarray,
     wrong = np.flatnonzero(covered != rendered)
     if wrong.size:
         c = int(wrong[0])
-        raise _at(c, f"the tokens cover {int(covered[c])} bytes of a {int(rendered[c])}-byte rendering; the tokenizer "
-                     f"does not encode the text losslessly, byte for byte, so the glm5 mask cannot be placed")
+        raise ConversationError.at(
+            c,
+            f"the tokens cover {int(covered[c])} bytes of a {int(rendered[c])}-byte rendering; the tokenizer "
+            f"does not encode the text losslessly, byte for byte, so the glm5 mask cannot be placed",
+        )
     # the tokens that start in each part: a token belongs to the part its first byte is in
     started = np.searchsorted(starts, part_end, side="left")
     per_part = np.diff(started, prepend=0)
@@ -158,20 +202,26 @@ def place(layouts: list[Layout], ids: list[np.ndarray], token_bytes: np.ndarray,
     straddling = np.flatnonzero((started > 0) & (ends[np.maximum(started - 1, 0)] > part_end))
     if straddling.size:
         into = np.searchsorted(part_end, ends[started[straddling] - 1] - 1, side="right")
-        bad = (part_piece[into] != part_piece[straddling]) | (part_class[into] != part_class[straddling])
+        bad = (part_piece[into] != part_piece[straddling]) | (
+            part_class[into] != part_class[straddling]
+        )
         if bad.any():
             p = int(straddling[np.argmax(bad)])
             t = int(started[p] - 1)
             c = int(np.searchsorted(piece_base, part_piece[p], side="right") - 1)
             token, base = t - int(counts[:c].sum()), int(rendering_end[c] - rendered[c])
-            raise _at(c, f"token {token} (bytes {int(starts[t]) - base}..{int(ends[t]) - base}) straddles the end of "
-                         f"message piece {int(part_piece[p] - piece_base[c])} or of its prefill; the glm5 mask is "
-                         f"undefined for this tokenizer")
+            raise ConversationError.at(
+                c,
+                f"token {token} (bytes {int(starts[t]) - base}..{int(ends[t]) - base}) straddles the end of "
+                f"message piece {int(part_piece[p] - piece_base[c])} or of its prefill; the glm5 mask is "
+                f"undefined for this tokenizer",
+            )
     classes = np.repeat(part_class, per_part)
     message_text = np.repeat(part_text, per_part)
     # the token right after each answer, within its conversation: the stop token that ends it, when it is one
-    answers = np.array([k for lay in layouts for k in lay.answers], dtype=np.int64) \
-        + np.repeat(piece_base[:-1], [len(lay.answers) for lay in layouts])
+    answers = np.array([k for lay in layouts for k in lay.answers], dtype=np.int64) + np.repeat(
+        piece_base[:-1], [len(lay.answers) for lay in layouts]
+    )
     answer_conversation = np.searchsorted(piece_base, answers, side="right") - 1
     after = np.searchsorted(starts, piece_end[answers], side="left")
     inside = after < len(flat)
@@ -180,9 +230,3 @@ def place(layouts: list[Layout], ids: list[np.ndarray], token_bytes: np.ndarray,
     classes[after[np.isin(flat[after], stop_ids)]] = STOP_AFTER
     bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
     return [Placement(classes[a:b], message_text[a:b]) for a, b in zip(bounds, bounds[1:])]
-
-
-def _at(conversation: int, message: str) -> ConversationError:
-    err = ConversationError(message)
-    err.conversation = conversation
-    return err

@@ -1,4 +1,4 @@
-"""Peer readings: the token ids and loss masks that another training tool makes of a conversation.
+"""Peer formats: the token ids and loss masks that another training tool makes of a conversation.
 
 - ``miles-qwen``, ``miles-qwen3``: miles 78527b91 ``MultiTurnLossMaskGenerator(tokenizer,
   "qwen" | "qwen3").get_loss_mask(messages)`` (``miles/utils/mask_utils.py``), with the tokenizer a
@@ -27,7 +27,7 @@ The renders are transformers' own (``ChatRenderer``, with the variables ``apply_
 would pass: the pinned special-token strings, then ``template_vars``); each distinct piece is
 rendered once per batch, and the texts are tokenized in one batch (``add_special_tokens=False``, as
 ``PreTrainedTokenizerFast`` tokenizes). The messages reach the template as the peer gives them,
-``step_loss_mask`` included. Under a peer reading the EOS joined after a conversation is
+``step_loss_mask`` included. Under a peer format the EOS joined after a conversation is
 unsupervised, so no conversation "ends with an answer"; ``stop`` and ``prefills`` do not apply.
 """
 
@@ -38,11 +38,11 @@ import re
 import jinja2
 import numpy as np
 
-from builders.formats.render import ChatRenderer
-from builders.messages import normalize_messages, split_step_loss_mask
 from builders.contract import READINGS, Contract
 from builders.errors import ConversationError, UsageError
 from builders.formats.base import SUPERVISED, Annotated, ChatFormat, located
+from builders.formats.render import ChatRenderer
+from builders.messages import normalize_messages, split_step_loss_mask
 
 MILES_TEST_STRING = "FOR TESTING ONLY"
 MILES_DUMMY = {"role": "user", "content": "FOR CALCULATING LOSS MASK ONLY"}
@@ -76,11 +76,15 @@ class PeerFormat(ChatFormat):
             with located(row):
                 conversations.append(peer_messages(row["messages"]))
         try:
-            encoded = self.encode_all(conversations)  # the pinned tokenizer's own ids, as the peer has them
+            encoded = self.encode_all(
+                conversations
+            )  # the pinned tokenizer's own ids, as the peer has them
         except ConversationError as err:
             with located(rows[err.conversation]):
                 raise
-        return [Annotated(ids, mask, np.zeros(len(ids), dtype=bool), False) for ids, mask in encoded]
+        return [
+            Annotated(ids, mask, np.zeros(len(ids), dtype=bool), False) for ids, mask in encoded
+        ]
 
     def encode_all(self, conversations: list[list[dict]]) -> list[tuple[np.ndarray, np.ndarray]]:
         """Each conversation's int32 ids and uint8 mask; a ConversationError with ``.conversation`` where the
@@ -89,10 +93,18 @@ class PeerFormat(ChatFormat):
 
     def _ids(self, texts: list[str]) -> list[np.ndarray]:
         """The texts' ids from the pinned tokenizer, as ``PreTrainedTokenizerFast`` encodes them."""
-        return [np.array(e.ids, dtype=np.int32) for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+        return [
+            np.array(e.ids, dtype=np.int32)
+            for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+        ]
 
-    def _render(self, conversations: list[list[dict]], spans: bool = False, add_generation_prompt: bool = False,
-                **variables):
+    def _render(
+        self,
+        conversations: list[list[dict]],
+        spans: bool = False,
+        add_generation_prompt: bool = False,
+        **variables,
+    ):
         """The renders (with ``spans``: and their generation spans), with the format's variables and ``variables``;
         a template error names the conversation."""
         variables = {**self.variables, **variables}
@@ -109,7 +121,9 @@ class PeerFormat(ChatFormat):
                 try:
                     render([conversation])
                 except jinja2.TemplateError as err:
-                    raise _at(position, f"the chat template failed: {err}") from err
+                    raise ConversationError.at(
+                        position, f"the chat template failed: {err}"
+                    ) from err
             raise
 
 
@@ -133,8 +147,12 @@ class MilesFormat(PeerFormat):
         self.system_message_length, self.gen_token_length = self._measure()
 
     def describe(self) -> dict:
-        return {**super().describe(), "miles_rule": self.rule, "system_message_length": self.system_message_length,
-                "gen_token_length": self.gen_token_length}
+        return {
+            **super().describe(),
+            "miles_rule": self.rule,
+            "system_message_length": self.system_message_length,
+            "gen_token_length": self.gen_token_length,
+        }
 
     def _measure(self) -> tuple[int, int]:
         """``get_system_message_length``: miles' arithmetic on two rendered test messages."""
@@ -143,14 +161,19 @@ class MilesFormat(PeerFormat):
             (text,) = self._render([test], add_special_tokens=False)
             (prompted,) = self._render([test], add_special_tokens=False, add_generation_prompt=True)
         except ConversationError as err:
-            raise UsageError(f"loss_mask {self.name}: miles measures the template on two user messages, and {err}") \
-                from err
+            raise UsageError(
+                f"loss_mask {self.name}: miles measures the template on two user messages, and {err}"
+            ) from err
         raw, ids, prompted_ids = self._ids([MILES_TEST_STRING, text, prompted])
-        found = [i for i in range(len(ids) - len(raw) + 1) if np.array_equal(ids[i:i + len(raw)], raw)]
+        found = [
+            i for i in range(len(ids) - len(raw) + 1) if np.array_equal(ids[i : i + len(raw)], raw)
+        ]
         if len(found) != 2:
-            raise UsageError(f"loss_mask {self.name}: miles cannot measure this template's system message length: "
-                             f"the tokens of {MILES_TEST_STRING!r} occur {len(found)} times (not 2) in its render of "
-                             f"two user messages {text!r}, where miles raises")
+            raise UsageError(
+                f"loss_mask {self.name}: miles cannot measure this template's system message length: "
+                f"the tokens of {MILES_TEST_STRING!r} occur {len(found)} times (not 2) in its render of "
+                f"two user messages {text!r}, where miles raises"
+            )
         first, second = found
         end_interval = len(ids) - len(raw) - second
         return first - ((second - first) - end_interval - len(raw)), len(prompted_ids) - len(ids)
@@ -161,8 +184,10 @@ class MilesFormat(PeerFormat):
         keys = [[self._piece_key(i, m) for i, m in enumerate(c)] for c in conversations]
         distinct = list(dict.fromkeys(key for conversation in keys for key in conversation))
         pieces = dict(zip(distinct, self._pieces(distinct, keys)))
-        return [self._join(position, messages, [pieces[key] for key in conversation])
-                for position, (messages, conversation) in enumerate(zip(conversations, keys))]
+        return [
+            self._join(position, messages, [pieces[key] for key in conversation])
+            for position, (messages, conversation) in enumerate(zip(conversations, keys))
+        ]
 
     def _piece_key(self, position: int, message: dict) -> tuple:
         # qwen renders every message alone (tools, never given here, only with the first);
@@ -174,31 +199,45 @@ class MilesFormat(PeerFormat):
         renders = []
         for first, items in distinct:
             message = dict(items)
-            renders.append([message] if self.rule == "qwen" else [message, MILES_DUMMY] if first
-                           else [MILES_DUMMY, message])
+            renders.append(
+                [message]
+                if self.rule == "qwen"
+                else [message, MILES_DUMMY]
+                if first
+                else [MILES_DUMMY, message]
+            )
         try:
             texts = self._render(renders + ([[MILES_DUMMY]] if self.rule == "qwen3" else []))
         except ConversationError as err:  # name the first conversation that holds the message
             key = distinct[err.conversation]
-            raise _at(next(p for p, c in enumerate(keys) if key in c), str(err)) from err
+            raise ConversationError.at(
+                next(p for p, c in enumerate(keys) if key in c), str(err)
+            ) from err
         ids = self._ids(texts)
         if self.rule == "qwen":
             return ids
         dummy = len(ids.pop())
-        return [piece[:-dummy] if first else piece[dummy:] for (first, _), piece in zip(distinct, ids)]
+        return [
+            piece[:-dummy] if first else piece[dummy:] for (first, _), piece in zip(distinct, ids)
+        ]
 
-    def _join(self, position: int, messages: list[dict], pieces: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    def _join(
+        self, position: int, messages: list[dict], pieces: list[np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray]:
         all_ids, all_masks = [], []
         for i, (message, ids) in enumerate(zip(messages, pieces)):
             if message["role"] != "system" and i > 0:
-                ids = ids[self.system_message_length:]
+                ids = ids[self.system_message_length :]
             mask = np.zeros(len(ids), np.uint8)
             if message["role"] == "assistant" and message.get("step_loss_mask", 1) == 1:
                 if len(ids) < self.gen_token_length:
-                    raise _at(position, f"message {i} (assistant) keeps {len(ids)} tokens after miles' cut, fewer "
-                                        f"than its {self.gen_token_length}-token header: miles' mask would be "
-                                        f"longer than its ids")
-                mask[self.gen_token_length:] = SUPERVISED
+                    raise ConversationError.at(
+                        position,
+                        f"message {i} (assistant) keeps {len(ids)} tokens after miles' cut, fewer "
+                        f"than its {self.gen_token_length}-token header: miles' mask would be "
+                        f"longer than its ids",
+                    )
+                mask[self.gen_token_length :] = SUPERVISED
             all_ids.append(ids)
             all_masks.append(mask)
         return np.concatenate(all_ids).astype(np.int32), np.concatenate(all_masks)
@@ -208,9 +247,11 @@ class MilesFormat(PeerFormat):
         prompts = self._render([c[:1] for c in conversations], add_generation_prompt=True)
         ids = self._ids(prompts + [c[-1]["content"] for c in conversations])
         out = []
-        for conversation, prompt, response in zip(conversations, ids, ids[len(prompts):]):
+        for conversation, prompt, response in zip(conversations, ids, ids[len(prompts) :]):
             trained = conversation[-1].get("step_loss_mask", 1) == 1
-            mask = np.concatenate([np.zeros(len(prompt), np.uint8), np.full(len(response), trained, np.uint8)])
+            mask = np.concatenate(
+                [np.zeros(len(prompt), np.uint8), np.full(len(response), trained, np.uint8)]
+            )
             out.append((np.concatenate([prompt, response]).astype(np.int32), mask))
         return out
 
@@ -230,17 +271,25 @@ class HFGenerationFormat(PeerFormat):
 
     def __init__(self, spec, tokenizer, vocab):
         if not GENERATION_TAG.search(spec.chat_template):
-            raise UsageError(f"loss_mask hf-generation needs a chat template with {{% generation %}} blocks (the "
-                             f"text transformers' return_assistant_tokens_mask supervises); {spec.template_source} "
-                             f"has none, so every mask would be 0")
+            raise UsageError(
+                f"loss_mask hf-generation needs a chat template with {{% generation %}} blocks (the "
+                f"text transformers' return_assistant_tokens_mask supervises); {spec.template_source} "
+                f"has none, so every mask would be 0"
+            )
         super().__init__(spec, tokenizer, vocab)
 
     def encode_all(self, conversations):
         texts, spans = self._render(conversations, spans=True)
-        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)  # the offsets are needed
-        return [(np.array(e.ids, dtype=np.int32),
-                 overlap_mask(np.array(e.offsets, dtype=np.int64).reshape(-1, 2), span))
-                for e, span in zip(encodings, spans)]
+        encodings = self.tokenizer.encode_batch(
+            texts, add_special_tokens=False
+        )  # the offsets are needed
+        return [
+            (
+                np.array(e.ids, dtype=np.int32),
+                overlap_mask(np.array(e.offsets, dtype=np.int64).reshape(-1, 2), span),
+            )
+            for e, span in zip(encodings, spans)
+        ]
 
 
 def overlap_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
@@ -265,9 +314,3 @@ def overlap_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarra
             break
         mask[token] = end > span[current, 0]
     return mask
-
-
-def _at(conversation: int, message: str) -> ConversationError:
-    err = ConversationError(message)
-    err.conversation = conversation
-    return err

@@ -12,7 +12,7 @@ from datetime import datetime
 
 # transformers advises at import that "PyTorch was not found": rendering a template needs no torch
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-from transformers.utils.chat_template_utils import (  # noqa: E402
+from transformers.utils.chat_template_utils import (
     _cached_compile_jinja_template,
     _render_with_assistant_indices,
 )
@@ -26,6 +26,7 @@ except ImportError:  # earlier releases (miles' pinned 5.12.1) render the messag
 
     def _plain_template_data(data):
         return data
+
 
 class ChatRenderer:
     """Renders conversations with one chat template, as ``apply_chat_template`` does.
@@ -46,7 +47,9 @@ class ChatRenderer:
 
     def _template(self):
         if self._compiled is None:
-            compiled = _cached_compile_jinja_template(self.chat_template)  # uncached: a fresh environment
+            compiled = _cached_compile_jinja_template(
+                self.chat_template
+            )  # uncached: a fresh environment
             if self.render_date is not None:
                 compiled.globals["strftime_now"] = datetime.fromisoformat(self.render_date).strftime
             self._compiled = compiled
@@ -55,21 +58,42 @@ class ChatRenderer:
     def render(self, messages: list[dict]) -> str:
         return self.render_all([messages])[0]
 
-    def render_all(self, conversations: list[list[dict]], variables: dict | None = None,
-                   add_generation_prompt: bool = False) -> list[str]:
+    def render_all(
+        self,
+        conversations: list[list[dict]],
+        variables: dict | None = None,
+        add_generation_prompt: bool = False,
+    ) -> list[str]:
         """Several conversations, each as ``render_jinja_template`` renders it with no tools or documents."""
         template = self._template()
         kwargs = _plain_template_data(variables or {})
-        return [template.render(messages=_alias_reasoning_fields(_plain_template_data(chat)), tools=None,
-                                documents=None, add_generation_prompt=add_generation_prompt, **kwargs)
-                for chat in conversations]
+        return [
+            template.render(
+                messages=_alias_reasoning_fields(_plain_template_data(chat)),
+                tools=None,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **kwargs,
+            )
+            for chat in conversations
+        ]
 
-    def render_with_spans(self, conversations: list[list[dict]], variables: dict | None = None
-                          ) -> tuple[list[str], list[list[tuple[int, int]]]]:
+    def render_with_spans(
+        self, conversations: list[list[dict]], variables: dict | None = None
+    ) -> tuple[list[str], list[list[tuple[int, int]]]]:
         """``render_all``, with each conversation's ``{% generation %}`` spans (character start, end) as
         ``apply_chat_template(..., return_assistant_tokens_mask=True)`` records them."""
         template = self._template()
         kwargs = _plain_template_data(variables or {})
-        rendered = [_render_with_assistant_indices(template, _alias_reasoning_fields(_plain_template_data(chat)),
-                                                   None, None, False, **kwargs) for chat in conversations]
+        rendered = [
+            _render_with_assistant_indices(
+                template,
+                _alias_reasoning_fields(_plain_template_data(chat)),
+                None,
+                None,
+                False,
+                **kwargs,
+            )
+            for chat in conversations
+        ]
         return [text for text, _ in rendered], [spans for _, spans in rendered]

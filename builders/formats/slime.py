@@ -50,7 +50,9 @@ def character_mask(rule: str, text: str, answers: int) -> np.ndarray | None:
             return None
         content = header + len(HEADER)
         if rule == "slime-pr1844":
-            stops = [(at, marker) for marker in STOP_TOKENS if (at := text.find(marker, content)) >= 0]
+            stops = [
+                (at, marker) for marker in STOP_TOKENS if (at := text.find(marker, content)) >= 0
+            ]
             end, marker = min(stops) if stops else (len(text), "")
             cursor = end
             start = content
@@ -60,7 +62,7 @@ def character_mask(rule: str, text: str, answers: int) -> np.ndarray | None:
                 if text.startswith(tag, start):
                     start += len(tag)
                     break
-            mask[start:end + len(marker)] = True
+            mask[start : end + len(marker)] = True
         else:
             ends = [at for marker in PR1824_ENDS if (at := text.find(marker, content)) >= 0]
             end = min(ends, default=len(text))

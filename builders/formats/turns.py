@@ -22,15 +22,14 @@ import jinja2
 import numpy as np
 from jinja2 import nodes
 
-from builders.formats.render import ChatRenderer
-from builders.messages import normalize_messages, split_step_loss_mask
 from builders.contract import Contract
 from builders.errors import ConversationError, ManifestError, PinnedInputError
 from builders.formats.base import Annotated, ChatFormat, located
+from builders.formats.render import ChatRenderer
 from builders.formats.vocab import char_spans
+from builders.messages import TEXT_FIELDS, normalize_messages, split_step_loss_mask
 
 OTHER, ANSWER, STOP = 0, 1, 2
-TEXT_FIELDS = ("content", "reasoning_content")
 CUTTING_METHODS = frozenset({"split", "rsplit", "startswith", "endswith", "replace", "find"})
 PROBE = [{"role": "user", "content": "probe"}]
 # markers are made of private-use characters: ``MARK_OPEN``, the run's number in hex digits, ``MARK_CLOSE``
@@ -49,8 +48,11 @@ class TurnsFormat(ChatFormat):
         self.variables = {**spec.special_tokens, **spec.template_vars}
         self.renderer = ChatRenderer(spec.chat_template, spec.render_date)
         self.literals = markup_literals(spec.chat_template)
-        self._literal = re.compile("|".join(map(re.escape, sorted(self.literals, key=len, reverse=True)))) \
-            if self.literals else None
+        self._literal = (
+            re.compile("|".join(map(re.escape, sorted(self.literals, key=len, reverse=True))))
+            if self.literals
+            else None
+        )
         self.prompts = self._generation_prompts()
         self.stops = tuple(spec.stop)
         self.eos_is_stop = spec.eos in spec.stop
@@ -69,10 +71,17 @@ class TurnsFormat(ChatFormat):
 
     def describe(self) -> dict:
         spec = self.spec
-        return {"loss_mask": self.name, "chat_template": spec.template_source, "eos": spec.eos, "stop": list(spec.stop),
-                "prefills": [dict(v) for v in spec.prefills], "template_vars": dict(spec.template_vars),
-                "render_date": spec.render_date, "generation_prompts": list(self.prompts),
-                "markup_literals": list(self.literals)}
+        return {
+            "loss_mask": self.name,
+            "chat_template": spec.template_source,
+            "eos": spec.eos,
+            "stop": list(spec.stop),
+            "prefills": [dict(v) for v in spec.prefills],
+            "template_vars": dict(spec.template_vars),
+            "render_date": spec.render_date,
+            "generation_prompts": list(self.prompts),
+            "markup_literals": list(self.literals),
+        }
 
     def _generation_prompts(self) -> tuple[str, ...]:
         """``G(v)`` for each prefill ``v``: the generation prompt the template renders after the probe, longest first."""
@@ -80,15 +89,21 @@ class TurnsFormat(ChatFormat):
         for prefill in self.spec.prefills:
             variables = {**self.variables, **prefill}
             try:
-                plain, prompted = (self.renderer.render_all([PROBE], variables, generation)[0]
-                                   for generation in (False, True))
+                plain, prompted = (
+                    self.renderer.render_all([PROBE], variables, generation)[0]
+                    for generation in (False, True)
+                )
             except jinja2.TemplateError as err:
-                raise PinnedInputError(f"the chat template fails on the probe conversation with prefill "
-                                       f"{prefill}: {err}") from err
+                raise PinnedInputError(
+                    f"the chat template fails on the probe conversation with prefill "
+                    f"{prefill}: {err}"
+                ) from err
             if not prompted.startswith(plain) or len(prompted) == len(plain):
-                raise PinnedInputError(f"the chat template's generation prompt with prefill {prefill} does not extend "
-                                       f"its render of the probe conversation; the turns mask needs one")
-            prompts.append(prompted[len(plain):])
+                raise PinnedInputError(
+                    f"the chat template's generation prompt with prefill {prefill} does not extend "
+                    f"its render of the probe conversation; the turns mask needs one"
+                )
+            prompts.append(prompted[len(plain) :])
         return tuple(sorted(set(prompts), key=lambda p: (-len(p), prompts.index(p))))
 
     def annotate(self, rows: list[dict], engine, rules: tuple[str, ...] = ()) -> list[Annotated]:
@@ -103,8 +118,9 @@ class TurnsFormat(ChatFormat):
         rendered = self._render(rows, conversations)
         shapes = self._render(rows, [p[0] for p in placeheld])
         marks = []
-        for row, messages, text, shape, (_, runs), skipped in zip(rows, conversations, rendered, shapes, placeheld,
-                                                                  untrained):
+        for row, messages, text, shape, (_, runs), skipped in zip(
+            rows, conversations, rendered, shapes, placeheld, untrained
+        ):
             with located(row):
                 marks.append(self._characters(messages, text, shape, runs, skipped))
         # a byte-level BPE tokenizer's tokens are placed by their byte lengths (any engine encodes them), where
@@ -115,21 +131,33 @@ class TurnsFormat(ChatFormat):
         if chosen:
             texts = [rendered[k] for k in chosen]
             encoded = engine.encode(texts)
-            agreed = engine.cross_check(texts, encoded, [rows[k]["index"] for k in chosen]) \
-                if hasattr(engine, "cross_check") else [False] * len(chosen)
+            agreed = engine.cross_check(texts, encoded, [rows[k]["index"] for k in chosen])
             for k, ids, check in zip(chosen, encoded, agreed):
                 tokens[k], checked[k] = ids, check
         others = [k for k, b in enumerate(by_bytes) if not b]
         if others:
-            for k, e in zip(others, self.tokenizer.encode_batch([rendered[k] for k in others], add_special_tokens=False)):
+            for k, e in zip(
+                others,
+                self.tokenizer.encode_batch(
+                    [rendered[k] for k in others], add_special_tokens=False
+                ),
+            ):
                 tokens[k] = np.array(e.ids, dtype=np.int32)
                 spans[k] = np.array(e.offsets, dtype=np.int64).reshape(-1, 2)
         out = []
-        for k, (row, text, ids, (classes, text_chars, ends)) in enumerate(zip(rows, rendered, tokens, marks)):
+        for k, (row, text, ids, (classes, text_chars, ends)) in enumerate(
+            zip(rows, rendered, tokens, marks)
+        ):
             with located(row):
-                char_span = self._byte_spans(text, ids) if spans[k] is None else _tiled(spans[k], len(text))
+                char_span = (
+                    self._byte_spans(text, ids) if spans[k] is None else _tiled(spans[k], len(text))
+                )
                 token_classes, message_text = _token_classes(classes, text_chars, char_span)
-            out.append(Annotated(np.asarray(ids, dtype=np.int32), token_classes, message_text, ends, checked[k]))
+            out.append(
+                Annotated(
+                    np.asarray(ids, dtype=np.int32), token_classes, message_text, ends, checked[k]
+                )
+            )
         return out
 
     def _render(self, rows: list[dict], conversations: list[list[dict]]) -> list[str]:
@@ -170,7 +198,9 @@ class TurnsFormat(ChatFormat):
             at = end
         return "".join(pieces)
 
-    def _characters(self, messages, text: str, shape: str, runs, untrained) -> tuple[np.ndarray, np.ndarray, bool]:
+    def _characters(
+        self, messages, text: str, shape: str, runs, untrained
+    ) -> tuple[np.ndarray, np.ndarray, bool]:
         """Each character's class, whether it is printed text, and whether the EOS after ``text`` is a stop."""
         printed = align(text, shape, runs, messages)  # (start, end, message), in order
         classes = np.zeros(len(text), dtype=np.uint8)
@@ -184,7 +214,7 @@ class TurnsFormat(ChatFormat):
                 continue
             own = [p for p in printed if p[2] == j]
             last = own[-1][1] if own else header[1]
-            classes[header[1]:last] = ANSWER
+            classes[header[1] : last] = ANSWER
             following = next((p for p in printed if p[0] >= last and p[2] != j), None)
             stop_end = len(text) if following is None else following[0]
             markup = text[last:stop_end]
@@ -192,13 +222,13 @@ class TurnsFormat(ChatFormat):
             if found:  # the first stop token (the longest, where two start at one character)
                 at, length = min(found)
                 length = -length
-                classes[last:last + at] = ANSWER
-                classes[last + at:last + at + length] = STOP
+                classes[last : last + at] = ANSWER
+                classes[last + at : last + at + length] = STOP
             elif following is None:
                 classes[last:] = ANSWER
                 ends_with_answer = self.eos_is_stop
             elif messages[following[2]]["role"] == "assistant" and following[2] in headers:
-                classes[last:headers[following[2]][0]] = ANSWER
+                classes[last : headers[following[2]][0]] = ANSWER
         return classes, text_chars, ends_with_answer
 
     def _headers(self, messages, text: str, printed) -> dict[int, tuple[int, int]]:
@@ -216,14 +246,20 @@ class TurnsFormat(ChatFormat):
             start = max([previous, *(p[1] for p in printed if p[1] <= end and p[2] != j)])
             region = text[start:end]
             # the longest prompt that occurs, at its first occurrence (among prompts as long: the earliest)
-            found = next((min((region.find(g), g) for g in self.prompts if len(g) == size and g in region)
-                          for size in sorted({len(g) for g in self.prompts}, reverse=True)
-                          if any(len(g) == size and g in region for g in self.prompts)), None)
+            found = next(
+                (
+                    min((region.find(g), g) for g in self.prompts if len(g) == size and g in region)
+                    for size in sorted({len(g) for g in self.prompts}, reverse=True)
+                    if any(len(g) == size and g in region for g in self.prompts)
+                ),
+                None,
+            )
             if found is None:
                 raise ConversationError(
                     f"message {j} (assistant): none of the template's generation prompts "
                     f"({', '.join(map(repr, self.prompts))}) occurs before it (characters {start}..{end} of the "
-                    f"render: {region[-60:]!r}); the turns mask is undefined for this conversation")
+                    f"render: {region[-60:]!r}); the turns mask is undefined for this conversation"
+                )
             at = start + found[0]
             headers[j] = (at, at + len(found[1]))
             previous = at + len(found[1])
@@ -234,15 +270,19 @@ class TurnsFormat(ChatFormat):
         lengths = self.vocab.token_bytes[ids]
         data_length = len(text) if text.isascii() else len(text.encode("utf-8"))
         if int(lengths.sum()) != data_length:
-            raise ConversationError(f"the tokens cover {int(lengths.sum())} bytes of a {data_length}-byte render; "
-                                    f"the tokenizer does not encode the text losslessly, so the mask cannot be placed")
+            raise ConversationError(
+                f"the tokens cover {int(lengths.sum())} bytes of a {data_length}-byte render; "
+                f"the tokenizer does not encode the text losslessly, so the mask cannot be placed"
+            )
         if text.isascii():
             ends = np.cumsum(lengths)
             return np.stack([ends - lengths, ends], axis=1)
         return char_spans(text, lengths)
 
 
-def align(text: str, shape: str, runs: list[tuple[int, str]], messages) -> list[tuple[int, int, int]]:
+def align(
+    text: str, shape: str, runs: list[tuple[int, str]], messages
+) -> list[tuple[int, int, int]]:
     """Where each marker of the placeholder render ``shape`` is printed in the real render ``text``.
 
     Each marker stands for its run, printed as the run itself, less some leading and/or trailing
@@ -254,7 +294,10 @@ def align(text: str, shape: str, runs: list[tuple[int, str]], messages) -> list[
     pieces = _MARKER.split(shape)
     markers = [_marker_number(m) for m in _MARKER.findall(shape)]
     if not text.startswith(pieces[0]):
-        at = next((k for k, (a, b) in enumerate(zip(text, pieces[0])) if a != b), min(len(text), len(pieces[0])))
+        at = next(
+            (k for k, (a, b) in enumerate(zip(text, pieces[0])) if a != b),
+            min(len(text), len(pieces[0])),
+        )
         _refuse(text, at, markers[0] if markers else None, messages, runs)
     n = len(markers)
 
@@ -266,12 +309,17 @@ def align(text: str, shape: str, runs: list[tuple[int, str]], messages) -> list[
     while stack:
         i, position, candidates = stack[-1]
         if i == n and position == len(text):
-            return [(start, end, runs[m][0]) for m, (start, end) in zip(markers, spans) if end > start]
+            return [
+                (start, end, runs[m][0]) for m, (start, end) in zip(markers, spans) if end > start
+            ]
         for printed in candidates:
             after = position + len(printed)
             following = after + len(pieces[i + 1])
-            if text.startswith(printed, position) and text.startswith(pieces[i + 1], after) \
-                    and (i + 1, following) not in failed:
+            if (
+                text.startswith(printed, position)
+                and text.startswith(pieces[i + 1], after)
+                and (i + 1, following) not in failed
+            ):
                 spans.append((position, after))
                 stack.append(state(i + 1, following))
                 furthest = max(furthest, (following, i + 1))
@@ -296,10 +344,15 @@ def _prints(run: str):
 
 
 def _refuse(text: str, at: int, marker, messages, runs):
-    where = f"message {runs[marker][0]} ({messages[runs[marker][0]]['role']})" if marker is not None else "the markup"
+    where = (
+        f"message {runs[marker][0]} ({messages[runs[marker][0]]['role']})"
+        if marker is not None
+        else "the markup"
+    )
     raise ConversationError(
         f"the turns mask is undefined for this conversation: the template's markup depends on the text of {where} "
-        f"(the real render and the placeholder render differ from character {at}: real {text[at:at + 40]!r})")
+        f"(the real render and the placeholder render differ from character {at}: real {text[at : at + 40]!r})"
+    )
 
 
 def _marker(number: int) -> str:
@@ -318,14 +371,18 @@ def _tiled(spans: np.ndarray, length: int) -> np.ndarray:
         return spans
     starts, ends = spans[:, 0].copy(), spans[:, 1].copy()
     if np.any(np.diff(starts) < 0) or np.any(np.diff(ends) < 0) or np.any(ends < starts):
-        raise ConversationError("the tokenizer's character offsets are not in order; the mask cannot be placed")
+        raise ConversationError(
+            "the tokenizer's character offsets are not in order; the mask cannot be placed"
+        )
     previous_end = np.concatenate([[0], np.maximum.accumulate(ends)[:-1]])
     starts = np.minimum(starts, previous_end)
     ends[-1] = max(int(ends[-1]), length)
     return np.stack([starts, ends], axis=1)
 
 
-def _token_classes(classes: np.ndarray, text_chars: np.ndarray, spans: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _token_classes(
+    classes: np.ndarray, text_chars: np.ndarray, spans: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """A token's class: ANSWER if any character it covers is, else STOP if any is, else OTHER; it is message
     text when its first character is."""
     if not len(spans):
@@ -333,7 +390,9 @@ def _token_classes(classes: np.ndarray, text_chars: np.ndarray, spans: np.ndarra
     answer = np.concatenate([[0], np.cumsum(classes == ANSWER, dtype=np.int64)])
     stop = np.concatenate([[0], np.cumsum(classes == STOP, dtype=np.int64)])
     start, end = spans[:, 0], np.maximum(spans[:, 1], spans[:, 0])
-    out = np.where(answer[end] > answer[start], ANSWER, np.where(stop[end] > stop[start], STOP, OTHER))
+    out = np.where(
+        answer[end] > answer[start], ANSWER, np.where(stop[end] > stop[start], STOP, OTHER)
+    )
     first = np.minimum(start, max(len(text_chars) - 1, 0))
     message_text = (end > start) & (text_chars[first] if len(text_chars) else False)
     return out.astype(np.uint8), np.asarray(message_text, dtype=bool)
@@ -351,8 +410,12 @@ def markup_literals(template: str) -> tuple[str, ...]:
         elif isinstance(node, nodes.Filter):
             if node.name == "replace" and node.args:  # the filter cuts text as the method does
                 found.update(_strings(node.args[0]))
-        elif isinstance(node.node, nodes.Getattr) and node.node.attr in CUTTING_METHODS and node.args:
-            found.update(_strings(node.args[0]))  # the separator, prefix, suffix or needle: what the text is cut by
+        elif (
+            isinstance(node.node, nodes.Getattr) and node.node.attr in CUTTING_METHODS and node.args
+        ):
+            found.update(
+                _strings(node.args[0])
+            )  # the separator, prefix, suffix or needle: what the text is cut by
     return tuple(sorted(s for s in found if s))
 
 
@@ -380,16 +443,24 @@ def check_spec(spec, tokenizer) -> None:
     for name, tokens in (("tokenizer.eos", [spec.eos]), ("tokenizer.stop", list(spec.stop))):
         for token in tokens:
             if token not in special:
-                raise ManifestError(f"{name}: {token!r} is not a special token of the pinned tokenizer.json "
-                                    f"(the turns mask needs each to be one special token)")
+                raise ManifestError(
+                    f"{name}: {token!r} is not a special token of the pinned tokenizer.json "
+                    f"(the turns mask needs each to be one special token)"
+                )
     try:
         clock = calls_strftime_now(spec.chat_template)
     except jinja2.TemplateSyntaxError as err:
-        raise PinnedInputError(f"the pinned chat template ({spec.template_source}) is not valid Jinja: {err}") from err
+        raise PinnedInputError(
+            f"the pinned chat template ({spec.template_source}) is not valid Jinja: {err}"
+        ) from err
     if clock and spec.render_date is None:
-        raise ManifestError("tokenizer.render_date: the chat template calls strftime_now (it prints a date); pin the "
-                            "date it sees with render_date: YYYY-MM-DD, so the build never depends on the clock")
+        raise ManifestError(
+            "tokenizer.render_date: the chat template calls strftime_now (it prints a date); pin the "
+            "date it sees with render_date: YYYY-MM-DD, so the build never depends on the clock"
+        )
     for literal in markup_literals(spec.chat_template):
         if all(MARK_OPEN <= c <= chr(ord(MARK_DIGITS) + 15) for c in literal):
-            raise PinnedInputError(f"the chat template tests text against {literal!r}, which the turns mask's "
-                                   f"placeholder markers use")
+            raise PinnedInputError(
+                f"the chat template tests text against {literal!r}, which the turns mask's "
+                f"placeholder markers use"
+            )

@@ -21,14 +21,20 @@ class Vocab:
         self.tokenizer = tokenizer
         self.token_bytes = token_byte_lengths(tokenizer)
         self._normalizer = tokenizer.normalizer
-        added = sorted((t.content for t in tokenizer.get_added_tokens_decoder().values()), key=len, reverse=True)
+        added = sorted(
+            (t.content for t in tokenizer.get_added_tokens_decoder().values()),
+            key=len,
+            reverse=True,
+        )
         self._added = re.compile("|".join(map(re.escape, added))) if added else None
         self._wrap: tuple[np.ndarray, np.ndarray] | None = None
 
     def token_id(self, token: str, needed_by: str) -> int:
         token_id = self.tokenizer.token_to_id(token)
         if token_id is None:
-            raise PinnedInputError(f"the tokenizer has no token {token!r}, which loss_mask {needed_by} needs")
+            raise PinnedInputError(
+                f"the tokenizer has no token {token!r}, which loss_mask {needed_by} needs"
+            )
         return token_id
 
     def byte_level(self) -> bool:
@@ -36,8 +42,9 @@ class Vocab:
         byte-level BPE tokenizer (its pre-tokenizer and decoder ByteLevel) whose regular tokens are all spelled
         in the byte-level alphabet."""
         config = json.loads(self.tokenizer.to_str())
-        if "ByteLevel" not in json.dumps(config.get("pre_tokenizer")) \
-                or "ByteLevel" not in json.dumps(config.get("decoder")):
+        if "ByteLevel" not in json.dumps(
+            config.get("pre_tokenizer")
+        ) or "ByteLevel" not in json.dumps(config.get("decoder")):
             return False
         regular = set(self.tokenizer.get_vocab(with_added_tokens=False).values())
         return bool(regular) and bool(np.all(self.token_bytes[list(regular)] > 0))
@@ -59,7 +66,7 @@ class Vocab:
             return len(self._normalizer.normalize_str(text).encode("utf-8"))
         total, at = 0, 0
         for match in self._added.finditer(text):
-            total += len(self._normalizer.normalize_str(text[at:match.start()]).encode("utf-8"))
+            total += len(self._normalizer.normalize_str(text[at : match.start()]).encode("utf-8"))
             total += len(match.group().encode("utf-8"))
             at = match.end()
         return total + len(self._normalizer.normalize_str(text[at:]).encode("utf-8"))
@@ -75,14 +82,25 @@ class Vocab:
             for probe in ("a", "hello world", "[gMASK]<sop><|user|>x"):
                 plain = self.tokenizer.encode(probe, add_special_tokens=False).ids
                 full = self.tokenizer.encode(probe, add_special_tokens=True).ids
-                at = next((i for i in range(len(full) - len(plain) + 1) if full[i:i + len(plain)] == plain), None)
+                at = next(
+                    (
+                        i
+                        for i in range(len(full) - len(plain) + 1)
+                        if full[i : i + len(plain)] == plain
+                    ),
+                    None,
+                )
                 if at is None:
-                    raise PinnedInputError("the tokenizer's post-processor changes the text's own tokens; the "
-                                           "contract reading encode: add-special is undefined for it")
-                wraps.add((tuple(full[:at]), tuple(full[at + len(plain):])))
+                    raise PinnedInputError(
+                        "the tokenizer's post-processor changes the text's own tokens; the "
+                        "contract reading encode: add-special is undefined for it"
+                    )
+                wraps.add((tuple(full[:at]), tuple(full[at + len(plain) :])))
             if len(wraps) != 1:
-                raise PinnedInputError("the tokenizer's post-processor adds different tokens to different texts; the "
-                                       "contract reading encode: add-special is undefined for it")
+                raise PinnedInputError(
+                    "the tokenizer's post-processor adds different tokens to different texts; the "
+                    "contract reading encode: add-special is undefined for it"
+                )
             ((before, after),) = wraps
             self._wrap = (np.array(before, dtype=np.int32), np.array(after, dtype=np.int32))
         return self._wrap
@@ -94,7 +112,9 @@ class Vocab:
             return False
         for probe in OFFSET_PROBES:
             encoding = self.tokenizer.encode(probe, add_special_tokens=False)
-            if [list(o) for o in encoding.offsets] != char_spans(probe, self.token_bytes[encoding.ids]).tolist():
+            if [list(o) for o in encoding.offsets] != char_spans(
+                probe, self.token_bytes[encoding.ids]
+            ).tolist():
                 return False
         return True
 

@@ -23,8 +23,12 @@ from pathlib import Path
 
 from builders.errors import WorkerError
 
-ROOT = Path(__file__).resolve().parents[2]  # the folder that holds this package: the process runs the same code
-BOOTSTRAP = "import sys; sys.path.insert(0, sys.argv[1]); from builders.inputs.digest import serve; serve()"
+ROOT = (
+    Path(__file__).resolve().parents[2]
+)  # the folder that holds this package: the process runs the same code
+BOOTSTRAP = (
+    "import sys; sys.path.insert(0, sys.argv[1]); from builders.inputs.digest import serve; serve()"
+)
 
 
 def file_digest(path: Path | str) -> tuple[str, int]:
@@ -43,8 +47,12 @@ class HashingProcess:
 
     def __init__(self, paths: list[Path]):
         self.digests: list[Future] = [Future() for _ in paths]
-        self.process = subprocess.Popen([sys.executable, "-c", BOOTSTRAP, str(ROOT)], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, start_new_session=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", BOOTSTRAP, str(ROOT)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
         self._reader = threading.Thread(target=self._read, name="source-hashes", daemon=True)
         self._reader.start()
         try:
@@ -78,9 +86,15 @@ class HashingProcess:
         code = self.process.wait()
         for digest in self.digests:
             if not digest.done():
-                status = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-                digest.set_exception(WorkerError(f"the process hashing the source files died before it had hashed "
-                                                 f"them all ({status}); nothing was left at the final path"))
+                status = (
+                    f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+                )
+                digest.set_exception(
+                    WorkerError(
+                        f"the process hashing the source files died before it had hashed "
+                        f"them all ({status}); nothing was left at the final path"
+                    )
+                )
 
 
 def serve() -> None:

@@ -8,8 +8,15 @@ from pathlib import Path
 
 from huggingface_hub import constants
 
+from builders.inputs.pinned import (
+    Hub,
+    PinnedRepo,
+    dataset_repo,
+    matching_files,
+    resolve,
+    tokenizer_repo,
+)
 from builders.manifest import Manifest, cli_command
-from builders.inputs.pinned import Hub, PinnedRepo, dataset_repo, matching_files, resolve, tokenizer_repo
 
 
 @dataclass(frozen=True)
@@ -26,10 +33,20 @@ def download(manifest: Manifest, hub: Hub) -> list[Fetched]:
     """Resolve every pinned repo online (the cache answers for what it already holds)."""
     snapshots = resolve(manifest, hub)
     tokenizer = tokenizer_repo(manifest.tokenizer)
-    fetched = [Fetched(tokenizer, [snapshots.tokenizer / name for name in tokenizer.patterns
-                                   if (snapshots.tokenizer / name).is_file()])]
+    fetched = [
+        Fetched(
+            tokenizer,
+            [
+                snapshots.tokenizer / name
+                for name in tokenizer.patterns
+                if (snapshots.tokenizer / name).is_file()
+            ],
+        )
+    ]
     for pin, folder in zip(manifest.datasets, snapshots.datasets):
-        fetched.append(Fetched(dataset_repo(pin), [path for _, path in matching_files(pin.pattern, folder)]))
+        fetched.append(
+            Fetched(dataset_repo(pin), [path for _, path in matching_files(pin.pattern, folder)])
+        )
     return fetched
 
 
@@ -41,11 +58,15 @@ def describe(fetched: list[Fetched], manifest: Manifest, hub: Hub) -> str:
     for f in fetched:
         names = ", ".join(path.name for path in f.files[:3])
         names += f", … ({len(f.files)} files)" if len(f.files) > 3 else ""
-        lines.append(f"  {f.repo.repo_type} {f.repo.repo} at {f.repo.revision[:12]}: {names} ({_size(f.bytes)})")
+        lines.append(
+            f"  {f.repo.repo_type} {f.repo.repo} at {f.repo.revision[:12]}: {names} ({_size(f.bytes)})"
+        )
     home = shlex.quote(str(hub.cache_dir.parent if hub.cache_dir else constants.HF_HOME))
-    lines.append(f"build offline from it, here or where this cache is copied to (as HF_HOME/hub), with fixed-sft "
-                 f"(or python -m builders in a checkout):\n"
-                 f"  HF_HUB_OFFLINE=1 HF_HOME={home} {cli_command('build', manifest, portable=True)}")
+    lines.append(
+        f"build offline from it, here or where this cache is copied to (as HF_HOME/hub), with fixed-sft "
+        f"(or python -m builders in a checkout):\n"
+        f"  HF_HUB_OFFLINE=1 HF_HOME={home} {cli_command('build', manifest, portable=True)}"
+    )
     return "\n".join(lines)
 
 

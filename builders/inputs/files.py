@@ -24,11 +24,10 @@ import pyarrow.json as pj
 import pyarrow.parquet as pq
 
 from builders.errors import PinnedInputError
+from builders.messages import OPTIONAL_TEXT_FIELDS
 
 BLOCK_BYTES = 4 << 20  # JSON read at a time
 SCAN_BYTES = 1 << 20  # a JSON list scanned at a time for its top-level commas
-EXTENSIONS = (".parquet", ".jsonl", ".json")
-TEXT_FIELDS = ("reasoning_content",)  # message fields read besides the role and the content (JSON)
 
 
 @dataclass(frozen=True)
@@ -42,7 +41,9 @@ class Fields:
     id: str | None
 
     def message_type(self) -> pa.DataType:
-        return pa.struct([(name, pa.string()) for name in (self.role, self.content, *TEXT_FIELDS)])
+        return pa.struct(
+            [(name, pa.string()) for name in (self.role, self.content, *OPTIONAL_TEXT_FIELDS)]
+        )
 
 
 def open_file(path: Path, name: str, fields: Fields):
@@ -53,8 +54,10 @@ def open_file(path: Path, name: str, fields: Fields):
         return JsonLinesFile(path, name, fields)
     if name.endswith(".json"):
         return JsonListFile(path, name, fields)
-    raise PinnedInputError(f"{name}: matched the dataset's files glob, but is not .parquet, .jsonl or .json; "
-                           f"narrow the glob (dataset files:)")
+    raise PinnedInputError(
+        f"{name}: matched the dataset's files glob, but is not .parquet, .jsonl or .json; "
+        f"narrow the glob (dataset files:)"
+    )
 
 
 class ParquetFile:
@@ -68,19 +71,26 @@ class ParquetFile:
             raise PinnedInputError(f"{name}: not a readable parquet file: {err}") from err
         schema = metadata.schema_arrow
         _check_schema(name, schema, fields)
-        self.columns = [c for c in (fields.messages, fields.id, "source") if c is not None and c in schema.names]
+        self.columns = [
+            c for c in (fields.messages, fields.id, "source") if c is not None and c in schema.names
+        ]
         self.message_type = schema.field(fields.messages).type.value_type
         md = metadata.metadata
         self.block_rows = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
-        self.message_bytes = sum(md.row_group(g).column(c).total_uncompressed_size for g in range(md.num_row_groups)
-                                 for c in range(md.num_columns)
-                                 if md.row_group(g).column(c).path_in_schema.split(".")[0] == fields.messages)
+        self.message_bytes = sum(
+            md.row_group(g).column(c).total_uncompressed_size
+            for g in range(md.num_row_groups)
+            for c in range(md.num_columns)
+            if md.row_group(g).column(c).path_in_schema.split(".")[0] == fields.messages
+        )
 
     def read(self, block: int) -> pa.Table:
         try:
             # a file handle of its own: reads of one ParquetFile from several threads are not safe; no
             # threads of its own: the caller decodes several blocks at once (nested threads cost twice the CPU)
-            return pq.ParquetFile(self.path).read_row_group(block, columns=self.columns, use_threads=False)
+            return pq.ParquetFile(self.path).read_row_group(
+                block, columns=self.columns, use_threads=False
+            )
         except (pa.ArrowException, OSError) as err:
             raise PinnedInputError(f"{self.name}: cannot read row group {block}: {err}") from err
 
@@ -102,12 +112,23 @@ class _JsonFile:
     def _parse(self, data: bytes, rows: int, first_row: int, multiline: bool) -> pa.Table:
         """The named fields of ``rows`` JSON objects in ``data`` (rows ``first_row``… of the file)."""
         error: pa.ArrowInvalid | None = None
-        for id_type in (pa.string(), pa.int64()):  # ids are strings, or whole numbers (read as their text)
-            options = pj.ParseOptions(explicit_schema=self._schema(id_type), unexpected_field_behavior="ignore",
-                                      newlines_in_values=multiline)
+        for id_type in (
+            pa.string(),
+            pa.int64(),
+        ):  # ids are strings, or whole numbers (read as their text)
+            options = pj.ParseOptions(
+                explicit_schema=self._schema(id_type),
+                unexpected_field_behavior="ignore",
+                newlines_in_values=multiline,
+            )
             try:
-                table = pj.read_json(io.BytesIO(data), parse_options=options,
-                                     read_options=pj.ReadOptions(use_threads=False, block_size=max(1 << 20, len(data))))
+                table = pj.read_json(
+                    io.BytesIO(data),
+                    parse_options=options,
+                    read_options=pj.ReadOptions(
+                        use_threads=False, block_size=max(1 << 20, len(data))
+                    ),
+                )
             except pa.ArrowInvalid as err:
                 error = err
                 if self.fields.id is None or f"Column(/{self.fields.id})" not in str(err):
@@ -116,11 +137,17 @@ class _JsonFile:
             if table.num_rows != rows:
                 break
             if self.fields.id is not None:
-                table = table.set_column(table.schema.get_field_index(self.fields.id), self.fields.id,
-                                         table.column(self.fields.id).cast(pa.string()))
+                table = table.set_column(
+                    table.schema.get_field_index(self.fields.id),
+                    self.fields.id,
+                    table.column(self.fields.id).cast(pa.string()),
+                )
             return table
-        problem = self._diagnose(data, first_row, multiline) or error or \
-            f"{rows} objects counted from row {first_row}, but the JSON reader read another number (a stray comma?)"
+        problem = (
+            self._diagnose(data, first_row, multiline)
+            or error
+            or f"{rows} objects counted from row {first_row}, but the JSON reader read another number (a stray comma?)"
+        )
         raise PinnedInputError(f"{self.name}: {problem}") from error
 
     def _diagnose(self, data: bytes, first_row: int, multiline: bool) -> str | None:
@@ -147,8 +174,11 @@ class _JsonFile:
             return f"a {_json_kind(value)}, not a JSON object"
         if value.get("source") is not None and not isinstance(value["source"], str):
             return f"field 'source' is a {_json_kind(value['source'])}, not a string"
-        if f.id is not None and value.get(f.id) is not None and (
-                isinstance(value[f.id], bool) or not isinstance(value[f.id], (str, int))):
+        if (
+            f.id is not None
+            and value.get(f.id) is not None
+            and (isinstance(value[f.id], bool) or not isinstance(value[f.id], (str, int)))
+        ):
             return f"field {f.id!r} (the id) is a {_json_kind(value[f.id])}, not a string or a whole number"
         messages = value.get(f.messages)
         if messages is not None and not isinstance(messages, list):
@@ -156,10 +186,16 @@ class _JsonFile:
         for position, message in enumerate(messages or []):
             if message is not None and not isinstance(message, dict):
                 return f"field {f.messages!r}: message {position} is a {_json_kind(message)}, not an object"
-            for key in (f.role, f.content, *TEXT_FIELDS):
-                if message is not None and message.get(key) is not None and not isinstance(message[key], str):
-                    return (f"field {f.messages!r}: message {position}: field {key!r} is a "
-                            f"{_json_kind(message[key])}, not a string")
+            for key in (f.role, f.content, *OPTIONAL_TEXT_FIELDS):
+                if (
+                    message is not None
+                    and message.get(key) is not None
+                    and not isinstance(message[key], str)
+                ):
+                    return (
+                        f"field {f.messages!r}: message {position}: field {key!r} is a "
+                        f"{_json_kind(message[key])}, not a string"
+                    )
         return None
 
 
@@ -187,8 +223,11 @@ class JsonLinesFile(_JsonFile):
         for line in data.split(b"\n"):
             line = line.strip()
             if line and not line.startswith(b"{"):
-                what = "a JSON list: name the file .json" if row + rows == 0 and line.startswith(b"[") else \
-                    f"not a JSON object on a line of its own ({line[:40]!r}…)"
+                what = (
+                    "a JSON list: name the file .json"
+                    if row + rows == 0 and line.startswith(b"[")
+                    else f"not a JSON object on a line of its own ({line[:40]!r}…)"
+                )
                 raise PinnedInputError(f"{self.name}: row {row + rows} is not JSON Lines: {what}")
             rows += bool(line)
         if rows:
@@ -202,7 +241,9 @@ class JsonLinesFile(_JsonFile):
         with open(self.path, "rb") as file:
             file.seek(self.block_start[block])
             data = file.read(self.block_start[block + 1] - self.block_start[block])
-        return self._parse(data, self.block_rows[block], sum(self.block_rows[:block]), multiline=False)
+        return self._parse(
+            data, self.block_rows[block], sum(self.block_rows[:block]), multiline=False
+        )
 
 
 class JsonListFile(_JsonFile):
@@ -225,7 +266,7 @@ class JsonListFile(_JsonFile):
         with open(self.path, "rb") as file:
             file.seek(start)
             data = bytearray(file.read(int(self.bounds[end]) - start))
-        for comma in self.bounds[first + 1:end]:
+        for comma in self.bounds[first + 1 : end]:
             data[int(comma) - start] = ord(" ")  # the objects, concatenated
         return self._parse(bytes(data), end - first, first, multiline=True)
 
@@ -238,8 +279,11 @@ def _top_level_commas(path: Path, name: str) -> np.ndarray:
     and braces outside strings. Carried between chunks: inside a string or not, the run of
     backslashes at the chunk's end, the depth.
     """
+
     def fail(problem: str):
-        raise PinnedInputError(f"{name}: not one JSON list of objects ({problem}); JSON Lines are named .jsonl")
+        raise PinnedInputError(
+            f"{name}: not one JSON list of objects ({problem}); JSON Lines are named .jsonl"
+        )
 
     marks, in_string, backslashes, depth, offset, opened, closed = [], 0, 0, 0, 0, False, False
     with open(path, "rb") as file:
@@ -250,23 +294,32 @@ def _top_level_commas(path: Path, name: str) -> np.ndarray:
             # outside a string: an even number of real quotes before it (with the one carried in)
             where = candidates[(np.searchsorted(real, candidates) + in_string) % 2 == 0]
             chars = b[where]
-            depth_after = depth + np.cumsum(np.where((chars == 91) | (chars == 123), 1,
-                                                     np.where((chars == 93) | (chars == 125), -1, 0)))
-            if len(where) and closed or not len(where) and closed and chunk.strip():
-                fail(f"more after the list's closing ']' (byte {offset + (int(where[0]) if len(where) else 0)})")
+            depth_after = depth + np.cumsum(
+                np.where(
+                    (chars == 91) | (chars == 123),
+                    1,
+                    np.where((chars == 93) | (chars == 125), -1, 0),
+                )
+            )
+            if (len(where) and closed) or (not len(where) and closed and chunk.strip()):
+                fail(
+                    f"more after the list's closing ']' (byte {offset + (int(where[0]) if len(where) else 0)})"
+                )
             top = (chars == 44) & (depth_after == 1)
             if len(where) and not opened:
-                if chars[0] != 91 or chunk[:where[0]].strip():
+                if chars[0] != 91 or chunk[: where[0]].strip():
                     fail("it does not start with '['")
                 opened, top[0] = True, True
             elif not opened and chunk.strip():
                 fail("it does not start with '['")
             if (depth_after < 0).any():
-                fail(f"an unmatched closing bracket at byte {offset + int(where[np.argmax(depth_after < 0)])}")
+                fail(
+                    f"an unmatched closing bracket at byte {offset + int(where[np.argmax(depth_after < 0)])}"
+                )
             closing = np.flatnonzero(depth_after == 0)
             if closing.size:
                 k = int(closing[0])
-                if k != len(where) - 1 or chunk[where[k] + 1:].strip():
+                if k != len(where) - 1 or chunk[where[k] + 1 :].strip():
                     fail(f"more after the list's closing ']' (byte {offset + int(where[k])})")
                 closed, top[k] = True, True
             marks.append(offset + where[top])
@@ -294,7 +347,9 @@ def _real_quotes(b: np.ndarray, carried: int) -> np.ndarray:
     slashes = np.flatnonzero(b == 92)
     if not slashes.size and not (carried % 2 and quotes.size and quotes[0] == 0):
         return quotes
-    run_start = slashes[np.concatenate([[True], np.diff(slashes) != 1])] if slashes.size else slashes
+    run_start = (
+        slashes[np.concatenate([[True], np.diff(slashes) != 1])] if slashes.size else slashes
+    )
     run_end = slashes[np.concatenate([np.diff(slashes) != 1, [True]])] if slashes.size else slashes
     length = run_end - run_start + 1 + np.where(run_start == 0, carried, 0)
     escaped = run_end[length % 2 == 1] + 1
@@ -318,8 +373,10 @@ def _blank_between(path: Path, start: int, end: int) -> bool:
 
 def _check_schema(name: str, schema: pa.Schema, fields: Fields) -> None:
     """A parquet file's columns as the layout names them."""
-    expected = (f"expected {fields.id or '(no id)'}: string, {fields.messages}: list<struct<{fields.role}: string, "
-                f"{fields.content}: string, ...>>, source: string (optional)")
+    expected = (
+        f"expected {fields.id or '(no id)'}: string, {fields.messages}: list<struct<{fields.role}: string, "
+        f"{fields.content}: string, ...>>, source: string (optional)"
+    )
 
     def fail(problem: str):
         raise PinnedInputError(f"{name}: {problem}; {expected}")
@@ -327,17 +384,22 @@ def _check_schema(name: str, schema: pa.Schema, fields: Fields) -> None:
     for column in (fields.messages, fields.id):
         if column is not None and column not in schema.names:
             fail(f"no column {column!r}")
-    if fields.id is not None and not (pa.types.is_string(schema.field(fields.id).type)
-                                      or pa.types.is_large_string(schema.field(fields.id).type)):
+    if fields.id is not None and not (
+        pa.types.is_string(schema.field(fields.id).type)
+        or pa.types.is_large_string(schema.field(fields.id).type)
+    ):
         fail(f"column {fields.id!r} has type {schema.field(fields.id).type}")
     if "source" in schema.names and not pa.types.is_string(schema.field("source").type):
         fail(f"column 'source' has type {schema.field('source').type}")
     messages = schema.field(fields.messages).type
-    if not (pa.types.is_list(messages) or pa.types.is_large_list(messages)) \
-            or not pa.types.is_struct(messages.value_type):
+    if not (
+        pa.types.is_list(messages) or pa.types.is_large_list(messages)
+    ) or not pa.types.is_struct(messages.value_type):
         fail(f"column {fields.messages!r} has type {messages}")
-    types = {messages.value_type.field(i).name: messages.value_type.field(i).type
-             for i in range(messages.value_type.num_fields)}
+    types = {
+        messages.value_type.field(i).name: messages.value_type.field(i).type
+        for i in range(messages.value_type.num_fields)
+    }
     for key in (fields.role, fields.content):
         if key not in types or not pa.types.is_string(types[key]):
             fail(f"column {fields.messages!r} has type {messages}")
@@ -345,4 +407,5 @@ def _check_schema(name: str, schema: pa.Schema, fields: Fields) -> None:
 
 def _json_kind(value) -> str:
     return {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
-        type(value), "number")
+        type(value), "number"
+    )

@@ -29,10 +29,10 @@ from huggingface_hub.utils import filter_repo_objects, get_session
 from tokenizers import Tokenizer
 
 from builders.errors import BuildError, PinnedInputError
-from builders.inputs.digest import HashingProcess
 from builders.formats import FormatSpec, format_class
-from builders.manifest import DatasetPin, Manifest, TokenizerPin, cli_command
+from builders.inputs.digest import HashingProcess
 from builders.inputs.source import Source
+from builders.manifest import DatasetPin, Manifest, TokenizerPin, cli_command
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,9 @@ class Hub:
 
     cache_dir: Path | None = None
     offline: bool = False
-    fixture_repos: frozenset[str] = frozenset()  # repos this project's fixture cache lays out: never on the Hub
+    fixture_repos: frozenset[str] = (
+        frozenset()
+    )  # repos this project's fixture cache lays out: never on the Hub
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,9 @@ class PinnedRepo:
         """The ``hf download`` line (huggingface_hub's command) that fetches exactly these files, on any machine."""
         type_option = f" --repo-type {self.repo_type}" if self.repo_type != "model" else ""
         include = " ".join(shlex.quote(p) for p in self.patterns)
-        return f"hf download {self.repo}{type_option} --revision {self.revision} --include {include}"
+        return (
+            f"hf download {self.repo}{type_option} --revision {self.revision} --include {include}"
+        )
 
 
 @dataclass(frozen=True)
@@ -66,14 +70,18 @@ class Snapshots:
     """The local folders of a manifest's pinned repos."""
 
     tokenizer: Path
-    datasets: list[Path]  # one per dataset pin, in manifest order (none where only the tokenizer was asked for)
+    datasets: list[
+        Path
+    ]  # one per dataset pin, in manifest order (none where only the tokenizer was asked for)
 
 
 @dataclass(frozen=True)
 class PinnedTokenizer:
     tokenizer: Tokenizer
     tokenizer_json: str  # the checked text it was parsed from (another engine loads the same)
-    spec: FormatSpec  # the chat format: the manifest's loss_mask and its inputs, the pinned template
+    spec: (
+        FormatSpec  # the chat format: the manifest's loss_mask and its inputs, the pinned template
+    )
     snapshot: Path
 
     @property
@@ -103,7 +111,10 @@ def resolve(manifest: Manifest, hub: Hub, dataset: bool = True) -> Snapshots:
     unreachable = hub_unreachable(hub)
     if unreachable:
         hub = replace(hub, offline=True)
-    repos = [tokenizer_repo(manifest.tokenizer), *(dataset_repo(pin) for pin in manifest.datasets if dataset)]
+    repos = [
+        tokenizer_repo(manifest.tokenizer),
+        *(dataset_repo(pin) for pin in manifest.datasets if dataset),
+    ]
     folders, missing = [], []
     for repo in repos:
         try:
@@ -111,24 +122,36 @@ def resolve(manifest: Manifest, hub: Hub, dataset: bool = True) -> Snapshots:
         except _NotInCache as err:
             missing.append((repo, err.__cause__))
     if missing:
-        lines = [f"  {repo.repo_type} {repo.repo} at {repo.revision}: {', '.join(repo.patterns)}"
-                 for repo, _ in missing]
+        lines = [
+            f"  {repo.repo_type} {repo.repo} at {repo.revision}: {', '.join(repo.patterns)}"
+            for repo, _ in missing
+        ]
         where = f" ({hub.cache_dir})" if hub.cache_dir else " (HF_HOME)"
         if any(repo.repo in hub.fixture_repos for repo, _ in missing):
-            raise PinnedInputError(f"these pinned inputs are not in the HF cache{where}:\n" + "\n".join(lines)
-                                   + f"\n{manifest.name} is made of fixtures this project lays out, not Hub repos: "
-                                     "add --fixture-cache DIR") from missing[0][1]
-        why = (f"the Hub cannot be reached from here ({unreachable})" if unreachable
-               else "offline (HF_HUB_OFFLINE=1)" if hub.offline or constants.HF_HUB_OFFLINE
-               else "the Hub did not answer")
+            raise PinnedInputError(
+                f"these pinned inputs are not in the HF cache{where}:\n"
+                + "\n".join(lines)
+                + f"\n{manifest.name} is made of fixtures this project lays out, not Hub repos: "
+                "add --fixture-cache DIR"
+            ) from missing[0][1]
+        why = (
+            f"the Hub cannot be reached from here ({unreachable})"
+            if unreachable
+            else "offline (HF_HUB_OFFLINE=1)"
+            if hub.offline or constants.HF_HUB_OFFLINE
+            else "the Hub did not answer"
+        )
         commands = [f"  {repo.hf_download_command()}" for repo, _ in missing]
         raise PinnedInputError(
             f"these pinned inputs are not in the HF cache{where} and cannot be downloaded here: {why}\n"
             + "\n".join(lines)
             + "\nfetch them into an HF cache on a machine that reaches the Hub, with fixed-sft (or python -m builders "
-              "in a checkout):\n  " + cli_command("download", manifest, portable=True)
-            + "\nor with huggingface_hub's hf command:\n" + "\n".join(commands)
-            + "\nthen copy that cache here (HF_HOME) and build with HF_HUB_OFFLINE=1") from missing[0][1]
+            "in a checkout):\n  "
+            + cli_command("download", manifest, portable=True)
+            + "\nor with huggingface_hub's hf command:\n"
+            + "\n".join(commands)
+            + "\nthen copy that cache here (HF_HOME) and build with HF_HUB_OFFLINE=1"
+        ) from missing[0][1]
     return Snapshots(folders[0], folders[1:])
 
 
@@ -153,12 +176,18 @@ class _NotInCache(PinnedInputError):
 def resolve_snapshot(repo: PinnedRepo, hub: Hub) -> Path:
     """Return the local folder of ``repo`` at its revision, downloading its files if online."""
     try:  # offline, local files only: huggingface_hub before 2 would ask the Hub's API, and fail, not read the cache
-        folder = snapshot_download(repo.repo, repo_type=repo.repo_type, revision=repo.revision,
-                                   allow_patterns=list(repo.patterns), cache_dir=hub.cache_dir,
-                                   local_files_only=hub.offline or constants.HF_HUB_OFFLINE)
+        folder = snapshot_download(
+            repo.repo,
+            repo_type=repo.repo_type,
+            revision=repo.revision,
+            allow_patterns=list(repo.patterns),
+            cache_dir=hub.cache_dir,
+            local_files_only=hub.offline or constants.HF_HUB_OFFLINE,
+        )
     except LocalEntryNotFoundError as err:
-        raise _NotInCache(f"{repo.repo_type} repo {repo.repo} at revision {repo.revision} is not in the HF "
-                          f"cache") from err
+        raise _NotInCache(
+            f"{repo.repo_type} repo {repo.repo} at revision {repo.revision} is not in the HF cache"
+        ) from err
     except (HfHubHTTPError, OSError, ValueError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise PinnedInputError(
@@ -175,17 +204,37 @@ def load_pinned_tokenizer(pin: TokenizerPin, snapshot: Path, loss_mask: str) -> 
     try:
         tokenizer_json = contents["tokenizer.json"].decode("utf-8")
         tokenizer = Tokenizer.from_str(tokenizer_json)
-        config = json.loads(contents["tokenizer_config.json"]) if "tokenizer_config.json" in contents else None
+        config = (
+            json.loads(contents["tokenizer_config.json"])
+            if "tokenizer_config.json" in contents
+            else None
+        )
         if "chat_template.jinja" in contents:
-            chat_template, source = contents["chat_template.jinja"].decode("utf-8"), "chat_template.jinja"
+            chat_template, source = (
+                contents["chat_template.jinja"].decode("utf-8"),
+                "chat_template.jinja",
+            )
         else:
             chat_template, source = config_template(config, pin.chat_template_name)
     except PinnedInputError:
         raise
-    except Exception as err:  # the bytes matched their pin, so this is a bad pin, not a tampered file
-        raise PinnedInputError(f"{snapshot}: the pinned tokenizer files cannot be parsed: {err}") from err
-    spec = FormatSpec(loss_mask, chat_template, pin.eos, pin.stop, pin.prefills, pin.template_vars, pin.render_date,
-                      special_tokens(config) if config is not None else {}, source)
+    except (
+        Exception
+    ) as err:  # the bytes matched their pin, so this is a bad pin, not a tampered file
+        raise PinnedInputError(
+            f"{snapshot}: the pinned tokenizer files cannot be parsed: {err}"
+        ) from err
+    spec = FormatSpec(
+        loss_mask,
+        chat_template,
+        pin.eos,
+        pin.stop,
+        pin.prefills,
+        pin.template_vars,
+        pin.render_date,
+        special_tokens(config) if config is not None else {},
+        source,
+    )
     format_class(loss_mask).check_inputs(spec, tokenizer)
     return PinnedTokenizer(tokenizer, tokenizer_json, spec, snapshot)
 
@@ -194,33 +243,53 @@ def config_template(config, name: str | None) -> tuple[str, str]:
     """The chat template of a ``tokenizer_config.json`` (a string, or a list of ``{name, template}`` from which
     ``name`` picks, ``default`` when not given), and where it came from."""
     if not isinstance(config, dict) or "chat_template" not in config:
-        raise PinnedInputError("the pinned tokenizer_config.json has no chat_template (and no chat_template.jinja "
-                               "is pinned)")
+        raise PinnedInputError(
+            "the pinned tokenizer_config.json has no chat_template (and no chat_template.jinja "
+            "is pinned)"
+        )
     template = config["chat_template"]
     if isinstance(template, str):
         if name is not None:
-            raise PinnedInputError(f"tokenizer.chat_template_name {name!r}: the pinned tokenizer_config.json has one "
-                                   f"chat_template, not named ones")
+            raise PinnedInputError(
+                f"tokenizer.chat_template_name {name!r}: the pinned tokenizer_config.json has one "
+                f"chat_template, not named ones"
+            )
         return template, "tokenizer_config.json"
-    named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)} \
-        if isinstance(template, list) else {}
+    named = (
+        {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        if isinstance(template, list)
+        else {}
+    )
     wanted = name or "default"
     if not isinstance(named.get(wanted), str):
-        raise PinnedInputError(f"the pinned tokenizer_config.json has no chat template named {wanted!r} (it has: "
-                               f"{', '.join(map(str, named)) or 'none'}); choose one with tokenizer.chat_template_name")
+        raise PinnedInputError(
+            f"the pinned tokenizer_config.json has no chat template named {wanted!r} (it has: "
+            f"{', '.join(map(str, named)) or 'none'}); choose one with tokenizer.chat_template_name"
+        )
     return named[wanted], f"tokenizer_config.json ({wanted})"
 
 
-SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+SPECIAL_TOKENS = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
 
 
 def special_tokens(config: dict) -> dict:
     """The special-token strings ``apply_chat_template`` gives a template, as transformers' ``special_tokens_map``
     has them: each a string, or an AddedToken mapping's ``content``; ``additional_special_tokens`` a list."""
+
     def text(value):
         return value.get("content") if isinstance(value, dict) else value
 
-    out = {key: text(config[key]) for key in SPECIAL_TOKENS if isinstance(text(config.get(key)), str)}
+    out = {
+        key: text(config[key]) for key in SPECIAL_TOKENS if isinstance(text(config.get(key)), str)
+    }
     extra = config.get("additional_special_tokens")
     if isinstance(extra, list):
         out["additional_special_tokens"] = [t for t in map(text, extra) if isinstance(t, str)]
@@ -236,13 +305,19 @@ def pinned_inputs(manifest: Manifest, hub: Hub) -> tuple[PinnedTokenizer, Source
 
 def pinned_tokenizer(manifest: Manifest, hub: Hub) -> PinnedTokenizer:
     """The manifest's tokenizer alone, resolved and checked (what decodes a built file's ids)."""
-    return load_pinned_tokenizer(manifest.tokenizer, resolve(manifest, hub, dataset=False).tokenizer,
-                                 manifest.loss_mask)
+    return load_pinned_tokenizer(
+        manifest.tokenizer, resolve(manifest, hub, dataset=False).tokenizer, manifest.loss_mask
+    )
 
 
 def open_source(manifest: Manifest, snapshots: Snapshots) -> Source:
     """The source of the manifest's datasets, in their resolved snapshots."""
-    return Source([(pin, dataset_files(pin, folder)) for pin, folder in zip(manifest.datasets, snapshots.datasets)])
+    return Source(
+        [
+            (pin, dataset_files(pin, folder))
+            for pin, folder in zip(manifest.datasets, snapshots.datasets)
+        ]
+    )
 
 
 def dataset_files(pin: DatasetPin, snapshot: Path) -> list[tuple[str, Path]]:
@@ -250,16 +325,26 @@ def dataset_files(pin: DatasetPin, snapshot: Path) -> list[tuple[str, Path]]:
     sorted path order; none is an error."""
     files = matching_files(pin.pattern, snapshot)
     if not files:
-        raise PinnedInputError(f"dataset repo {pin.repo} at revision {pin.revision}: no files match "
-                               f"{pin.pattern} in {snapshot}")
+        raise PinnedInputError(
+            f"dataset repo {pin.repo} at revision {pin.revision}: no files match "
+            f"{pin.pattern} in {snapshot}"
+        )
     return files
 
 
 def matching_files(pattern: str, snapshot: Path) -> list[tuple[str, Path]]:
     """The files of ``snapshot`` that ``pattern`` names, matched as the Hub's download filter matches
     (``*`` crosses ``/``), so they are exactly those ``snapshot_download`` fetched for it; sorted by path."""
-    names = sorted(filter_repo_objects((path.relative_to(snapshot).as_posix() for path in snapshot.rglob("*")
-                                        if path.is_file()), allow_patterns=[pattern]))
+    names = sorted(
+        filter_repo_objects(
+            (
+                path.relative_to(snapshot).as_posix()
+                for path in snapshot.rglob("*")
+                if path.is_file()
+            ),
+            allow_patterns=[pattern],
+        )
+    )
     return [(name, snapshot / name) for name in names]
 
 
@@ -281,8 +366,14 @@ def pinned_files(files: Iterable[tuple[str, Path]]) -> list[PinnedFile]:
     for name, path in files:
         blob = Path(os.path.realpath(path)).name
         lfs = re.fullmatch(r"[0-9a-f]{64}", blob) is not None
-        pins.append(PinnedFile(name, path, blob if lfs else None,
-                               "its LFS object id (the name of its blob in the HF cache)" if lfs else None))
+        pins.append(
+            PinnedFile(
+                name,
+                path,
+                blob if lfs else None,
+                "its LFS object id (the name of its blob in the HF cache)" if lfs else None,
+            )
+        )
     return pins
 
 
@@ -303,13 +394,23 @@ class FileHashes:
             try:
                 sha256, size = digest.result()
             except OSError as err:
-                raise PinnedInputError(f"{file.path}: cannot read the pinned file: {err.strerror or err}") from err
+                raise PinnedInputError(
+                    f"{file.path}: cannot read the pinned file: {err.strerror or err}"
+                ) from err
             if file.expected_sha256 is not None and sha256 != file.expected_sha256:
                 raise PinnedInputError(
                     f"{file.path}: the sha256 of its bytes is {sha256}, but {file.expected_from} is "
                     f"{file.expected_sha256}: the file was changed after it was downloaded; remove "
-                    f"{os.path.realpath(file.path)} and download it again")
-            recorded.append({"name": file.name, "bytes": size, "sha256": sha256, "checked_against": file.expected_from})
+                    f"{os.path.realpath(file.path)} and download it again"
+                )
+            recorded.append(
+                {
+                    "name": file.name,
+                    "bytes": size,
+                    "sha256": sha256,
+                    "checked_against": file.expected_from,
+                }
+            )
         return recorded
 
 
@@ -338,7 +439,9 @@ def read_checked(path: Path, expected_sha256: str) -> bytes:
     try:
         data = path.read_bytes()
     except OSError as err:
-        raise PinnedInputError(f"{path}: cannot read the pinned file: {err.strerror or err}") from err
+        raise PinnedInputError(
+            f"{path}: cannot read the pinned file: {err.strerror or err}"
+        ) from err
     got = hashlib.sha256(data).hexdigest()
     if got != expected_sha256:
         raise PinnedInputError(f"{path}: sha256 is {got}, but the manifest pins {expected_sha256}")

@@ -29,11 +29,20 @@ from pathlib import Path
 import yaml
 
 from builders.errors import ManifestError
+from builders.manifest import (
+    FieldChecker,
+    Manifest,
+    Ratio,
+    YamlLoader,
+    parse_manifest,
+    safe_load_yaml,
+)
 from builders.rows.figures import PINNED_FIGURES
-from builders.manifest import (FieldChecker, Manifest, Ratio, YamlLoader, parse_manifest,
-                               safe_load_yaml)
 
-CARD_FILES = ("tokenizer.json", "chat_template.jinja")  # the tokenizer files a card's manifest pins (glm5's)
+CARD_FILES = (
+    "tokenizer.json",
+    "chat_template.jinja",
+)  # the tokenizer files a card's manifest pins (glm5's)
 MAX_CARD_BYTES = 1 << 20  # the seed card is 10 KB
 MAX_DEPTH = 16
 MAX_NODES = 50_000
@@ -41,15 +50,54 @@ DEFAULT_SPLIT = "train"  # the card names no split: the Tulu 3 layout's only one
 
 # The mappings the parser reads, each with the keys it knows there.
 SECTIONS = {
-    "": ("schema_version", "model", "gpu", "author", "status", "stack", "workload", "layout", "result",
-         "correctness", "env", "patches", "run", "notes"),
+    "": (
+        "schema_version",
+        "model",
+        "gpu",
+        "author",
+        "status",
+        "stack",
+        "workload",
+        "layout",
+        "result",
+        "correctness",
+        "env",
+        "patches",
+        "run",
+        "notes",
+    ),
     "workload": ("row_tokens", "rows", "global_batch", "precision", "dataset"),
     "workload.dataset": ("name", "source", "revision", "license", "rows_sha256", "build"),
-    "workload.dataset.build": ("name", "tokenizer", "loss_mask", "rows", "row_tokens", "padding_tokens", "seed",
-                               "packing", "supervised_token_ratio", "parquet_sha256", "parquet_bytes", "builder"),
-    "result": ("tokens_per_s_per_gpu", "usd_per_million_tokens", "step_time_cv_percent", "mfu", "mfu_note",
-               "active_params", "measured", "steps_per_run", "window", "window_tokens", "runs", "profiler",
-               "gpu_hours", "gpu_hours_note"),
+    "workload.dataset.build": (
+        "name",
+        "tokenizer",
+        "loss_mask",
+        "rows",
+        "row_tokens",
+        "padding_tokens",
+        "seed",
+        "packing",
+        "supervised_token_ratio",
+        "parquet_sha256",
+        "parquet_bytes",
+        "builder",
+    ),
+    "result": (
+        "tokens_per_s_per_gpu",
+        "usd_per_million_tokens",
+        "step_time_cv_percent",
+        "mfu",
+        "mfu_note",
+        "active_params",
+        "measured",
+        "steps_per_run",
+        "window",
+        "window_tokens",
+        "runs",
+        "profiler",
+        "gpu_hours",
+        "gpu_hours_note",
+    ),
     "result.active_params": ("count", "source", "revision"),
 }
 DATASET, BUILD = "workload.dataset", "workload.dataset.build"
@@ -78,7 +126,9 @@ class Card:
 
     def value(self, field: str):
         """The card's value for a manifest field (None where the card does not give it)."""
-        return next((f.value for f in self.figures if f.field == field and f.value is not None), None)
+        return next(
+            (f.value for f in self.figures if f.field == field and f.value is not None), None
+        )
 
     @property
     def publishes_rows(self) -> bool:
@@ -95,8 +145,13 @@ class FieldCheck:
     status: str  # "ok", "differs", "not on the card" or "not in the manifest"
 
     def as_dict(self) -> dict:
-        return {"field": self.field, "card_field": self.where, "card": _plain(self.card),
-                "manifest": _plain(self.manifest), "status": self.status}
+        return {
+            "field": self.field,
+            "card_field": self.where,
+            "card": _plain(self.card),
+            "manifest": _plain(self.manifest),
+            "status": self.status,
+        }
 
 
 @dataclass(frozen=True)
@@ -118,25 +173,40 @@ def read_card(path: str | Path) -> Card:
     if isinstance(version, bool) or version != 1:
         check.fail("schema_version", f"this parser reads schema_version 1, got {version!r}")
     sections = {path: _section(doc, path, check) for path in SECTIONS}
-    unknown = [f"{path}.{key}" if path else str(key)
-               for path, known in SECTIONS.items() for key in sections[path] if key not in known]
+    unknown = [
+        f"{path}.{key}" if path else str(key)
+        for path, known in SECTIONS.items()
+        for key in sections[path]
+        if key not in known
+    ]
     notes = [f"fields this parser does not know, not read: {', '.join(unknown)}"] if unknown else []
     line = _tokenizer_line(sections[BUILD].get("tokenizer"), check, notes)
 
     def figure(field, path, key, read) -> Figure:
         value = sections[path].get(key)
-        return Figure(field, f"{path}.{key}", None if value is None else read(check, value, f"{path}.{key}"))
+        return Figure(
+            field, f"{path}.{key}", None if value is None else read(check, value, f"{path}.{key}")
+        )
 
     figures = [
         figure("name", BUILD, "name", FieldChecker.plain_name),
         figure("dataset.repo", DATASET, "source", _dataset_repo),
         figure("dataset.revision", DATASET, "revision", FieldChecker.commit),
         figure("dataset.license", DATASET, "license", FieldChecker.string),
-        Figure("tokenizer.repo", f"{TOKENIZER_LINE}: NAME, with result.active_params.source",
-               _tokenizer_repo(line, sections["result.active_params"], check, notes)),
+        Figure(
+            "tokenizer.repo",
+            f"{TOKENIZER_LINE}: NAME, with result.active_params.source",
+            _tokenizer_repo(line, sections["result.active_params"], check, notes),
+        ),
         Figure("tokenizer.revision", f"{TOKENIZER_LINE}: revision", line and line.revision),
-        *(Figure(f"tokenizer.sha256.{name}", f"{TOKENIZER_LINE}: {name} sha256", line and line.sha256.get(name))
-          for name in CARD_FILES),
+        *(
+            Figure(
+                f"tokenizer.sha256.{name}",
+                f"{TOKENIZER_LINE}: {name} sha256",
+                line and line.sha256.get(name),
+            )
+            for name in CARD_FILES
+        ),
         figure("loss_mask", BUILD, "loss_mask", FieldChecker.string),
         figure("seed", BUILD, "seed", FieldChecker.non_negative_int),
         figure("row_tokens", "workload", "row_tokens", FieldChecker.positive_int),
@@ -145,7 +215,9 @@ def read_card(path: str | Path) -> Card:
         figure("expect.rows_sha256", DATASET, "rows_sha256", FieldChecker.sha256),
         figure("expect.parquet_sha256", BUILD, "parquet_sha256", FieldChecker.sha256),
         figure("expect.parquet_bytes", BUILD, "parquet_bytes", FieldChecker.positive_int),
-        figure("expect.supervised_token_ratio", BUILD, "supervised_token_ratio", FieldChecker.ratio),
+        figure(
+            "expect.supervised_token_ratio", BUILD, "supervised_token_ratio", FieldChecker.ratio
+        ),
         figure("expect.padding_tokens", BUILD, "padding_tokens", FieldChecker.non_negative_int),
     ]
     return Card(source, tuple(figures), tuple(notes))
@@ -159,14 +231,22 @@ def implied_manifest(card: Card) -> ImpliedManifest:
     text's opening comment says so. A field a manifest needs that the card lacks is an error.
     """
     check = FieldChecker(card.source)
-    row_tokens = {f.where: f.value for f in card.figures if f.field == "row_tokens" and f.value is not None}
+    row_tokens = {
+        f.where: f.value for f in card.figures if f.field == "row_tokens" and f.value is not None
+    }
     if len(set(row_tokens.values())) > 1:
-        check.fail(" and ".join(row_tokens), f"the card gives row_tokens twice, differently: "
-                                             f"{', '.join(f'{k} {v}' for k, v in row_tokens.items())}")
+        check.fail(
+            " and ".join(row_tokens),
+            f"the card gives row_tokens twice, differently: "
+            f"{', '.join(f'{k} {v}' for k, v in row_tokens.items())}",
+        )
     needed = [f for f in card.figures if not _optional(f) and card.value(f.field) is None]
     if needed:
-        check.fail("", "the card does not give what a manifest needs: "
-                   + "; ".join(f"{f.field} (card: {f.where})" for f in needed))
+        check.fail(
+            "",
+            "the card does not give what a manifest needs: "
+            + "; ".join(f"{f.field} (card: {f.where})" for f in needed),
+        )
     g = card.value
     dataset = {"repo": g("dataset.repo"), "revision": g("dataset.revision"), "split": DEFAULT_SPLIT}
     if g("dataset.license") is not None:
@@ -174,10 +254,18 @@ def implied_manifest(card: Card) -> ImpliedManifest:
     doc = {
         "name": g("name"),
         "dataset": dataset,
-        "tokenizer": {"repo": g("tokenizer.repo"), "revision": g("tokenizer.revision"),
-                      "sha256": {name: g(f"tokenizer.sha256.{name}") for name in CARD_FILES}},
-        "loss_mask": g("loss_mask"), "seed": g("seed"), "row_tokens": g("row_tokens"), "rows": g("rows"),
-        "expect": {name: g(f"expect.{name}") for name in PINNED_FIGURES if g(f"expect.{name}") is not None},
+        "tokenizer": {
+            "repo": g("tokenizer.repo"),
+            "revision": g("tokenizer.revision"),
+            "sha256": {name: g(f"tokenizer.sha256.{name}") for name in CARD_FILES},
+        },
+        "loss_mask": g("loss_mask"),
+        "seed": g("seed"),
+        "row_tokens": g("row_tokens"),
+        "rows": g("rows"),
+        "expect": {
+            name: g(f"expect.{name}") for name in PINNED_FIGURES if g(f"expect.{name}") is not None
+        },
     }
     absent = [f for f in card.figures if f.value is None and _optional(f)]
     comments = [
@@ -192,18 +280,26 @@ def implied_manifest(card: Card) -> ImpliedManifest:
         *(f"  {f.field}: left out, not verified ({f.where} is not on the card)" for f in absent),
     ]
     text = "".join(f"# {line}\n" for line in comments) + yaml.dump(
-        doc, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=1 << 16)
+        doc, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=1 << 16
+    )
     manifest = parse_manifest(text, source=f"the manifest implied by {card.source}")
-    notes = [*card.notes, *(f"{f.where} is not on the card: {f.field} is left out of the manifest, not verified"
-                            for f in absent)]
+    notes = [
+        *card.notes,
+        *(
+            f"{f.where} is not on the card: {f.field} is left out of the manifest, not verified"
+            for f in absent
+        ),
+    ]
     return ImpliedManifest(text, manifest, tuple(notes))
 
 
 def manifest_fields(manifest: Manifest) -> dict:
     """A manifest's values under the field names a card's figures use."""
     if manifest.mixture:
-        raise ManifestError(f"{manifest.name} is a mixture of {len(manifest.datasets)} datasets; a recipe card "
-                            f"names one (workload.dataset)")
+        raise ManifestError(
+            f"{manifest.name} is a mixture of {len(manifest.datasets)} datasets; a recipe card "
+            f"names one (workload.dataset)"
+        )
     return {
         "name": manifest.name,
         "dataset.repo": manifest.dataset.repo,
@@ -262,28 +358,39 @@ def _tokenizer_line(value, check: FieldChecker, notes: list[str]) -> _TokenizerL
                 check.fail(TOKENIZER_LINE, f"gives {name}'s sha256 twice")
             sha256[name] = check.sha256(found["value"], f"{TOKENIZER_LINE} ({name} sha256)")
         else:
-            check.fail(TOKENIZER_LINE, f"cannot read {pin!r}: expected 'revision <40 hex>' or 'FILE sha256 <64 hex>' "
-                                       f"(the line reads {_LINE_FORM})")
+            check.fail(
+                TOKENIZER_LINE,
+                f"cannot read {pin!r}: expected 'revision <40 hex>' or 'FILE sha256 <64 hex>' "
+                f"(the line reads {_LINE_FORM})",
+            )
     extra = [name for name in sha256 if name not in CARD_FILES]
     if extra:
-        notes.append(f"{TOKENIZER_LINE} pins {', '.join(extra)}, which a manifest does not carry: not compared")
+        notes.append(
+            f"{TOKENIZER_LINE} pins {', '.join(extra)}, which a manifest does not carry: not compared"
+        )
     return _TokenizerLine(match["name"], revision, sha256)
 
 
-def _tokenizer_repo(line: _TokenizerLine | None, params: dict, check: FieldChecker, notes: list[str]) -> str | None:
+def _tokenizer_repo(
+    line: _TokenizerLine | None, params: dict, check: FieldChecker, notes: list[str]
+) -> str | None:
     """The tokenizer's Hub repo: the line's NAME where it is a repo id, else the model repo of that name."""
     if line is None:
         return None
     if "/" in line.name:
         return check.repo_id(line.name, f"{TOKENIZER_LINE} (NAME)")
     if params.get("source") is None:
-        notes.append(f"{TOKENIZER_LINE} names {line.name!r}, not a Hub repo, and result.active_params.source is "
-                     f"not on the card: the tokenizer's repo is unknown")
+        notes.append(
+            f"{TOKENIZER_LINE} names {line.name!r}, not a Hub repo, and result.active_params.source is "
+            f"not on the card: the tokenizer's repo is unknown"
+        )
         return None
     model = _hub_repo(check, params["source"], "result.active_params.source", "")
     if model.split("/")[1] != line.name:
-        notes.append(f"{TOKENIZER_LINE} names {line.name!r}, not a Hub repo, and result.active_params.source is "
-                     f"{model}, another repo: the tokenizer's repo is unknown")
+        notes.append(
+            f"{TOKENIZER_LINE} names {line.name!r}, not a Hub repo, and result.active_params.source is "
+            f"{model}, another repo: the tokenizer's repo is unknown"
+        )
         return None
     return model
 
@@ -292,7 +399,7 @@ def _hub_repo(check: FieldChecker, value, field: str, kind: str) -> str:
     """A Hub repo id, given as ``owner/name`` or as its address (``https://huggingface.co/{kind}owner/name``)."""
     text = check.string(value, field).strip()
     if text.startswith(_HUB + kind):
-        text = text[len(_HUB + kind):].removesuffix("/")
+        text = text[len(_HUB + kind) :].removesuffix("/")
     return check.repo_id(text, field)
 
 
@@ -307,7 +414,7 @@ def _section(doc: dict, path: str, check: FieldChecker) -> dict:
         node = node.get(key)
         if node is None:
             return {}
-        check.any_mapping(node, ".".join(path.split(".")[:depth + 1]))
+        check.any_mapping(node, ".".join(path.split(".")[: depth + 1]))
     return node
 
 
@@ -319,29 +426,36 @@ class _CardLoader(YamlLoader):
         for key, _ in node.value:
             if isinstance(key, yaml.ScalarNode):
                 if key.value in seen:
-                    raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key.value!r}", key.start_mark)
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key.value!r}", key.start_mark
+                    )
                 seen.add(key.value)
         return super().construct_mapping(node, deep)
 
     def flatten_mapping(self, node):
         for key, _ in node.value:
             if key.tag == "tag:yaml.org,2002:merge":
-                raise yaml.constructor.ConstructorError(None, None, "merge keys (<<) are not read in a recipe card",
-                                                        key.start_mark)
+                raise yaml.constructor.ConstructorError(
+                    None, None, "merge keys (<<) are not read in a recipe card", key.start_mark
+                )
         super().flatten_mapping(node)
 
 
 def _load(path: Path):
     """The card's YAML, within the bounds on size, nesting and node count."""
     if not path.is_file():
-        raise ManifestError(f"{path}: no such file" if not path.exists() else f"{path}: not a regular file")
+        raise ManifestError(
+            f"{path}: no such file" if not path.exists() else f"{path}: not a regular file"
+        )
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_CARD_BYTES + 1)
     except OSError as err:
         raise ManifestError(f"{path}: cannot read the recipe card: {err}") from err
     if len(data) > MAX_CARD_BYTES:
-        raise ManifestError(f"{path}: larger than {MAX_CARD_BYTES:,} bytes, too large for a recipe card")
+        raise ManifestError(
+            f"{path}: larger than {MAX_CARD_BYTES:,} bytes, too large for a recipe card"
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -360,13 +474,17 @@ def _check_shape(text: str, path: Path) -> None:
         if isinstance(event, yaml.NodeEvent):
             nodes += 1
             if nodes > MAX_NODES:
-                raise ManifestError(f"{path}: line {event.start_mark.line + 1}: more than {MAX_NODES:,} YAML nodes, "
-                                    f"too many for a recipe card")
+                raise ManifestError(
+                    f"{path}: line {event.start_mark.line + 1}: more than {MAX_NODES:,} YAML nodes, "
+                    f"too many for a recipe card"
+                )
         if isinstance(event, yaml.CollectionStartEvent):
             depth += 1
             if depth > MAX_DEPTH:
-                raise ManifestError(f"{path}: line {event.start_mark.line + 1}: nested deeper than {MAX_DEPTH} "
-                                    f"levels, too deep for a recipe card")
+                raise ManifestError(
+                    f"{path}: line {event.start_mark.line + 1}: nested deeper than {MAX_DEPTH} "
+                    f"levels, too deep for a recipe card"
+                )
         elif isinstance(event, yaml.CollectionEndEvent):
             depth -= 1
 
@@ -375,7 +493,9 @@ class _Dumper(yaml.SafeDumper):
     """Writes a ratio as it was written on the card (``0.670`` keeps its three decimals)."""
 
 
-_Dumper.add_representer(Ratio, lambda dumper, ratio: dumper.represent_scalar("tag:yaml.org,2002:float", ratio.text))
+_Dumper.add_representer(
+    Ratio, lambda dumper, ratio: dumper.represent_scalar("tag:yaml.org,2002:float", ratio.text)
+)
 
 
 def _optional(figure: Figure) -> bool:
@@ -391,4 +511,3 @@ def _same(card, manifest) -> bool:
 
 def _plain(value):
     return float(value.text) if isinstance(value, Ratio) else value
-

@@ -37,22 +37,38 @@ class Source:
 
     def __init__(self, datasets: list[tuple[DatasetPin, list[tuple[str, Path]]]]):
         self.pins = [pin for pin, _ in datasets]
-        self.files = [SourceFile(j, name, path) for j, (_, files) in enumerate(datasets) for name, path in files]
-        self._readers = [open_file(f.path, f.name, _fields(self.pins[f.dataset])) for f in self.files]
-        groups = [(f, b, rows) for f, reader in enumerate(self._readers) for b, rows in enumerate(reader.block_rows)]
+        self.files = [
+            SourceFile(j, name, path)
+            for j, (_, files) in enumerate(datasets)
+            for name, path in files
+        ]
+        self._readers = [
+            open_file(f.path, f.name, _fields(self.pins[f.dataset])) for f in self.files
+        ]
+        groups = [
+            (f, b, rows)
+            for f, reader in enumerate(self._readers)
+            for b, rows in enumerate(reader.block_rows)
+        ]
         self._group_file = np.array([f for f, _, _ in groups], dtype=np.int64)
         self._group_block = np.array([b for _, b, _ in groups], dtype=np.int64)
         self._group_start = np.cumsum([0] + [rows for _, _, rows in groups], dtype=np.int64)
         file_rows = [sum(reader.block_rows) for reader in self._readers]
         self._file_start = np.cumsum([0] + file_rows, dtype=np.int64)
-        self.dataset_rows = [sum(rows for f, rows in zip(self.files, file_rows) if f.dataset == j)
-                             for j in range(len(self.pins))]
+        self.dataset_rows = [
+            sum(rows for f, rows in zip(self.files, file_rows) if f.dataset == j)
+            for j in range(len(self.pins))
+        ]
         self.dataset_start = np.cumsum([0] + self.dataset_rows, dtype=np.int64)
         self._message_bytes = sum(reader.message_bytes for reader in self._readers)
         self.num_rows = int(self._group_start[-1])
         self.num_groups = len(groups)
-        self.message_type = _message_type([_renamed(reader.message_type, self.pins[f.dataset])
-                                           for f, reader in zip(self.files, self._readers)])
+        self.message_type = _message_type(
+            [
+                _renamed(reader.message_type, self.pins[f.dataset])
+                for f, reader in zip(self.files, self._readers)
+            ]
+        )
 
     def bytes_per_row(self) -> float:
         """The mean size of a row's messages (uncompressed parquet, or JSON text), from the files."""
@@ -60,7 +76,9 @@ class Source:
 
     def group_rows(self, group: int) -> tuple[int, int]:
         """The first source index of block ``group`` and its number of rows."""
-        return int(self._group_start[group]), int(self._group_start[group + 1] - self._group_start[group])
+        return int(self._group_start[group]), int(
+            self._group_start[group + 1] - self._group_start[group]
+        )
 
     def group_of(self, indices: np.ndarray) -> np.ndarray:
         """The block of each source index."""
@@ -71,7 +89,10 @@ class Source:
 
     def dataset_of(self, indices) -> np.ndarray:
         """The dataset (its place in the manifest) of each source index."""
-        return np.searchsorted(self.dataset_start, np.asarray(indices, dtype=np.int64), side="right") - 1
+        return (
+            np.searchsorted(self.dataset_start, np.asarray(indices, dtype=np.int64), side="right")
+            - 1
+        )
 
     def read_group(self, group: int) -> pa.Table:
         """Every row of block ``group``, decoded."""
@@ -80,12 +101,27 @@ class Source:
         first, count = self.group_rows(group)
         pin = self.pins[self.files[f].dataset]
         index = pa.array(np.arange(first, first + count, dtype=np.int64))
-        messages, errors = _messages(table.column(pin.messages).combine_chunks(), pin, self.message_type,
-                                     self.files[f].name, first - int(self._file_start[f]))
-        source = table.column("source") if "source" in table.column_names else pa.nulls(count, pa.string())
-        return pa.table({"index": index,
-                         "id": table.column(pin.id).cast(pa.string()) if pin.id else index.cast(pa.string()),
-                         "source": source, "messages": messages, "layout_error": errors})
+        messages, errors = _messages(
+            table.column(pin.messages).combine_chunks(),
+            pin,
+            self.message_type,
+            self.files[f].name,
+            first - int(self._file_start[f]),
+        )
+        source = (
+            table.column("source")
+            if "source" in table.column_names
+            else pa.nulls(count, pa.string())
+        )
+        return pa.table(
+            {
+                "index": index,
+                "id": table.column(pin.id).cast(pa.string()) if pin.id else index.cast(pa.string()),
+                "source": source,
+                "messages": messages,
+                "layout_error": errors,
+            }
+        )
 
     def read(self, group: int, members: np.ndarray) -> pa.Table:
         """Rows ``members`` (source indices of block ``group``), in that order."""
@@ -112,8 +148,13 @@ def _renamed(message: pa.StructType, pin: DatasetPin) -> pa.StructType:
         return message
     fields = [message.field(i) for i in range(message.num_fields)]
     named = {pin.keys[0]: "role", pin.keys[1]: "content"}
-    return pa.struct([f.with_name(named[f.name]) if f.name in named else f for f in fields
-                      if f.name in named or f.name not in ("role", "content")])
+    return pa.struct(
+        [
+            f.with_name(named[f.name]) if f.name in named else f
+            for f in fields
+            if f.name in named or f.name not in ("role", "content")
+        ]
+    )
 
 
 def _message_type(types: list[pa.StructType]) -> pa.DataType:
@@ -134,7 +175,8 @@ def _messages(messages: pa.Array, pin: DatasetPin, target: pa.DataType, name: st
     role, content = values.field(pin.keys[0]), values.field(pin.keys[1])
     if pin.roles is not None:
         role = pa.array([b for _, b in pin.roles], pa.string()).take(
-            pc.index_in(role, value_set=pa.array([a for a, _ in pin.roles], pa.string())))
+            pc.index_in(role, value_set=pa.array([a for a, _ in pin.roles], pa.string()))
+        )
     bad = _true(values.is_null()) | _true(role.is_null()) | _true(content.is_null())
     bad_rows = _true(messages.is_null())
     bad_rows[np.repeat(np.arange(len(messages)), np.diff(offsets))[bad]] = True
@@ -142,13 +184,26 @@ def _messages(messages: pa.Array, pin: DatasetPin, target: pa.DataType, name: st
     for row in np.flatnonzero(bad_rows).tolist():
         errors[row] = f"{name} row {first_row + row}: {_problem(messages[row].as_py(), pin)}"
     named = {pin.keys[0]: role, pin.keys[1]: content}
-    children = {"role": role, "content": content,
-                **{f.name: values.field(f.name) for f in values.type if f.name not in (*named, "role", "content")}}
+    children = {
+        "role": role,
+        "content": content,
+        **{
+            f.name: values.field(f.name)
+            for f in values.type
+            if f.name not in (*named, "role", "content")
+        },
+    }
     structs = pa.StructArray.from_arrays(
-        [children[f.name].cast(f.type) if f.name in children else pa.nulls(len(values), f.type)
-         for f in target.value_type], fields=list(target.value_type), mask=values.is_null())
-    conversations = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), structs, type=target,
-                                             mask=messages.is_null())
+        [
+            children[f.name].cast(f.type) if f.name in children else pa.nulls(len(values), f.type)
+            for f in target.value_type
+        ],
+        fields=list(target.value_type),
+        mask=values.is_null(),
+    )
+    conversations = pa.ListArray.from_arrays(
+        pa.array(offsets.astype(np.int32)), structs, type=target, mask=messages.is_null()
+    )
     return conversations, pa.array(errors, pa.string())
 
 
@@ -165,8 +220,10 @@ def _problem(messages, pin: DatasetPin) -> str:
                 return f"field {pin.messages!r}: message {position} has no field {key!r} (the layout's {what})"
         mapped = dict(pin.roles or {})
         if pin.roles is not None and message[role_key] not in mapped:
-            return (f"field {pin.messages!r}: message {position} has role {message[role_key]!r}, which the "
-                    f"layout's roles do not map (they map {', '.join(repr(k) for k in mapped)})")
+            return (
+                f"field {pin.messages!r}: message {position} has role {message[role_key]!r}, which the "
+                f"layout's roles do not map (they map {', '.join(repr(k) for k in mapped)})"
+            )
     raise AssertionError("a row flagged without a problem")
 
 

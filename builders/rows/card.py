@@ -12,17 +12,28 @@ import json
 import numpy as np
 import yaml
 
-from builders.runtime.atomic import Outputs
 from builders.manifest import Manifest, is_shipped
 from builders.rows.stats import BuildStats
+from builders.runtime.atomic import Outputs
 
-LICENSE_IDS = {"odc-by 1.0": "odc-by", "odc-by": "odc-by", "cc0-1.0 (generated)": "cc0-1.0", "cc0-1.0": "cc0-1.0",
-               "apache-2.0": "apache-2.0", "mit": "mit"}
+LICENSE_IDS = {
+    "odc-by 1.0": "odc-by",
+    "odc-by": "odc-by",
+    "cc0-1.0 (generated)": "cc0-1.0",
+    "cc0-1.0": "cc0-1.0",
+    "apache-2.0": "apache-2.0",
+    "mit": "mit",
+}
 PLOTS = ("tokens-per-source", "conversation-lengths", "row-supervision")
 
 
 def size_category(rows: int) -> str:
-    for limit, name in ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M")):
+    for limit, name in (
+        (1_000, "n<1K"),
+        (10_000, "1K<n<10K"),
+        (100_000, "10K<n<100K"),
+        (1_000_000, "100K<n<1M"),
+    ):
         if rows < limit:
             return name
     return "n>1M"
@@ -62,8 +73,11 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
     """The card's text, from the build's report (nothing that varies from run to run: no timings)."""
     figures, engine = report["figures"], report["engine"]
     tok, name = manifest.tokenizer, manifest.name
-    origin = (f"`{manifest.dataset.repo}` at `{manifest.dataset.revision}`" if not manifest.mixture else
-              f"a mixture of {len(manifest.datasets)} datasets (below)")
+    origin = (
+        f"`{manifest.dataset.repo}` at `{manifest.dataset.revision}`"
+        if not manifest.mixture
+        else f"a mixture of {len(manifest.datasets)} datasets (below)"
+    )
     summary = stats.summary()
     verified = report["verified"]
     lines = [
@@ -78,14 +92,20 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         f"tokens that end them.",
         "",
         f"**{'Verified' if verified else 'NOT verified'}** against "
-        + (f"`manifests/{name}.yaml` (shipped with fixed-sft)." if is_shipped(manifest) else f"`{manifest.path}`."),
+        + (
+            f"`manifests/{name}.yaml` (shipped with fixed-sft)."
+            if is_shipped(manifest)
+            else f"`{manifest.path}`."
+        ),
         "",
         "## Hashes",
         "",
         "| figure | expected | got | status |",
         "|---|---|---|---|",
-        *[f"| {c['figure']} | {'' if c['expected'] is None else c['expected']} | {_fmt(c['got'])} | {c['status']} |"
-          for c in report["checks"]],
+        *[
+            f"| {c['figure']} | {'' if c['expected'] is None else c['expected']} | {_fmt(c['got'])} | {c['status']} |"
+            for c in report["checks"]
+        ],
         "",
         "`rows_sha256` names the rows themselves (token ids as little-endian uint32, then the mask as uint8, "
         "row by row); `parquet_sha256` names this file, whose bytes also depend on the writer's version.",
@@ -94,9 +114,15 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         "",
         "| input | repo | revision | sha256 |",
         "|---|---|---|---|",
-        *[f"| dataset: `{f['name']}` ({f['bytes']:,} bytes) | `{f['repo']}` | `{f['revision']}` | "
-          f"`{f['sha256']}`{' (its LFS object id)' if f['checked_against'] else ''} |" for f in report["source_files"]],
-        *[f"| `{file}` | `{tok.repo}` | `{tok.revision}` | `{digest}` |" for file, digest in tok.sha256.items()],
+        *[
+            f"| dataset: `{f['name']}` ({f['bytes']:,} bytes) | `{f['repo']}` | `{f['revision']}` | "
+            f"`{f['sha256']}`{' (its LFS object id)' if f['checked_against'] else ''} |"
+            for f in report["source_files"]
+        ],
+        *[
+            f"| `{file}` | `{tok.repo}` | `{tok.revision}` | `{digest}` |"
+            for file, digest in tok.sha256.items()
+        ],
         "",
         "## Chat format",
         "",
@@ -108,12 +134,14 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         "",
         "## Contract",
         "",
-        "The readings of the row contract this build used (data/ROWS.md, \"Readings the recipe card leaves open\"):",
+        'The readings of the row contract this build used (data/ROWS.md, "Readings the recipe card leaves open"):',
         "",
         "| key | reading | |",
         "|---|---|---|",
-        *[f"| `{key}` | `{value}` | {'' if key not in manifest.contract.deviations() else 'not the default'} |"
-          for key, value in manifest.contract.as_dict().items()],
+        *[
+            f"| `{key}` | `{value}` | {'' if key not in manifest.contract.deviations() else 'not the default'} |"
+            for key, value in manifest.contract.as_dict().items()
+        ],
         "",
         "## Contents",
         "",
@@ -128,12 +156,21 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         f"{summary['conversations_training_only_stop_tokens']:,}",
         f"- conversations with no supervised token at all (no answer, or none trained): "
         f"{summary['conversations_unsupervised']:,}",
-        *([f"- conversations left out by the mask rule (no answer header found): {summary['conversations_left_out']:,}"]
-          if summary["conversations_left_out"] else []),
+        *(
+            [
+                f"- conversations left out by the mask rule (no answer header found): {summary['conversations_left_out']:,}"
+            ]
+            if summary["conversations_left_out"]
+            else []
+        ),
         f"- padding tokens: {figures['padding_tokens']}",
         f"- encoded by {engine['name']} {engine['version']}"
-        + (f", {engine['conversations_cross_checked']:,} conversations also encoded by tokenizers (the reference), "
-           f"which agreed" if engine["name"] != "tokenizers" else " (the reference engine)")
+        + (
+            f", {engine['conversations_cross_checked']:,} conversations also encoded by tokenizers (the reference), "
+            f"which agreed"
+            if engine["name"] != "tokenizers"
+            else " (the reference engine)"
+        )
         + (f"; {engine['note']}" if engine["note"] else ""),
         f"- encoded in {_workers(report)} (`--workers {report['workers_requested']}`, {report['cores']} cores "
         f"available; the rows are the same for any number)",
@@ -144,7 +181,9 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         "",
         "| " + " | ".join(summary["conversation_tokens_percentiles"]) + " |",
         "|" + "---:|" * len(summary["conversation_tokens_percentiles"]),
-        "| " + " | ".join(f"{v:,}" for v in summary["conversation_tokens_percentiles"].values()) + " |",
+        "| "
+        + " | ".join(f"{v:,}" for v in summary["conversation_tokens_percentiles"].values())
+        + " |",
         "",
         f"![conversation lengths]({name}.conversation-lengths.png)",
         "",
@@ -169,7 +208,9 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
 
 def _fmt_value(value) -> str:
     """A chat-format value in a table cell: text as it is, anything else as JSON."""
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return (
+        value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
+    )
 
 
 def _datasets_table(manifest: Manifest, summary: dict) -> list[str]:
@@ -181,9 +222,11 @@ def _datasets_table(manifest: Manifest, summary: dict) -> list[str]:
         "",
         "| dataset | files | take | conversations | tokens | supervised tokens |",
         "|---|---|---:|---:|---:|---:|",
-        *[f"| `{pin.repo}` at `{pin.revision[:12]}` | `{pin.pattern}` | {pin.take or 'all'} | "
-          f"{d['conversations']:,} | {d['tokens']:,} | {d['supervised_tokens']:,} |"
-          for pin, d in zip(manifest.datasets, summary["by_dataset"])],
+        *[
+            f"| `{pin.repo}` at `{pin.revision[:12]}` | `{pin.pattern}` | {pin.take or 'all'} | "
+            f"{d['conversations']:,} | {d['tokens']:,} | {d['supervised_tokens']:,} |"
+            for pin, d in zip(manifest.datasets, summary["by_dataset"])
+        ],
         "",
     ]
 
@@ -191,14 +234,22 @@ def _datasets_table(manifest: Manifest, summary: dict) -> list[str]:
 def _sources_table(summary: dict, stats: BuildStats, name: str) -> list[str]:
     """The conversations consumed, grouped by the data's ``source`` field, where it has one."""
     if not stats.has_source():
-        return ["### Sources", "", "The data has no `source` field, so its conversations are not grouped by one.", ""]
+        return [
+            "### Sources",
+            "",
+            "The data has no `source` field, so its conversations are not grouped by one.",
+            "",
+        ]
     return [
         "### Sources",
         "",
         "| source | conversations | tokens | supervised tokens | share of tokens |",
         "|---|---:|---:|---:|---:|",
-        *[f"| {s['source']} | {s['conversations']:,} | {s['tokens']:,} | {s['supervised_tokens']:,} | "
-          f"{s['tokens'] / max(1, summary['stream_tokens_consumed']):.1%} |" for s in summary["by_source"]],
+        *[
+            f"| {s['source']} | {s['conversations']:,} | {s['tokens']:,} | {s['supervised_tokens']:,} | "
+            f"{s['tokens'] / max(1, summary['stream_tokens_consumed']):.1%} |"
+            for s in summary["by_source"]
+        ],
         "",
         f"![tokens per source]({name}.tokens-per-source.png)",
         "",
@@ -239,9 +290,13 @@ def _plot_sources(stats: BuildStats, manifest: Manifest) -> bytes:
     bars = ax.barh(names, [r["tokens"] for r in rows], color="#9ab", label="all tokens")
     ax.barh(names, [r["supervised_tokens"] for r in rows], color="#2a7", label="supervised")
     # every source is named with its share, however small its bar
-    ax.bar_label(bars, labels=[f" {r['tokens']:,} ({r['tokens'] / total:.1%})" for r in rows], fontsize=8)
+    ax.bar_label(
+        bars, labels=[f" {r['tokens']:,} ({r['tokens'] / total:.1%})" for r in rows], fontsize=8
+    )
     ax.set_xlim(0, max(r["tokens"] for r in rows) * 1.35 if rows else 1)
-    return _png(plt, fig, ax, f"{manifest.name}: tokens per source", "tokens consumed", legend="lower right")
+    return _png(
+        plt, fig, ax, f"{manifest.name}: tokens per source", "tokens consumed", legend="lower right"
+    )
 
 
 def _plot_lengths(stats: BuildStats, manifest: Manifest) -> bytes:
@@ -253,16 +308,33 @@ def _plot_lengths(stats: BuildStats, manifest: Manifest) -> bytes:
     ax.hist(lengths, bins=bins, color="#47a")
     ax.set_xscale("log")
     ax.set_xlim(low, high)  # the data's range (and the row length), no empty decades
-    ax.axvline(manifest.row_tokens, color="#c33", linestyle="--", label=f"row length {manifest.row_tokens:,}")
-    return _png(plt, fig, ax, f"{manifest.name}: conversation lengths ({lengths.size:,} conversations)",
-                "tokens per conversation (log scale)", "conversations")
+    ax.axvline(
+        manifest.row_tokens,
+        color="#c33",
+        linestyle="--",
+        label=f"row length {manifest.row_tokens:,}",
+    )
+    return _png(
+        plt,
+        fig,
+        ax,
+        f"{manifest.name}: conversation lengths ({lengths.size:,} conversations)",
+        "tokens per conversation (log scale)",
+        "conversations",
+    )
 
 
 def _plot_supervision(stats: BuildStats, manifest: Manifest) -> bytes:
     plt, (fig, ax) = _figure()
     fraction = np.asarray(stats.row_supervised, dtype=np.float64) / manifest.row_tokens
     ax.plot(np.arange(fraction.size), fraction, color="#2a7", linewidth=0.8)
-    ax.axhline(fraction.mean() if fraction.size else 0, color="#555", linestyle="--",
-               label=f"mean {fraction.mean() if fraction.size else 0:.3f}")
+    ax.axhline(
+        fraction.mean() if fraction.size else 0,
+        color="#555",
+        linestyle="--",
+        label=f"mean {fraction.mean() if fraction.size else 0:.3f}",
+    )
     ax.set_ylim(0, 1.02)
-    return _png(plt, fig, ax, f"{manifest.name}: supervised fraction per row", "row", "supervised fraction")
+    return _png(
+        plt, fig, ax, f"{manifest.name}: supervised fraction per row", "row", "supervised fraction"
+    )

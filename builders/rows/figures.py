@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from builders.inputs.digest import file_digest
 from builders.errors import VerificationError
+from builders.inputs.digest import file_digest
 from builders.manifest import Manifest, cli_command
 from builders.rows.rowfile import ROW_GROUP_ROWS, iter_token_batches, writer_version
 
@@ -32,7 +32,9 @@ class RowHash:
         """Add a batch of rows (2-D arrays)."""
         rows = len(ids)
         if self.layout == "u4-u1":
-            data = np.concatenate([ids.astype("<u4").view(np.uint8).reshape(rows, -1), mask.astype(np.uint8)], axis=1)
+            data = np.concatenate(
+                [ids.astype("<u4").view(np.uint8).reshape(rows, -1), mask.astype(np.uint8)], axis=1
+            )
         elif self.layout == "i8-i8":
             data = np.concatenate([ids.astype("<i8"), mask.astype("<i8")], axis=1)
         elif self.layout == "ids-u4":
@@ -89,7 +91,9 @@ def file_figures(path: Path, row_tokens: int, hash_layout: str = "u4-u1") -> dic
     figures = RowFigures(row_tokens, hash_layout)
     for ids, mask in iter_token_batches(path):
         if ids.shape[1] != row_tokens:
-            raise VerificationError(f"{path}: rows hold {ids.shape[1]} tokens, the manifest says {row_tokens}")
+            raise VerificationError(
+                f"{path}: rows hold {ids.shape[1]} tokens, the manifest says {row_tokens}"
+            )
         if ((mask != 0) & (mask != 1)).any():
             raise VerificationError(f"{path}: loss_mask holds values other than 0 and 1")
         figures.add(ids, mask)
@@ -110,7 +114,13 @@ class Check:
     status: str  # "ok", "differs" or "not pinned"
 
 
-PINNED_FIGURES = ("rows_sha256", "parquet_sha256", "parquet_bytes", "supervised_token_ratio", "padding_tokens")
+PINNED_FIGURES = (
+    "rows_sha256",
+    "parquet_sha256",
+    "parquet_bytes",
+    "supervised_token_ratio",
+    "padding_tokens",
+)
 
 
 @dataclass(frozen=True)
@@ -136,7 +146,10 @@ class Verification:
 
     def summary(self) -> str:
         """One line naming each differing figure, or ``matches``."""
-        return "; ".join(f"{c.figure} expected {c.expected}, got {c.got}" for c in self.differing) or "matches"
+        return (
+            "; ".join(f"{c.figure} expected {c.expected}, got {c.got}" for c in self.differing)
+            or "matches"
+        )
 
 
 def verify(figures: dict, manifest: Manifest, built_from: dict | None = None) -> Verification:
@@ -147,14 +160,27 @@ def verify(figures: dict, manifest: Manifest, built_from: dict | None = None) ->
     rows that differ come from other inputs (which) or, from the pinned inputs, from a reading.
     """
     expect = manifest.expect
-    checks = [Check("rows", manifest.rows, figures["rows"], "ok" if figures["rows"] == manifest.rows else "differs")]
+    checks = [
+        Check(
+            "rows",
+            manifest.rows,
+            figures["rows"],
+            "ok" if figures["rows"] == manifest.rows else "differs",
+        )
+    ]
     for name in PINNED_FIGURES:
         expected, got = getattr(expect, name), figures[name]
         if expected is None:
             checks.append(Check(name, None, got, "not pinned"))
         elif name == "supervised_token_ratio":
-            checks.append(Check(name, float(expected.text), round(got, expected.decimals),
-                                "ok" if expected.matches(got) else "differs"))
+            checks.append(
+                Check(
+                    name,
+                    float(expected.text),
+                    round(got, expected.decimals),
+                    "ok" if expected.matches(got) else "differs",
+                )
+            )
         else:
             checks.append(Check(name, expected, got, "ok" if expected == got else "differs"))
     return Verification(checks, _notes(checks, manifest, built_from))
@@ -162,10 +188,14 @@ def verify(figures: dict, manifest: Manifest, built_from: dict | None = None) ->
 
 def recorded_recipe(path: Path, parquet_sha256: str) -> dict | None:
     """The recipe that the build report beside a row file records, if that report is of this very file."""
-    report = path.with_name(f"{path.name.removesuffix('.parquet').removesuffix('.unverified')}.report.json")
+    report = path.with_name(
+        f"{path.name.removesuffix('.parquet').removesuffix('.unverified')}.report.json"
+    )
     try:
         document = json.loads(report.read_text(encoding="utf-8"))
-        return document["recipe"] if document["figures"]["parquet_sha256"] == parquet_sha256 else None
+        return (
+            document["recipe"] if document["figures"]["parquet_sha256"] == parquet_sha256 else None
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -176,16 +206,22 @@ def _notes(checks: list[Check], manifest: Manifest, built_from: dict | None) -> 
     expect, out = manifest.expect, []
     running = writer_version()
     if expect.writer is not None and expect.writer != running:
-        out.append(f"the manifest's parquet_sha256 and parquet_bytes were made with {expect.writer}, this is "
-                   f"{running}: the file's bytes may differ while its rows (rows_sha256) are the same")
+        out.append(
+            f"the manifest's parquet_sha256 and parquet_bytes were made with {expect.writer}, this is "
+            f"{running}: the file's bytes may differ while its rows (rows_sha256) are the same"
+        )
     status = {check.figure: check.status for check in checks}
     explain = cli_command("explain", manifest)
-    file_figures = [name for name in ("parquet_sha256", "parquet_bytes") if status.get(name) == "differs"]
+    file_figures = [
+        name for name in ("parquet_sha256", "parquet_bytes") if status.get(name) == "differs"
+    ]
     if status.get("rows_sha256") == "ok" and file_figures:
-        out.append(f"the rows are exactly the pinned rows (rows_sha256 matches); only the file differs "
-                   f"({' and '.join(file_figures)}). This file was written by fixed-sft's writer "
-                   f"(builders/rows/rowfile.py: zstd level 3, {ROW_GROUP_ROWS} rows per row group) with {running}; "
-                   f"to find how the pinned file was written, run `{explain} --writer`")
+        out.append(
+            f"the rows are exactly the pinned rows (rows_sha256 matches); only the file differs "
+            f"({' and '.join(file_figures)}). This file was written by fixed-sft's writer "
+            f"(builders/rows/rowfile.py: zstd level 3, {ROW_GROUP_ROWS} rows per row group) with {running}; "
+            f"to find how the pinned file was written, run `{explain} --writer`"
+        )
     elif status.get("rows_sha256") == "differs":
         out.append(_rows_differ(manifest, built_from, explain))
     return out
@@ -195,17 +231,26 @@ def _rows_differ(manifest: Manifest, built_from: dict | None, explain: str) -> s
     """Why the rows may not be the pinned rows: other inputs (named), or, from the pinned inputs, a reading."""
     build = cli_command("build", manifest)
     if built_from is None:
-        return (f"the rows are not the pinned rows, and what this file was built from is not known here (no build "
-                f"report of it beside it): rows built from other inputs than the manifest pins differ for that "
-                f"reason alone. `{build}` builds from the pinned inputs, checked; if its rows differ too, run "
-                f"`{explain}` to find which reading of the row contract (data/ROWS.md) makes the pinned rows")
+        return (
+            f"the rows are not the pinned rows, and what this file was built from is not known here (no build "
+            f"report of it beside it): rows built from other inputs than the manifest pins differ for that "
+            f"reason alone. `{build}` builds from the pinned inputs, checked; if its rows differ too, run "
+            f"`{explain}` to find which reading of the row contract (data/ROWS.md) makes the pinned rows"
+        )
     pinned = manifest.recipe()
-    other = [f"{key} {built_from.get(key)!r} (the manifest: {value!r})" for key, value in pinned.items()
-             if built_from.get(key) != value]
+    other = [
+        f"{key} {built_from.get(key)!r} (the manifest: {value!r})"
+        for key, value in pinned.items()
+        if built_from.get(key) != value
+    ]
     if other:
-        return (f"the rows are not the pinned rows because they were built from something else than the manifest "
-                f"pins: {'; '.join(other)}. Build from the pinned inputs: `{build}`")
-    return (f"the rows are not the pinned rows, though they were built from exactly what the manifest pins (the "
-            f"inputs resolved at their commits and checked, the same seed, row length and contract): a reading of "
-            f"the row contract (data/ROWS.md) differs. To find which makes the pinned rows, run `{explain}` with the same "
-            f"input options (it searches the readings the recipe card leaves open, nearest first)")
+        return (
+            f"the rows are not the pinned rows because they were built from something else than the manifest "
+            f"pins: {'; '.join(other)}. Build from the pinned inputs: `{build}`"
+        )
+    return (
+        f"the rows are not the pinned rows, though they were built from exactly what the manifest pins (the "
+        f"inputs resolved at their commits and checked, the same seed, row length and contract): a reading of "
+        f"the row contract (data/ROWS.md) differs. To find which makes the pinned rows, run `{explain}` with the same "
+        f"input options (it searches the readings the recipe card leaves open, nearest first)"
+    )

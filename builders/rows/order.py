@@ -30,8 +30,14 @@ def permutation(seed: int, n: int, reading: str = "numpy-generator") -> np.ndarr
         try:
             import torch
         except ImportError as err:
-            raise UsageError("contract reading order: torch needs torch, which is not installed here") from err
-        return torch.randperm(n, generator=torch.Generator().manual_seed(seed)).numpy().astype(np.int64)
+            raise UsageError(
+                "contract reading order: torch needs torch, which is not installed here"
+            ) from err
+        return (
+            torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+            .numpy()
+            .astype(np.int64)
+        )
     if reading == "source":
         return np.arange(n, dtype=np.int64)
     raise ValueError(f"unknown order reading {reading!r}")
@@ -42,8 +48,11 @@ def kept_rows(seed: int, counts: list[int], takes: list[int | None]) -> np.ndarr
     ``take: K`` the rows at ``sorted(default_rng([seed, j]).permutation(N_j)[:K])`` of it."""
     parts, start = [], 0
     for j, (n, take) in enumerate(zip(counts, takes)):
-        rows = np.arange(n, dtype=np.int64) if take is None else \
-            np.sort(np.random.default_rng([seed, j]).permutation(n)[:take]).astype(np.int64)
+        rows = (
+            np.arange(n, dtype=np.int64)
+            if take is None
+            else np.sort(np.random.default_rng([seed, j]).permutation(n)[:take]).astype(np.int64)
+        )
         parts.append(start + rows)
         start += n
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)

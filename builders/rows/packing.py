@@ -26,11 +26,18 @@ class Row:
     loss_mask: np.ndarray  # uint8, row_tokens long
     source_index: list[int]  # the conversations whose tokens the row holds, in order
     source_id: list[str]
-    segment_start: list[int]  # where each of them starts in the row (0 for one continued from before)
+    segment_start: list[
+        int
+    ]  # where each of them starts in the row (0 for one continued from before)
 
 
-def with_eos(ids: np.ndarray, mask: np.ndarray, ends_with_answer: bool, eos_id: int,
-             contract: Contract = DEFAULT) -> tuple[np.ndarray, np.ndarray]:
+def with_eos(
+    ids: np.ndarray,
+    mask: np.ndarray,
+    ends_with_answer: bool,
+    eos_id: int,
+    contract: Contract = DEFAULT,
+) -> tuple[np.ndarray, np.ndarray]:
     """A conversation's part of the stream: its tokens, then the EOS (supervised after an answer)."""
     eos = contract.eos_mask(ends_with_answer)
     if eos is None:
@@ -57,22 +64,33 @@ class Packer:
 
     def joined(self, conversation: EncodedConversation) -> tuple[np.ndarray, np.ndarray]:
         """The conversation's part of the stream (``with_eos``)."""
-        return with_eos(conversation.ids, conversation.mask, conversation.ends_with_answer, self.eos_id, self.contract)
+        return with_eos(
+            conversation.ids,
+            conversation.mask,
+            conversation.ends_with_answer,
+            self.eos_id,
+            self.contract,
+        )
 
     def cut(self, ids: np.ndarray, mask: np.ndarray, index: int, id_: str) -> Iterator[Row]:
         """Append one conversation's part of the stream (``joined``); yield the rows it completes."""
         taken = 0
         while taken < len(ids):
             n = min(self.row_tokens - self._fill, len(ids) - taken)
-            self._ids[self._fill:self._fill + n] = ids[taken:taken + n]
-            self._mask[self._fill:self._fill + n] = mask[taken:taken + n]
+            self._ids[self._fill : self._fill + n] = ids[taken : taken + n]
+            self._mask[self._fill : self._fill + n] = mask[taken : taken + n]
             self._segments.append((index, id_, self._fill))
             self._fill += n
             taken += n
             if self._fill == self.row_tokens:
                 segments, self._segments, self._fill = self._segments, [], 0
                 if self._mask.any() or self.contract.keeps_unsupervised_windows:
-                    yield Row(self._ids.copy(), self._mask.copy(), [s[0] for s in segments], [s[1] for s in segments],
-                              [s[2] for s in segments])
+                    yield Row(
+                        self._ids.copy(),
+                        self._mask.copy(),
+                        [s[0] for s in segments],
+                        [s[1] for s in segments],
+                        [s[2] for s in segments],
+                    )
                 else:
                     self.windows_skipped += 1

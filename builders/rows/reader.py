@@ -44,13 +44,20 @@ class RowReader:
         if verify:
             if manifest is None:
                 raise ValueError("verify=True needs the manifest to verify against")
-            verification = figures.verify(figures.file_figures(self.path, manifest.row_tokens, manifest.contract.hash),
-                                          manifest)
+            verification = figures.verify(
+                figures.file_figures(self.path, manifest.row_tokens, manifest.contract.hash),
+                manifest,
+            )
             if not verification.verified:
-                raise VerificationError(f"{self.path}: does not match {manifest.name}: {verification.summary()}")
+                raise VerificationError(
+                    f"{self.path}: does not match {manifest.name}: {verification.summary()}"
+                )
         self._parquet = open_row_file(self.path)
         self._columns = [c for c in COLUMNS if c in self._parquet.schema_arrow.names]
-        sizes = [self._parquet.metadata.row_group(g).num_rows for g in range(self._parquet.metadata.num_row_groups)]
+        sizes = [
+            self._parquet.metadata.row_group(g).num_rows
+            for g in range(self._parquet.metadata.num_row_groups)
+        ]
         self._group_start = np.cumsum([0] + sizes, dtype=np.int64)
         self._cached: tuple[int, list[dict]] | None = None
 
@@ -80,10 +87,19 @@ class RowReader:
         if self._cached is None or self._cached[0] != group:
             table = read_group(self.path, self._parquet, group, self._columns)
             ids, mask = token_matrices(self.path, table)
-            metadata = table.column("metadata").to_pylist() if "metadata" in self._columns else [{}] * len(ids)
+            metadata = (
+                table.column("metadata").to_pylist()
+                if "metadata" in self._columns
+                else [{}] * len(ids)
+            )
             first = int(self._group_start[group])
-            self._cached = (group, [{"index": first + i, "input_ids": ids[i], "loss_mask": mask[i], **(meta or {})}
-                                    for i, meta in enumerate(metadata)])
+            self._cached = (
+                group,
+                [
+                    {"index": first + i, "input_ids": ids[i], "loss_mask": mask[i], **(meta or {})}
+                    for i, meta in enumerate(metadata)
+                ],
+            )
         return self._cached[1]
 
 

@@ -22,17 +22,21 @@ from builders.rows.packing import Row
 
 ROW_GROUP_ROWS = 64
 PARQUET_MAGIC = b"PAR1"  # a parquet file begins and ends with it
-METADATA_TYPE = pa.struct([
-    ("row_index", pa.int64()),
-    ("source_index", pa.list_(pa.int64())),
-    ("source_id", pa.list_(pa.string())),
-    ("segment_start", pa.list_(pa.int32())),
-])
-SCHEMA = pa.schema([
-    ("input_ids", pa.list_(pa.int32())),
-    ("loss_mask", pa.list_(pa.uint8())),
-    ("metadata", METADATA_TYPE),
-])
+METADATA_TYPE = pa.struct(
+    [
+        ("row_index", pa.int64()),
+        ("source_index", pa.list_(pa.int64())),
+        ("source_id", pa.list_(pa.string())),
+        ("segment_start", pa.list_(pa.int32())),
+    ]
+)
+SCHEMA = pa.schema(
+    [
+        ("input_ids", pa.list_(pa.int32())),
+        ("loss_mask", pa.list_(pa.uint8())),
+        ("metadata", METADATA_TYPE),
+    ]
+)
 WRITER_OPTIONS = dict(
     version="2.6",
     compression="zstd",
@@ -116,20 +120,28 @@ class RowWriter:
             self._pending = []
             while len(self._flushing) >= self.IN_FLIGHT:
                 self._flushing.popleft().result()
-            self._flushing.append(self._thread.submit(self._writer.write_table, table, row_group_size=table.num_rows))
+            self._flushing.append(
+                self._thread.submit(self._writer.write_table, table, row_group_size=table.num_rows)
+            )
             self._written += table.num_rows
 
 
 def _table(rows: list[Row], first_index: int) -> pa.Table:
     metadata = pa.StructArray.from_arrays(
-        [pa.array(np.arange(first_index, first_index + len(rows), dtype=np.int64)),
-         _lists([np.asarray(r.source_index, dtype=np.int64) for r in rows], pa.int64()),
-         pa.array([r.source_id for r in rows], type=pa.list_(pa.string())),
-         _lists([np.asarray(r.segment_start, dtype=np.int32) for r in rows], pa.int32())],
+        [
+            pa.array(np.arange(first_index, first_index + len(rows), dtype=np.int64)),
+            _lists([np.asarray(r.source_index, dtype=np.int64) for r in rows], pa.int64()),
+            pa.array([r.source_id for r in rows], type=pa.list_(pa.string())),
+            _lists([np.asarray(r.segment_start, dtype=np.int32) for r in rows], pa.int32()),
+        ],
         fields=list(METADATA_TYPE),
     )
     return pa.Table.from_arrays(
-        [_lists([r.input_ids for r in rows], pa.int32()), _lists([r.loss_mask for r in rows], pa.uint8()), metadata],
+        [
+            _lists([r.input_ids for r in rows], pa.int32()),
+            _lists([r.loss_mask for r in rows], pa.uint8()),
+            metadata,
+        ],
         schema=SCHEMA,
     )
 
@@ -165,7 +177,9 @@ def open_row_file(path: Path) -> pq.ParquetFile:
     return parquet
 
 
-def read_group(path: Path, parquet: pq.ParquetFile, group: int, columns=("input_ids", "loss_mask")) -> pa.Table:
+def read_group(
+    path: Path, parquet: pq.ParquetFile, group: int, columns=("input_ids", "loss_mask")
+) -> pa.Table:
     try:
         return parquet.read_row_group(group, columns=list(columns))
     except (pa.ArrowException, OSError) as err:
@@ -174,8 +188,10 @@ def read_group(path: Path, parquet: pq.ParquetFile, group: int, columns=("input_
 
 def token_matrices(path: Path, table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     """A table's ``input_ids`` and ``loss_mask`` as 2-D arrays (rows × row length)."""
-    return (_matrix(path, table.column("input_ids").combine_chunks(), np.int32),
-            _matrix(path, table.column("loss_mask").combine_chunks(), np.uint8))
+    return (
+        _matrix(path, table.column("input_ids").combine_chunks(), np.int32),
+        _matrix(path, table.column("loss_mask").combine_chunks(), np.uint8),
+    )
 
 
 def iter_token_batches(path: Path) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -188,6 +204,10 @@ def iter_token_batches(path: Path) -> Iterator[tuple[np.ndarray, np.ndarray]]:
 def _matrix(path: Path, lists: pa.ListArray, dtype) -> np.ndarray:
     lengths = np.diff(lists.offsets.to_numpy())
     if lists.null_count or (lengths.size and (lengths != lengths[0]).any()):
-        raise VerificationError(f"{path}: rows of unequal length or null rows in column {lists.type}")
+        raise VerificationError(
+            f"{path}: rows of unequal length or null rows in column {lists.type}"
+        )
     width = int(lengths[0]) if lengths.size else 0
-    return lists.flatten().to_numpy(zero_copy_only=False).astype(dtype, copy=False).reshape(-1, width)
+    return (
+        lists.flatten().to_numpy(zero_copy_only=False).astype(dtype, copy=False).reshape(-1, width)
+    )

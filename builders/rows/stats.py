@@ -18,20 +18,28 @@ NO_SOURCE = "(none)"  # a conversation whose row has no ``source`` value
 @dataclass
 class BuildStats:
     row_tokens: int
-    dataset_names: list = field(default_factory=list)  # each of the manifest's datasets, named for a reader
+    dataset_names: list = field(
+        default_factory=list
+    )  # each of the manifest's datasets, named for a reader
     datasets: list = field(default_factory=list)  # per conversation: which dataset it came from
     sources: list = field(default_factory=list)
     conversation_tokens: list = field(default_factory=list)  # each with its EOS
     conversation_supervised: list = field(default_factory=list)
     row_supervised: list = field(default_factory=list)
-    stop_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # tokens that end an answer
+    stop_ids: np.ndarray = field(
+        default_factory=lambda: np.zeros(0, np.int64)
+    )  # tokens that end an answer
     windows_skipped: int = 0
     left_out: int = 0  # conversations a slime mask rule leaves out (no answer header found)
     cross_checked: int = 0  # conversations the reference engine encoded too
-    only_stop_tokens: int = 0  # conversations whose supervised tokens are all stop tokens: every answer empty
+    only_stop_tokens: int = (
+        0  # conversations whose supervised tokens are all stop tokens: every answer empty
+    )
     unsupervised: int = 0  # conversations with no supervised token at all
 
-    def add_conversation(self, source: str | None, ids: np.ndarray, mask: np.ndarray, dataset: int) -> None:
+    def add_conversation(
+        self, source: str | None, ids: np.ndarray, mask: np.ndarray, dataset: int
+    ) -> None:
         """One conversation's part of the stream (its tokens and the EOS after them), from dataset ``dataset``."""
         supervised = mask != 0
         count = int(np.count_nonzero(supervised))
@@ -45,7 +53,9 @@ class BuildStats:
             self.only_stop_tokens += 1
 
     def _only_stop_tokens(self, tokens: np.ndarray) -> bool:
-        stop = np.zeros(len(tokens), dtype=bool)  # a comparison per stop token (a few): np.isin costs more per call
+        stop = np.zeros(
+            len(tokens), dtype=bool
+        )  # a comparison per stop token (a few): np.isin costs more per call
         for stop_id in self.stop_ids.tolist():
             stop |= tokens == stop_id
         return bool(stop.all())
@@ -57,15 +67,24 @@ class BuildStats:
         """Per value of the data's ``source`` field: conversations, tokens and supervised tokens consumed,
         most tokens first."""
         table = self._totals(self.sources)
-        return [{"source": s, "conversations": c, "tokens": t, "supervised_tokens": u}
-                for s, (c, t, u) in sorted(table.items(), key=lambda item: (-item[1][1], item[0]))]
+        return [
+            {"source": s, "conversations": c, "tokens": t, "supervised_tokens": u}
+            for s, (c, t, u) in sorted(table.items(), key=lambda item: (-item[1][1], item[0]))
+        ]
 
     def by_dataset(self) -> list[dict]:
         """Per dataset of the manifest, in its order: what it contributed (nothing, for one the stream
         did not reach)."""
         table = self._totals(self.datasets)
-        return [{"dataset": name, "conversations": table[j][0], "tokens": table[j][1],
-                 "supervised_tokens": table[j][2]} for j, name in enumerate(self.dataset_names)]
+        return [
+            {
+                "dataset": name,
+                "conversations": table[j][0],
+                "tokens": table[j][1],
+                "supervised_tokens": table[j][2],
+            }
+            for j, name in enumerate(self.dataset_names)
+        ]
 
     def has_source(self) -> bool:
         """Whether any consumed conversation has a ``source`` value."""
@@ -73,7 +92,9 @@ class BuildStats:
 
     def _totals(self, keys: list) -> dict:
         table = defaultdict(lambda: [0, 0, 0])
-        for key, tokens, supervised in zip(keys, self.conversation_tokens, self.conversation_supervised):
+        for key, tokens, supervised in zip(
+            keys, self.conversation_tokens, self.conversation_supervised
+        ):
             entry = table[key]
             entry[0] += 1
             entry[1] += tokens
@@ -91,7 +112,9 @@ class BuildStats:
             "conversations_unsupervised": self.unsupervised,
             "conversation_tokens_percentiles": {
                 f"p{p}": int(np.percentile(lengths, p, method="inverted_cdf")) for p in PERCENTILES
-            } if lengths.size else {},
+            }
+            if lengths.size
+            else {},
             "by_source": self.by_source(),
             "by_dataset": self.by_dataset(),
         }

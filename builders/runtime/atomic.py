@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from glob import escape
 from pathlib import Path
 
-from builders.runtime import stopping
 from builders.errors import OutputError
+from builders.runtime import stopping
 
 _TEMPORARY = re.compile(r"\.(?P<final>.+)\.(?P<pid>[0-9]+)\.tmp")
 
@@ -89,7 +89,9 @@ class Outputs:
             yield
         except OSError as err:
             reason = os.strerror(err.errno) if err.errno else str(err)
-            raise OutputError(f"cannot write {path}: {reason}; nothing was put in {self.folder}") from err
+            raise OutputError(
+                f"cannot write {path}: {reason}; nothing was put in {self.folder}"
+            ) from err
 
 
 @contextmanager

@@ -40,7 +40,9 @@ class Reporter:
         if self.verbosity == 0:
             yield _Silent()
         elif self.interactive:
-            with tqdm(total=total, desc=step, unit=f" {unit}", file=self.stream, dynamic_ncols=True) as bar:
+            with tqdm(
+                total=total, desc=step, unit=f" {unit}", file=self.stream, dynamic_ncols=True
+            ) as bar:
                 yield bar
         else:
             lines = _Lines(step, total, unit, self.stream)
@@ -56,7 +58,15 @@ class _Silent:
 class _Lines:
     """Logs ``step: done/total unit (pct), rate over wall time`` every ``every`` seconds, and at the end."""
 
-    def __init__(self, step: str, total: int, unit: str, stream, every: float = LOG_EVERY, clock=time.monotonic):
+    def __init__(
+        self,
+        step: str,
+        total: int,
+        unit: str,
+        stream,
+        every: float = LOG_EVERY,
+        clock=time.monotonic,
+    ):
         self.step, self.total, self.unit, self.stream = step, total, unit, stream
         self.every, self.clock = every, clock
         self.done, self.logged = 0, None
@@ -75,5 +85,9 @@ class _Lines:
         self.last, self.logged = self.clock(), self.done
         elapsed = max(self.last - self.started, 1e-9)
         share = f" ({100 * self.done // self.total}%)" if self.total else ""
-        print(f"{self.step}: {self.done}/{self.total} {self.unit}{share}, {self.done / elapsed:.1f} {self.unit}/s "
-              f"over {elapsed:.0f} s", file=self.stream, flush=True)
+        print(
+            f"{self.step}: {self.done}/{self.total} {self.unit}{share}, {self.done / elapsed:.1f} {self.unit}/s "
+            f"over {elapsed:.0f} s",
+            file=self.stream,
+            flush=True,
+        )

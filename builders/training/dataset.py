@@ -24,10 +24,16 @@ def torch_dataset(path: str | Path, rank: int = 0, world_size: int = 1, start: i
     class RowDataset(IterableDataset):
         def __iter__(self):
             info = get_worker_info()
-            shard = worker_shard(rank, world_size, info.id, info.num_workers) if info else (rank, world_size)
+            shard = (
+                worker_shard(rank, world_size, info.id, info.num_workers)
+                if info
+                else (rank, world_size)
+            )
             for row in RowReader(path).rows(start, *shard):
-                yield {"index": row["index"],
-                       "input_ids": torch.from_numpy(row["input_ids"].astype(np.int64)),
-                       "loss_mask": torch.from_numpy(row["loss_mask"].astype(np.int64))}
+                yield {
+                    "index": row["index"],
+                    "input_ids": torch.from_numpy(row["input_ids"].astype(np.int64)),
+                    "loss_mask": torch.from_numpy(row["loss_mask"].astype(np.int64)),
+                }
 
     return RowDataset()

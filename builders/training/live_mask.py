@@ -22,7 +22,9 @@ from builders.formats import glm5_spec
 from builders.rows.packing import with_eos
 
 
-def glm5_loss_mask(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> tuple[list[int], list[int]]:
+def glm5_loss_mask(
+    tokenizer, messages: list[dict], tools: list[dict] | None = None
+) -> tuple[list[int], list[int]]:
     """Token ids and glm5 mask of one conversation, ending with the EOS a build puts after it.
 
     ``tokenizer`` is a transformers fast tokenizer whose ``chat_template`` is the GLM one.
@@ -31,13 +33,17 @@ def glm5_loss_mask(tokenizer, messages: list[dict], tools: list[dict] | None = N
     if tools:
         raise ValueError("the glm5 loss mask is defined for conversations without tools")
     if not isinstance(messages, list):
-        raise ValueError(f"the glm5 loss mask needs a list of messages, not {type(messages).__name__}")
+        raise ValueError(
+            f"the glm5 loss mask needs a list of messages, not {type(messages).__name__}"
+        )
     encoder = _encoder(tokenizer)
     try:
         (conversation,) = encoder.encode([{"index": 0, "id": None, "messages": messages}])
     except SourceDataError as err:
         raise ValueError(f"glm5 loss mask: {err.__cause__ or err}") from err
-    ids, mask = with_eos(conversation.ids, conversation.mask, conversation.ends_with_answer, encoder.eos_id)
+    ids, mask = with_eos(
+        conversation.ids, conversation.mask, conversation.ends_with_answer, encoder.eos_id
+    )
     return ids.tolist(), mask.tolist()
 
 
@@ -45,6 +51,10 @@ def glm5_loss_mask(tokenizer, messages: list[dict], tools: list[dict] | None = N
 def _encoder(tokenizer) -> ConversationEncoder:
     template = tokenizer.chat_template
     if not isinstance(template, str):
-        raise ValueError(f"the tokenizer's chat_template is {type(template).__name__}, not one template string")
-    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())  # a copy: the encoder owns its tokenizer
+        raise ValueError(
+            f"the tokenizer's chat_template is {type(template).__name__}, not one template string"
+        )
+    backend = Tokenizer.from_str(
+        tokenizer.backend_tokenizer.to_str()
+    )  # a copy: the encoder owns its tokenizer
     return ConversationEncoder(backend, glm5_spec(template))

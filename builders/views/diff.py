@@ -51,14 +51,21 @@ def diff_files(a: Path, b: Path, decode: Decode | None = None) -> Diff:
     reader_a, reader_b = RowReader(a), RowReader(b)
     width_a, width_b = (len(r[0]["input_ids"]) if len(r) else 0 for r in (reader_a, reader_b))
     if width_a != width_b:
-        return Diff(len(reader_a), len(reader_b), width_a, width_b, max(len(reader_a), len(reader_b)), None)
+        return Diff(
+            len(reader_a), len(reader_b), width_a, width_b, max(len(reader_a), len(reader_b)), None
+        )
     first, differing = None, 0
     for row_a, row_b in zip_longest(reader_a.rows(), reader_b.rows()):
         if row_a is None or row_b is None:
             differing += 1
             if first is None:
-                first = FirstDifference((row_a or row_b)["index"], -1, "row missing", _side(row_a, 0, None),
-                                        _side(row_b, 0, None))
+                first = FirstDifference(
+                    (row_a or row_b)["index"],
+                    -1,
+                    "row missing",
+                    _side(row_a, 0, None),
+                    _side(row_b, 0, None),
+                )
             continue
         ids = row_a["input_ids"] != row_b["input_ids"]
         masks = row_a["loss_mask"] != row_b["loss_mask"]
@@ -68,8 +75,13 @@ def diff_files(a: Path, b: Path, decode: Decode | None = None) -> Diff:
         if first is None:
             token = int((ids | masks).nonzero()[0][0])
             kind = " and ".join(k for k, d in (("tokens", ids[token]), ("mask", masks[token])) if d)
-            first = FirstDifference(row_a["index"], token, kind, _side(row_a, token, decode),
-                                    _side(row_b, token, decode))
+            first = FirstDifference(
+                row_a["index"],
+                token,
+                kind,
+                _side(row_a, token, decode),
+                _side(row_b, token, decode),
+            )
     return Diff(len(reader_a), len(reader_b), width_a, width_b, differing, first)
 
 
@@ -87,8 +99,11 @@ def _side(row: dict | None, token: int, decode: Decode | None) -> dict:
     }
     if decode is not None:
         ids = row["input_ids"].tolist()
-        side["text"] = {"before": decode(ids[max(0, token - CONTEXT_TOKENS):token]), "token": decode([ids[token]]),
-                        "after": decode(ids[token + 1:token + 1 + CONTEXT_TOKENS])}
+        side["text"] = {
+            "before": decode(ids[max(0, token - CONTEXT_TOKENS) : token]),
+            "token": decode([ids[token]]),
+            "after": decode(ids[token + 1 : token + 1 + CONTEXT_TOKENS]),
+        }
     return side
 
 
@@ -97,25 +112,39 @@ def describe(diff: Diff, a: Path, b: Path) -> str:
         return f"identical: {diff.rows_a} rows in both"
     files = f"(A: {a}, {diff.rows_a} rows; B: {b}, {diff.rows_b} rows)"
     if diff.row_tokens_a != diff.row_tokens_b:
-        return (f"the rows differ in length: {diff.row_tokens_a} tokens in A, {diff.row_tokens_b} in B; these are "
-                f"builds of different manifests, so no token is compared {files}")
+        return (
+            f"the rows differ in length: {diff.row_tokens_a} tokens in A, {diff.row_tokens_b} in B; these are "
+            f"builds of different manifests, so no token is compared {files}"
+        )
     lines = [f"{diff.differing_rows} of {max(diff.rows_a, diff.rows_b)} rows differ {files}"]
     if diff.rows_a != diff.rows_b:
         lines.append(f"the files have different row counts: {diff.rows_a} in A, {diff.rows_b} in B")
     f = diff.first
-    lines.append(f"first difference: row {f.row}, " + (f"token {f.token}, in the {f.kind}" if f.token >= 0 else
-                                                        f"{f.kind} in {'B' if not f.b else 'A'}"))
+    lines.append(
+        f"first difference: row {f.row}, "
+        + (
+            f"token {f.token}, in the {f.kind}"
+            if f.token >= 0
+            else f"{f.kind} in {'B' if not f.b else 'A'}"
+        )
+    )
     for name, side in (("A", f.a), ("B", f.b)):
         if side:
-            lines.append(f"  {name}: token id {side['token_id']}, mask {side['mask']}, from source row "
-                         f"{side['source_index']} (id {side['source_id']}), {side['token_in_segment']} tokens into "
-                         f"its part of the row")
+            lines.append(
+                f"  {name}: token id {side['token_id']}, mask {side['mask']}, from source row "
+                f"{side['source_index']} (id {side['source_id']}), {side['token_in_segment']} tokens into "
+                f"its part of the row"
+            )
             if "text" in side:
                 text = side["text"]
-                lines.append(f"     text: {_shown(text['before'])}⟨{_shown(text['token'])}⟩{_shown(text['after'])}")
+                lines.append(
+                    f"     text: {_shown(text['before'])}⟨{_shown(text['token'])}⟩{_shown(text['after'])}"
+                )
     if any("text" in side for side in (f.a, f.b)):
-        lines.append(f"  (⟨…⟩ is the first differing token, with {CONTEXT_TOKENS} tokens decoded on each side; "
-                     f"\\n is a line break)")
+        lines.append(
+            f"  (⟨…⟩ is the first differing token, with {CONTEXT_TOKENS} tokens decoded on each side; "
+            f"\\n is a line break)"
+        )
     return "\n".join(lines)
 
 

@@ -5,7 +5,7 @@ data/ROWS.md names the choices the recipe card leaves open (``builders.contract`
 searches them, from the default outward (single deviations, then pairs, then the rest), and
 names the readings that reproduce the pinned ``rows_sha256``, or, when none does, those whose
 ``supervised_token_ratio`` matches at the precision the manifest gives. After the default's
-neighbours (one deviation) it tries the peer readings (``loss_mask: miles-qwen``, ``miles-qwen3``,
+neighbours (one deviation) it tries the peer formats (``loss_mask: miles-qwen``, ``miles-qwen3``,
 ``hf-generation``: another tool's rows, ``builders.formats.peers``) that apply to the pinned
 template, so rows another tool made are named too.
 
@@ -28,27 +28,28 @@ from pathlib import Path
 
 import numpy as np
 
-from builders.encode import engines
 from builders.build import build, check_source_rows, stream_order
 from builders.contract import DEFAULT, KEYS, READINGS, SLIME_RULES, Contract
+from builders.encode import engines
 from builders.encode.encoder import ConversationEncoder
-from builders.formats import PEER_READINGS
-from builders.formats.base import Annotated
+from builders.encode.stream import ENCODE_BATCH, HORIZON_MARGIN
 from builders.errors import BuildError, PinnedInputError, UsageError
-from builders.rows.figures import RowHash
-from builders.manifest import Expect, Manifest
-from builders.rows.order import permutation_sha256, torch_available
+from builders.formats import PEER_FORMATS
+from builders.formats.base import Annotated
 from builders.inputs.pinned import pinned_inputs
-from builders.rows.rowfile import writer_version
 from builders.inputs.source import Source
-from builders.views.writers import READINGS as WRITER_READINGS
+from builders.manifest import Expect, Manifest
+from builders.rows.figures import RowHash
+from builders.rows.order import permutation_sha256, torch_available
+from builders.rows.rowfile import writer_version
+from builders.views.writers import VARIANTS as WRITER_VARIANTS
 from builders.views.writers import Written, try_writers
 
-ROW_KEYS = tuple(key for key in KEYS if key != "hash")  # the readings that change the rows; hash only names them
+ROW_KEYS = tuple(
+    key for key in KEYS if key != "hash"
+)  # the readings that change the rows; hash only names them
 HASHES = (READINGS["hash"][0], *READINGS["hash"][1])
-ENCODE_BATCH = 256  # conversations rendered and tokenized at a time
-MARGIN = 1.3  # conversations cached past the estimate of what a reading consumes
-PEERS_AFTER = 1  # the peer readings are tried once the readings with this many deviations are
+PEERS_AFTER = 1  # the peer formats are tried once the readings with this many deviations are
 
 
 @dataclass
@@ -64,9 +65,13 @@ class Outcome:
 class Explanation:
     """What the search found, and what it tried."""
 
-    matches: list[Contract] = field(default_factory=list)  # the search's order: fewest deviations first
+    matches: list[Contract] = field(
+        default_factory=list
+    )  # the search's order: fewest deviations first
     ratio_matches: list[tuple[Contract, float]] = field(default_factory=list)  # closest first
-    peer_matches: list[tuple[str, str]] = field(default_factory=list)  # (loss_mask, hash layout) of a peer's rows
+    peer_matches: list[tuple[str, str]] = field(
+        default_factory=list
+    )  # (loss_mask, hash layout) of a peer's rows
     tried: int = 0  # full contracts (row readings × hash layouts) compared
     readings: int = 0  # full contracts there are to try
     notes: list[str] = field(default_factory=list)
@@ -76,70 +81,114 @@ class Explanation:
         return bool(self.matches or self.peer_matches)
 
     def as_dict(self) -> dict:
-        return {"matches": [{"contract": c.as_dict(), "deviations": c.deviations()} for c in self.matches],
-                "peer_matches": [{"loss_mask": name, "hash": layout} for name, layout in self.peer_matches],
-                "ratio_matches": [{"contract": c.as_dict(), "deviations": c.deviations(), "supervised_token_ratio": r}
-                                  for c, r in self.ratio_matches],
-                "tried": self.tried, "readings": self.readings, "notes": self.notes}
+        return {
+            "matches": [
+                {"contract": c.as_dict(), "deviations": c.deviations()} for c in self.matches
+            ],
+            "peer_matches": [
+                {"loss_mask": name, "hash": layout} for name, layout in self.peer_matches
+            ],
+            "ratio_matches": [
+                {"contract": c.as_dict(), "deviations": c.deviations(), "supervised_token_ratio": r}
+                for c, r in self.ratio_matches
+            ],
+            "tried": self.tried,
+            "readings": self.readings,
+            "notes": self.notes,
+        }
 
 
 def row_readings(orders: list[str], encodes: list[str], chat_format) -> list[Contract]:
     """Every reading that changes the rows and applies to ``chat_format``, from the default outward (by
     number of deviations)."""
-    choices = [orders if key == "order" else encodes if key == "encode" else
-               [READINGS[key][0], *READINGS[key][1]] for key in ROW_KEYS]
+    choices = [
+        orders
+        if key == "order"
+        else encodes
+        if key == "encode"
+        else [READINGS[key][0], *READINGS[key][1]]
+        for key in ROW_KEYS
+    ]
     readings = []
     for values in itertools.product(*choices):
         contract = Contract(**dict(zip(ROW_KEYS, values)))
         if chat_format.refusal(contract) is None and not chat_format.redundant(contract):
             readings.append(contract)
-    return sorted(readings, key=lambda c: len(c.deviations()))  # stable: the table's order within each count
+    return sorted(
+        readings, key=lambda c: len(c.deviations())
+    )  # stable: the table's order within each count
 
 
 class Search:
     """The readings of one manifest, evaluated against its pinned figures."""
 
     def __init__(self, manifest: Manifest, source: Source, encoder: ConversationEncoder, reporter):
-        self.manifest, self.source, self.encoder, self.reporter = manifest, source, encoder, reporter
+        self.manifest, self.source, self.encoder, self.reporter = (
+            manifest,
+            source,
+            encoder,
+            reporter,
+        )
         self.cache: dict[int, Annotated] = {}
         self.orders: dict[str, np.ndarray] = {}
         self.notes: list[str] = []
         self._mean_tokens: float | None = None
         self._counts: dict[str, int] = {}  # conversations taken from each order
-        self._template: tuple[tuple[str, str, int], Template] | None = None  # the last one built, and its key
-        self._wrap = (np.zeros(0, np.int32), np.zeros(0, np.int32))  # encode: add-special's tokens, when tried
+        self._template: tuple[tuple[str, str, int], Template] | None = (
+            None  # the last one built, and its key
+        )
+        self._wrap = (
+            np.zeros(0, np.int32),
+            np.zeros(0, np.int32),
+        )  # encode: add-special's tokens, when tried
 
     def run(self, stop_at_first: bool = True) -> Explanation:
         """Try the readings a level of deviations at a time; with ``stop_at_first``, stop after the
         level where some reading reproduces rows_sha256 (so equally close readings are all named)."""
         expect = self.manifest.expect
         if expect.rows_sha256 is None and expect.supervised_token_ratio is None:
-            raise UsageError(f"explain: {self.manifest.name} pins neither rows_sha256 nor supervised_token_ratio: "
-                             f"nothing to explain")
+            raise UsageError(
+                f"explain: {self.manifest.name} pins neither rows_sha256 nor supervised_token_ratio: "
+                f"nothing to explain"
+            )
         chat_format = self.encoder.format
         readings = row_readings(self._orders(), self._encodes(), chat_format)
-        not_applying = [key for key in ROW_KEYS if any(chat_format.refusal(replace(DEFAULT, **{key: value}))
-                                                       for value in READINGS[key][1])]
+        not_applying = [
+            key
+            for key in ROW_KEYS
+            if any(
+                chat_format.refusal(replace(DEFAULT, **{key: value})) for value in READINGS[key][1]
+            )
+        ]
         if not_applying:
-            self.notes.append(f"loss_mask {chat_format.name}: {', '.join(not_applying)} "
-                              f"{'does' if len(not_applying) == 1 else 'do'} not apply in full (only the readings "
-                              f"that mean something for it were tried)")
-        peers = [name for name in PEER_READINGS if name != chat_format.name]
+            self.notes.append(
+                f"loss_mask {chat_format.name}: {', '.join(not_applying)} "
+                f"{'does' if len(not_applying) == 1 else 'do'} not apply in full (only the readings "
+                f"that mean something for it were tried)"
+            )
+        peers = [name for name in PEER_FORMATS if name != chat_format.name]
         found = Explanation(notes=self.notes, readings=(len(readings) + len(peers)) * len(HASHES))
-        with self.reporter.progress("readings tried", total=len(readings), unit="readings") as progress:
+        with self.reporter.progress(
+            "readings tried", total=len(readings), unit="readings"
+        ) as progress:
             for deviations, level in itertools.groupby(readings, key=lambda c: len(c.deviations())):
                 # within a level, readings that share an order and a mask rule share a stream template
                 for contract in sorted(level, key=lambda c: (c.order, c.mask_rule)):
                     outcome = self.evaluate(contract)
                     found.tried += len(HASHES)
                     progress.update(1)
-                    ratio_matches = expect.supervised_token_ratio is None or \
-                        expect.supervised_token_ratio.matches(outcome.ratio)
+                    ratio_matches = (
+                        expect.supervised_token_ratio is None
+                        or expect.supervised_token_ratio.matches(outcome.ratio)
+                    )
                     # the same rows have the same ratio: a pinned ratio also rules out what the hash cannot
                     # see (hash: ids-u4 hashes no mask)
                     if ratio_matches:
-                        found.matches += [Contract(**{**contract.as_dict(), "hash": layout})
-                                          for layout, digest in outcome.hashes.items() if digest == expect.rows_sha256]
+                        found.matches += [
+                            Contract(**{**contract.as_dict(), "hash": layout})
+                            for layout, digest in outcome.hashes.items()
+                            if digest == expect.rows_sha256
+                        ]
                         if expect.supervised_token_ratio is not None:
                             found.ratio_matches.append((contract, outcome.ratio))
                 if found.reproduced and stop_at_first:
@@ -152,44 +201,64 @@ class Search:
         if peers and not (found.reproduced and stop_at_first):
             self.try_peers(peers, found)
         rank = {contract: k for k, contract in enumerate(readings)}
-        found.matches.sort(key=lambda c: (rank[replace(c, hash=DEFAULT.hash)], HASHES.index(c.hash)))
+        found.matches.sort(
+            key=lambda c: (rank[replace(c, hash=DEFAULT.hash)], HASHES.index(c.hash))
+        )
         if expect.supervised_token_ratio is not None:
             target = float(expect.supervised_token_ratio.text)
             found.ratio_matches.sort(key=lambda item: (abs(item[1] - target), rank[item[0]]))
         return found
 
     def try_peers(self, names: list[str], found: Explanation) -> None:
-        """The default reading under each peer reading ``names`` that applies to the pinned template and source."""
+        """The default reading under each peer format ``names`` that applies to the pinned template and source."""
         expect = self.manifest.expect
         for name in names:
             try:
                 spec = replace(self.encoder.spec, loss_mask=name, eos=self.encoder.format.eos)
-                peer = Search(replace(self.manifest, loss_mask=name), self.source,
-                              ConversationEncoder(self.encoder.tokenizer, spec, engine=self.encoder.engine),
-                              self.reporter)
-                peer.orders = {DEFAULT.order: self.orders[DEFAULT.order]} if DEFAULT.order in self.orders else \
-                    dict(itertools.islice(self.orders.items(), 1))
+                peer = Search(
+                    replace(self.manifest, loss_mask=name),
+                    self.source,
+                    ConversationEncoder(self.encoder.tokenizer, spec, engine=self.encoder.engine),
+                    self.reporter,
+                )
+                peer.orders = (
+                    {DEFAULT.order: self.orders[DEFAULT.order]}
+                    if DEFAULT.order in self.orders
+                    else dict(itertools.islice(self.orders.items(), 1))
+                )
                 outcome = peer.evaluate(replace(DEFAULT, order=next(iter(peer.orders))))
-            except BuildError as err:  # the template is not the peer's, or the peer fails on a conversation
+            except (
+                BuildError
+            ) as err:  # the template is not the peer's, or the peer fails on a conversation
                 self.notes.append(f"loss_mask {name} was not tried: {err}")
                 found.readings -= len(HASHES)  # not a reading of these inputs
                 continue
             found.tried += len(HASHES)
-            if expect.supervised_token_ratio is None or expect.supervised_token_ratio.matches(outcome.ratio):
-                found.peer_matches += [(name, layout) for layout, digest in outcome.hashes.items()
-                                       if digest == expect.rows_sha256]
+            if expect.supervised_token_ratio is None or expect.supervised_token_ratio.matches(
+                outcome.ratio
+            ):
+                found.peer_matches += [
+                    (name, layout)
+                    for layout, digest in outcome.hashes.items()
+                    if digest == expect.rows_sha256
+                ]
 
     def evaluate(self, contract: Contract) -> Outcome:
         """The rows of ``contract`` (any hash): their hash in every layout and their ratio."""
         order = self.orders[contract.order]
-        count = self._counts.get(contract.order) or min(len(order), self._estimate(
-            self.manifest.rows * self.manifest.row_tokens))
+        count = self._counts.get(contract.order) or min(
+            len(order), self._estimate(self.manifest.rows * self.manifest.row_tokens)
+        )
         while (rows := self._rows(contract, self.template(contract, count))) is None:
             if count == len(order):
-                raise PinnedInputError(f"explain: under {contract.deviations() or 'the default reading'} the source "
-                                       f"runs out before {self.manifest.rows} rows")
+                raise PinnedInputError(
+                    f"explain: under {contract.deviations() or 'the default reading'} the source "
+                    f"runs out before {self.manifest.rows} rows"
+                )
             count = min(len(order), 2 * count)
-        self._counts[contract.order] = count  # what one reading needed, the next ones of this order start from
+        self._counts[contract.order] = (
+            count  # what one reading needed, the next ones of this order start from
+        )
         ids, mask = rows
         return Outcome(contract, hash_layouts(ids, mask), float(np.count_nonzero(mask)) / mask.size)
 
@@ -206,13 +275,16 @@ class Search:
         ids, mask = template.stream(contract, self.encoder.class_values(contract))
         width = self.manifest.row_tokens
         windows = len(ids) // width
-        ids, mask = ids[:windows * width].reshape(windows, width), mask[:windows * width].reshape(windows, width)
+        ids, mask = (
+            ids[: windows * width].reshape(windows, width),
+            mask[: windows * width].reshape(windows, width),
+        )
         if not contract.keeps_unsupervised_windows:
             kept = mask.any(axis=1)
             ids, mask = ids[kept], mask[kept]
         if len(ids) < self.manifest.rows:
             return None
-        return ids[:self.manifest.rows], mask[:self.manifest.rows]
+        return ids[: self.manifest.rows], mask[: self.manifest.rows]
 
     def _annotated(self, indices: np.ndarray) -> list[Annotated]:
         """The cached records of ``indices``, encoding (once) those not yet seen."""
@@ -222,7 +294,7 @@ class Search:
             for group in np.unique(groups).tolist():
                 rows = self.source.read(group, missing[groups == group]).to_pylist()
                 for first in range(0, len(rows), ENCODE_BATCH):
-                    batch = rows[first:first + ENCODE_BATCH]
+                    batch = rows[first : first + ENCODE_BATCH]
                     for row, record in zip(batch, self.encoder.annotate(batch, SLIME_RULES)):
                         # the mask needs only the token classes: which tokens are message text is not kept
                         self.cache[row["index"]] = replace(record, message_text=None)
@@ -232,9 +304,9 @@ class Search:
         """Conversations to take first: the estimate from the mean length seen so far, with a margin."""
         if self._mean_tokens is None:
             order = next(iter(self.orders.values()))
-            sample = self._annotated(order[:min(len(order), 4 * ENCODE_BATCH)])
+            sample = self._annotated(order[: min(len(order), 4 * ENCODE_BATCH)])
             self._mean_tokens = max(1.0, sum(len(r.ids) + 1 for r in sample) / max(1, len(sample)))
-        return math.ceil(MARGIN * needed_tokens / self._mean_tokens) + ENCODE_BATCH
+        return math.ceil(HORIZON_MARGIN * needed_tokens / self._mean_tokens) + ENCODE_BATCH
 
     def _orders(self) -> list[str]:
         names = [READINGS["order"][0], *READINGS["order"][1]]
@@ -248,8 +320,10 @@ class Search:
         if pin is not None and permutation_sha256(permutations["numpy-generator"]) != pin:
             del self.orders["numpy-generator"]
             names.remove("numpy-generator")
-            self.notes.append(f"order: numpy-generator was not tried: numpy {np.__version__} gives another "
-                              f"permutation than the manifest pins")
+            self.notes.append(
+                f"order: numpy-generator was not tried: numpy {np.__version__} gives another "
+                f"permutation than the manifest pins"
+            )
         return names
 
     def _encodes(self) -> list[str]:
@@ -259,8 +333,10 @@ class Search:
             self.notes.append(f"encode: add-special was not tried: {err}")
             return [READINGS["encode"][0]]
         if not any(len(w) for w in self._wrap):
-            self.notes.append("encode: add-special was not tried apart: the tokenizer's post-processor adds no "
-                              "tokens, so it reads as plain")
+            self.notes.append(
+                "encode: add-special was not tried apart: the tokenizer's post-processor adds no "
+                "tokens, so it reads as plain"
+            )
             return [READINGS["encode"][0]]
         return [READINGS["encode"][0], *READINGS["encode"][1]]
 
@@ -280,14 +356,25 @@ class Template:
     codes: np.ndarray  # uint8
 
     @classmethod
-    def of(cls, records: list[Annotated], rule: str, wrap: tuple[np.ndarray, np.ndarray],
-           encoder: ConversationEncoder) -> Template:
-        coded = [c for record in records if (c := encoder.stream_codes(record, rule, wrap, eos=True)) is not None]
+    def of(
+        cls,
+        records: list[Annotated],
+        rule: str,
+        wrap: tuple[np.ndarray, np.ndarray],
+        encoder: ConversationEncoder,
+    ) -> Template:
+        coded = [
+            c
+            for record in records
+            if (c := encoder.stream_codes(record, rule, wrap, eos=True)) is not None
+        ]
         ids = np.concatenate([c[0] for c in coded]) if coded else np.zeros(0, np.int32)
         codes = np.concatenate([c[1] for c in coded]) if coded else np.zeros(0, np.uint8)
         return cls(ids.astype(np.int32, copy=False), codes.astype(np.uint8, copy=False))
 
-    def stream(self, contract: Contract, class_values: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    def stream(
+        self, contract: Contract, class_values: tuple[int, ...]
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The ids and mask of the stream under ``contract`` (whose mask rule is this template's)."""
         values, keep = contract.table(class_values)
         mask = values[self.codes]
@@ -299,17 +386,22 @@ class Template:
 
 def hash_layouts(ids: np.ndarray, mask: np.ndarray) -> dict[str, str]:
     """The rows' sha256 in every ``hash`` layout, the layouts hashed side by side, a block of rows at a time."""
+
     def one(layout: str) -> tuple[str, str]:
         digest = RowHash(layout)
         for first in range(0, len(ids), HASH_BLOCK):
-            digest.add(ids[first:first + HASH_BLOCK], mask[first:first + HASH_BLOCK])
+            digest.add(ids[first : first + HASH_BLOCK], mask[first : first + HASH_BLOCK])
         return layout, digest.hexdigest()
 
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # hashlib and numpy let go of the GIL
+    with ThreadPoolExecutor(
+        max_workers=os.cpu_count() or 1
+    ) as pool:  # hashlib and numpy let go of the GIL
         return dict(pool.map(one, HASHES))
 
 
-def explain(manifest: Manifest, hub, reporter, everything: bool = False, engine: str = "auto") -> Explanation:
+def explain(
+    manifest: Manifest, hub, reporter, everything: bool = False, engine: str = "auto"
+) -> Explanation:
     """Search the readings for those that reproduce ``manifest``'s pinned figures (all of them with
     ``everything``, else up to the first that reproduces rows_sha256)."""
     pinned, source = pinned_inputs(manifest, hub)
@@ -318,15 +410,19 @@ def explain(manifest: Manifest, hub, reporter, everything: bool = False, engine:
     encoder = ConversationEncoder(pinned.tokenizer, pinned.spec, engine=chosen.engine)
     reporter.info(chosen.describe())
     explanation = Search(manifest, source, encoder, reporter).run(stop_at_first=not everything)
-    engines.finish(encoder.engine)  # a disagreement found by the guard's cross-check is raised here
+    encoder.engine.finish()  # a disagreement found by the guard's cross-check is raised here
     return explanation
 
 
 def writers(manifest: Manifest, contract: Contract, hub, folder: Path, reporter) -> list[Written]:
-    """Build ``manifest``'s rows under ``contract`` and write them as every writer reading does."""
-    built = build(replace(manifest, contract=contract, expect=Expect()), folder, hub, reporter, card=False)
+    """Build ``manifest``'s rows under ``contract`` and write them as every writer variant does."""
+    built = build(
+        replace(manifest, contract=contract, expect=Expect()), folder, hub, reporter, card=False
+    )
     written = []
-    with reporter.progress("writer readings tried", total=len(WRITER_READINGS), unit="files") as progress:
+    with reporter.progress(
+        "writer variants tried", total=len(WRITER_VARIANTS), unit="files"
+    ) as progress:
         for file in try_writers(built.parquet, folder):
             written.append(file)
             progress.update(1)
@@ -349,8 +445,10 @@ def describe(explanation: Explanation, manifest: Manifest) -> Iterator[str]:
     tried = f"{explanation.tried} of {explanation.readings} contracts tried"
     for name, layout in explanation.peer_matches:
         hashed = "" if layout == DEFAULT.hash else f" (hash: {layout})"
-        yield f"loss_mask {name} reproduces rows_sha256 {expect.rows_sha256}{hashed}: the rows another tool makes " \
-              f"(ROWS.md, Peer readings); pin it with:"
+        yield (
+            f"loss_mask {name} reproduces rows_sha256 {expect.rows_sha256}{hashed}: the rows another tool makes "
+            f"(ROWS.md, Peer formats); pin it with:"
+        )
         yield f"    loss_mask: {name}"
         yield "    (and in tokenizer: only eos, no stop or prefills)"
     if expect.rows_sha256 is None:
@@ -361,42 +459,54 @@ def describe(explanation: Explanation, manifest: Manifest) -> Iterator[str]:
             yield f"  {_named(contract)}; pin it with:"
             yield from (f"    {line}" for line in pin_lines(contract).splitlines())
         if len(explanation.matches) > 1:
-            yield "  (these readings make the same rows from this source: it holds no conversation on which they " \
-                  "differ)"
+            yield (
+                "  (these readings make the same rows from this source: it holds no conversation on which they "
+                "differ)"
+            )
     elif not explanation.peer_matches:
         yield f"no reading reproduces rows_sha256 {expect.rows_sha256} ({tried})"
     if explanation.ratio_matches and not explanation.reproduced:
-        yield f"readings whose supervised_token_ratio matches {expect.supervised_token_ratio.text}, closest first " \
-              f"({len(explanation.ratio_matches)}):"
+        yield (
+            f"readings whose supervised_token_ratio matches {expect.supervised_token_ratio.text}, closest first "
+            f"({len(explanation.ratio_matches)}):"
+        )
         for contract, ratio in explanation.ratio_matches[:20]:
             yield f"  {ratio:.6f}  {_named(contract)}"
 
 
 def _named(contract: Contract) -> str:
     deviations = contract.deviations()
-    return "the default reading" if not deviations else ", ".join(f"{k}: {v}" for k, v in deviations.items())
+    return (
+        "the default reading"
+        if not deviations
+        else ", ".join(f"{k}: {v}" for k, v in deviations.items())
+    )
 
 
 def describe_writers(written: list[Written] | None, manifest: Manifest) -> Iterator[str]:
-    """What the writer readings say of the pinned file."""
+    """What the writer variants say of the pinned file."""
     expect = manifest.expect
     if written is None:
         yield "writers: not tried: no reading reproduces the pinned rows, and a file's bytes speak only of its rows"
         return
     if expect.parquet_bytes is None:
-        yield "writers: the manifest pins no parquet_bytes; the sizes each writer reading gives:"
+        yield "writers: the manifest pins no parquet_bytes; the sizes each writer variant gives:"
         for w in written:
-            yield f"  {w.bytes:>14,} bytes  {w.reading.name}"
+            yield f"  {w.bytes:>14,} bytes  {w.variant.name}"
         return
     same_size = [w for w in written if w.bytes == expect.parquet_bytes]
     if not same_size:
         closest = sorted(written, key=lambda w: abs(w.bytes - expect.parquet_bytes))[:3]
-        yield f"writers: none of the {len(written)} writer readings gives parquet_bytes {expect.parquet_bytes:,}; " \
-              f"closest: " + "; ".join(f"{w.reading.name} ({w.bytes:,})" for w in closest)
+        yield (
+            f"writers: none of the {len(written)} writer variants gives parquet_bytes {expect.parquet_bytes:,}; "
+            f"closest: " + "; ".join(f"{w.variant.name} ({w.bytes:,})" for w in closest)
+        )
         return
     running = writer_version()
     for w in same_size:
         same_file = w.sha256 == expect.parquet_sha256
-        yield f"writers: {w.reading.name} gives parquet_bytes {w.bytes:,}; parquet_sha256 " + (
-            f"matches too with {running}: pin expect.writer: {running}" if same_file else
-            f"differs with {running} (the pinned file's pyarrow was another: expect.writer names it)")
+        yield f"writers: {w.variant.name} gives parquet_bytes {w.bytes:,}; parquet_sha256 " + (
+            f"matches too with {running}: pin expect.writer: {running}"
+            if same_file
+            else f"differs with {running} (the pinned file's pyarrow was another: expect.writer names it)"
+        )

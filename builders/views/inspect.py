@@ -16,8 +16,10 @@ from pathlib import Path
 import numpy as np
 
 GREEN, MAGENTA, DIM, RESET = "\033[42;30m", "\033[4;35m", "\033[2m", "\033[0m"
-LEGEND = ("legend: ⟦…⟧ supervised (loss_mask 1) · ⏎ the EOS after a conversation · «…» special-token text typed "
-          "inside a message (encoded as that special token) · ⋯ the conversation goes on in the next row")
+LEGEND = (
+    "legend: ⟦…⟧ supervised (loss_mask 1) · ⏎ the EOS after a conversation · «…» special-token text typed "
+    "inside a message (encoded as that special token) · ⋯ the conversation goes on in the next row"
+)
 
 
 @dataclass(frozen=True)
@@ -42,16 +44,32 @@ class View:
     def as_dict(self) -> dict:
         """The view for ``--json``: its title, conversation labels, spans (decoded text, supervised,
         literal special-token text, which conversation) and whether the row ends inside a conversation."""
-        return {"title": self.title, "labels": self.labels, "continues": self.continues,
-                "spans": [{"conversation": s.conversation, "supervised": s.supervised, "literal": s.literal,
-                           "text": s.text} for s in self.spans]}
+        return {
+            "title": self.title,
+            "labels": self.labels,
+            "continues": self.continues,
+            "spans": [
+                {
+                    "conversation": s.conversation,
+                    "supervised": s.supervised,
+                    "literal": s.literal,
+                    "text": s.text,
+                }
+                for s in self.spans
+            ],
+        }
 
     def as_terminal(self, color: bool) -> str:
         """Supervised text on green (or between ⟦ ⟧), literal special-token text underlined (or between « »)."""
+
         def dim(text: str) -> str:
             return f"{DIM}{text}{RESET}" if color else text
 
-        out, current, inside = [self.title, "\n", dim(self.chat_format), "\n", dim(LEGEND)], None, False
+        out, current, inside = (
+            [self.title, "\n", dim(self.chat_format), "\n", dim(LEGEND)],
+            None,
+            False,
+        )
         for span in self.spans:
             if span.conversation != current or span.supervised != inside:
                 if inside and not color:
@@ -76,7 +94,7 @@ class View:
 
     def as_html(self) -> str:
         parts = [
-            "<!doctype html>\n<html><head><meta charset=\"utf-8\">",
+            '<!doctype html>\n<html><head><meta charset="utf-8">',
             f"<title>{html.escape(self.title)}</title>",
             "<style>body{font-family:sans-serif;margin:2em;max-width:70em}"
             ".conv{border-left:4px solid #9ab;margin:1em 0;padding:.3em .8em}"
@@ -85,11 +103,11 @@ class View:
             ".sup{background:#bfe8c6}.eos{color:#c33;font-weight:bold}"
             ".literal{outline:1px dashed #a3a;color:#a3a}.more{color:#777}</style></head><body>",
             f"<h1>{html.escape(self.title)}</h1>",
-            f"<p class=\"label\">{html.escape(self.chat_format)}</p>",
-            "<p><span class=\"sup\">supervised (loss_mask = 1)</span> · plain: not supervised · "
-            "<span class=\"eos\">⏎</span> the EOS after a conversation · "
-            "<span class=\"literal\">&lt;|user|&gt;</span> special-token text typed inside a message "
-            "(encoded as that special token) · <span class=\"more\">⋯</span> continues in the next row</p>",
+            f'<p class="label">{html.escape(self.chat_format)}</p>',
+            '<p><span class="sup">supervised (loss_mask = 1)</span> · plain: not supervised · '
+            '<span class="eos">⏎</span> the EOS after a conversation · '
+            '<span class="literal">&lt;|user|&gt;</span> special-token text typed inside a message '
+            '(encoded as that special token) · <span class="more">⋯</span> continues in the next row</p>',
         ]
         current = None
         for span in self.spans:
@@ -97,15 +115,19 @@ class View:
                 if current is not None:
                     parts.append("</pre></div>")
                 current = span.conversation
-                parts.append(f"<div class=\"conv\"><div class=\"label\">{html.escape(self.labels[current])}</div><pre>")
+                parts.append(
+                    f'<div class="conv"><div class="label">{html.escape(self.labels[current])}</div><pre>'
+                )
             text = html.escape(span.text)
             if not span.literal:
-                text = text.replace(html.escape(self.eos), f"<span class=\"eos\">⏎{html.escape(self.eos)}</span>")
+                text = text.replace(
+                    html.escape(self.eos), f'<span class="eos">⏎{html.escape(self.eos)}</span>'
+                )
             else:
-                text = f"<span class=\"literal\" title=\"typed inside a message\">{text}</span>"
-            parts.append(f"<span class=\"sup\">{text}</span>" if span.supervised else text)
+                text = f'<span class="literal" title="typed inside a message">{text}</span>'
+            parts.append(f'<span class="sup">{text}</span>' if span.supervised else text)
         if self.continues:
-            parts.append("<span class=\"more\"> ⋯ (continues in the next row)</span>")
+            parts.append('<span class="more"> ⋯ (continues in the next row)</span>')
         parts.append("</pre></div></body></html>\n")
         return "".join(parts)
 
@@ -129,15 +151,23 @@ def inspect_row(manifest, hub, file: Path, row_index: int) -> View:
         end = starts[k + 1] if k + 1 < len(starts) else len(ids)
         part, part_literal = _conversation(encoder, source, index)
         offset = _offset(part, ids[start:end], first=k == 0, last=k == len(starts) - 1)
-        literal[start:end] = part_literal[offset:offset + end - start]
+        literal[start:end] = part_literal[offset : offset + end - start]
         continued |= k == 0 and offset > 0
         continues |= k == len(starts) - 1 and offset + end - start < len(part)
-    labels = [f"source row {index} (id {id_}){' (continued from an earlier row)' if k == 0 and continued else ''}"
-              for k, (index, id_) in enumerate(zip(indices or [None], row.get("source_id") or [None]))]
+    labels = [
+        f"source row {index} (id {id_}){' (continued from an earlier row)' if k == 0 and continued else ''}"
+        for k, (index, id_) in enumerate(zip(indices or [None], row.get("source_id") or [None]))
+    ]
     supervised = int(np.count_nonzero(mask))
     title = f"row {row['index']}: {len(ids):,} tokens, {supervised:,} supervised ({supervised / max(1, len(ids)):.1%})"
-    return View(title, labels, _spans(encoder.tokenizer, ids, mask, literal, starts), continues, encoder.format.eos,
-                format_line(encoder.format.describe()))
+    return View(
+        title,
+        labels,
+        _spans(encoder.tokenizer, ids, mask, literal, starts),
+        continues,
+        encoder.format.eos,
+        format_line(encoder.format.describe()),
+    )
 
 
 def inspect_source(manifest, hub, index: int) -> View:
@@ -151,16 +181,26 @@ def inspect_source(manifest, hub, index: int) -> View:
     (ids, mask), literal = _conversation(encoder, source, index, with_mask=True)
     supervised = int(np.count_nonzero(mask))
     title = f"source row {index} (id {row['id']}): {len(ids):,} tokens with EOS, {supervised:,} supervised"
-    return View(title, [f"source row {index} (id {row['id']})"], _spans(encoder.tokenizer, ids, mask, literal, [0]),
-                False, encoder.format.eos, format_line(encoder.format.describe()))
+    return View(
+        title,
+        [f"source row {index} (id {row['id']})"],
+        _spans(encoder.tokenizer, ids, mask, literal, [0]),
+        False,
+        encoder.format.eos,
+        format_line(encoder.format.describe()),
+    )
 
 
 def format_line(described: dict) -> str:
     """The chat format and its main inputs, as a view's second line."""
     keys = ("chat_template", "eos", "stop", "prefills", "render_date")
     return f"loss_mask {described['loss_mask']}: " + "; ".join(
-        f"{key} {described[key]!r}" if isinstance(described[key], str) else f"{key} {described[key]}"
-        for key in keys if described.get(key) not in (None, [], {}))
+        f"{key} {described[key]!r}"
+        if isinstance(described[key], str)
+        else f"{key} {described[key]}"
+        for key in keys
+        if described.get(key) not in (None, [], {})
+    )
 
 
 def _pinned(manifest, hub):
@@ -180,18 +220,24 @@ def _conversation(encoder, source, index: int, with_mask: bool = False):
     (annotated,) = encoder.annotate([row], (encoder.contract.mask_rule,))
     materialized = encoder.materialize(annotated, encoder.contract)
     if materialized is None:
-        raise UsageError(f"inspect: source row {index} is left out of the stream by mask_rule "
-                         f"{encoder.contract.mask_rule} (no answer header found)")
+        raise UsageError(
+            f"inspect: source row {index} is left out of the stream by mask_rule "
+            f"{encoder.contract.mask_rule} (no answer header found)"
+        )
     ids, mask = with_eos(*materialized, encoder.eos_id, encoder.contract)
     special = np.isin(annotated.ids, list(encoder.tokenizer.get_added_tokens_decoder()))
     literal = np.zeros(len(ids), dtype=bool)
-    literal[_plain_offset(encoder):][:len(annotated.ids)] = annotated.message_text & special
+    literal[_plain_offset(encoder) :][: len(annotated.ids)] = annotated.message_text & special
     return ((ids, mask) if with_mask else ids), literal
 
 
 def _plain_offset(encoder) -> int:
     """Where the text's own tokens begin in a conversation's ids (after what a post-processor puts first)."""
-    return len(encoder.vocab.post_processor_wrap()[0]) if encoder.contract.encode == "add-special" else 0
+    return (
+        len(encoder.vocab.post_processor_wrap()[0])
+        if encoder.contract.encode == "add-special"
+        else 0
+    )
 
 
 def _offset(conversation: np.ndarray, segment: np.ndarray, first: bool, last: bool) -> int:
@@ -200,13 +246,23 @@ def _offset(conversation: np.ndarray, segment: np.ndarray, first: bool, last: bo
         return 0  # a conversation that starts in this row
     if not last:
         return len(conversation) - len(segment)  # one that ends in this row
-    matches = [k for k in range(len(conversation) - len(segment) + 1)
-               if np.array_equal(conversation[k:k + len(segment)], segment)]
+    matches = [
+        k
+        for k in range(len(conversation) - len(segment) + 1)
+        if np.array_equal(conversation[k : k + len(segment)], segment)
+    ]
     return matches[0] if matches else 0
 
 
-def _spans(tokenizer, ids: np.ndarray, mask: np.ndarray, literal: np.ndarray, starts: list[int]) -> list[Span]:
-    change = np.flatnonzero((np.diff(mask.astype(np.int8)) != 0) | (np.diff(literal.astype(np.int8)) != 0)) + 1
+def _spans(
+    tokenizer, ids: np.ndarray, mask: np.ndarray, literal: np.ndarray, starts: list[int]
+) -> list[Span]:
+    change = (
+        np.flatnonzero(
+            (np.diff(mask.astype(np.int8)) != 0) | (np.diff(literal.astype(np.int8)) != 0)
+        )
+        + 1
+    )
     bounds = sorted(set(starts) | {len(ids)} | {int(i) for i in change})
     spans, segment = [], 0
     for begin, end in zip(bounds, bounds[1:]):

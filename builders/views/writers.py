@@ -1,10 +1,10 @@
-"""Writer readings: the ways a published row file might have been written (``explain --writer``).
+"""Writer variants: the ways a published row file might have been written (``explain --writer``).
 
 A parquet file's size is a fingerprint of how it was written: the writer, its column types,
 compression, encodings and row groups. It hardly depends on the pyarrow version (the version
 appears in the footer as ``parquet-cpp-arrow version X.Y.Z``, the same length for every release
 with two-digit major and one-digit minor and patch numbers), while the file's sha256 does. So a
-writer reading that gives the pinned ``parquet_bytes`` names the writer; one that also gives the
+writer variant that gives the pinned ``parquet_bytes`` names the writer; one that also gives the
 pinned ``parquet_sha256`` names the pyarrow version too, and ``expect.writer`` can be pinned.
 
 The set tried: this project's writer (``builders.rows.rowfile``: zstd level 3, no dictionary, no
@@ -30,8 +30,10 @@ MASK_TYPES = {"uint8": pa.uint8(), "int8": pa.int8(), "int64": pa.int64(), "bool
 
 
 @dataclass(frozen=True)
-class WriterReading:
-    writer: str  # "fixed-sft", "pyarrow" (write_table's defaults) or "datasets" (Dataset.to_parquet)
+class WriterVariant:
+    writer: (
+        str  # "fixed-sft", "pyarrow" (write_table's defaults) or "datasets" (Dataset.to_parquet)
+    )
     ids: str
     mask: str
     metadata: bool
@@ -44,47 +46,59 @@ class WriterReading:
         return f"{self.writer}, input_ids {self.ids}, loss_mask {self.mask}, {metadata} metadata"
 
 
-READINGS = [WriterReading("fixed-sft", "int32", "uint8", True)] + [
-    WriterReading(writer, ids, mask, metadata) for writer in ("pyarrow", "datasets") for ids in ID_TYPES
-    for mask in MASK_TYPES for metadata in (True, False)]
+VARIANTS = [WriterVariant("fixed-sft", "int32", "uint8", True)] + [
+    WriterVariant(writer, ids, mask, metadata)
+    for writer in ("pyarrow", "datasets")
+    for ids in ID_TYPES
+    for mask in MASK_TYPES
+    for metadata in (True, False)
+]
 
 
 @dataclass(frozen=True)
 class Written:
-    reading: WriterReading
+    variant: WriterVariant
     bytes: int
     sha256: str
 
     def as_dict(self, expect) -> dict:
-        """For --json: the reading, the file's figures, and whether they are ``expect``'s (None: not pinned)."""
+        """For --json: the variant, the file's figures, and whether they are ``expect``'s (None: not pinned)."""
         pinned_bytes, pinned_sha = expect.parquet_bytes, expect.parquet_sha256
-        return {"writer": self.reading.writer, "input_ids": self.reading.ids, "loss_mask": self.reading.mask,
-                "metadata": self.reading.metadata, "parquet_bytes": self.bytes, "parquet_sha256": self.sha256,
-                "bytes_match": None if pinned_bytes is None else self.bytes == pinned_bytes,
-                "sha256_match": None if pinned_sha is None else self.sha256 == pinned_sha}
+        return {
+            "writer": self.variant.writer,
+            "input_ids": self.variant.ids,
+            "loss_mask": self.variant.mask,
+            "metadata": self.variant.metadata,
+            "parquet_bytes": self.bytes,
+            "parquet_sha256": self.sha256,
+            "bytes_match": None if pinned_bytes is None else self.bytes == pinned_bytes,
+            "sha256_match": None if pinned_sha is None else self.sha256 == pinned_sha,
+        }
 
 
 def try_writers(built: Path, folder: Path) -> Iterator[Written]:
-    """Write the rows of ``built`` (a file this project wrote) as each writer reading does, one at a time."""
+    """Write the rows of ``built`` (a file this project wrote) as each writer variant does, one at a time."""
     table = pq.read_table(built)
     sha256, size = file_digest(built)
-    yield Written(READINGS[0], size, sha256)
-    for number, reading in enumerate(READINGS[1:], 1):
+    yield Written(VARIANTS[0], size, sha256)
+    for number, variant in enumerate(VARIANTS[1:], 1):
         path = folder / f"writer-{number}.parquet"
-        variant = _variant(table, reading)
-        if reading.writer == "pyarrow":
-            pq.write_table(variant, path)
+        written = _written_table(table, variant)
+        if variant.writer == "pyarrow":
+            pq.write_table(written, path)
         else:
-            _datasets_to_parquet(variant, path)
+            _datasets_to_parquet(written, path)
         sha256, size = file_digest(path)
         path.unlink()
-        yield Written(reading, size, sha256)
+        yield Written(variant, size, sha256)
 
 
-def _variant(table: pa.Table, reading: WriterReading) -> pa.Table:
-    columns = {"input_ids": table.column("input_ids").cast(pa.list_(ID_TYPES[reading.ids])),
-               "loss_mask": table.column("loss_mask").cast(pa.list_(MASK_TYPES[reading.mask]))}
-    if reading.metadata:
+def _written_table(table: pa.Table, variant: WriterVariant) -> pa.Table:
+    columns = {
+        "input_ids": table.column("input_ids").cast(pa.list_(ID_TYPES[variant.ids])),
+        "loss_mask": table.column("loss_mask").cast(pa.list_(MASK_TYPES[variant.mask])),
+    }
+    if variant.metadata:
         columns["metadata"] = table.column("metadata")
     return pa.table(columns)
 

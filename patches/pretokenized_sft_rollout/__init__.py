@@ -59,6 +59,8 @@ def _reader(prompt_data: str) -> RowReader:
 def _row_index(sample, reader: RowReader) -> int:
     metadata = sample.metadata or {}
     if "row_index" not in metadata:
-        raise ValueError(f"a sample from {reader.path} has no metadata.row_index: pass --metadata-key metadata "
-                         f"and a file built by fixed-SFT")
+        raise ValueError(
+            f"a sample from {reader.path} has no metadata.row_index: pass --metadata-key metadata "
+            f"and a file built by fixed-SFT"
+        )
     return int(metadata["row_index"])
