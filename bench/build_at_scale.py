@@ -2,8 +2,10 @@
 """The builder at recipe scale against its floors, in one run.
 
     pip install -r bench/requirements.txt
-    python bench/build_at_scale.py                 # full scale: 939,343 conversations, 6,400 rows of 8,192
-    python bench/build_at_scale.py --scale 0.01 --rows 40    # a smoke run (its results go to bench/.cache)
+    # full scale: 939,343 conversations, 6,400 rows of 8,192
+    python bench/build_at_scale.py
+    # a smoke run (its results go to bench/.cache)
+    python bench/build_at_scale.py --scale 0.01 --rows 40
     python bench/build_at_scale.py --workers 1,2,4,8,16 --engines fastokens --profile
 
 It lays out (once, in --cache) a GLM-scale tokenizer with the pinned chat template and a
@@ -65,7 +67,8 @@ texts = [renderer.render(normalize_messages(row["messages"])) for row in rows]
 started = time.perf_counter()
 encodings = pinned.tokenizer.encode_batch_fast(texts, add_special_tokens=False)
 seconds = time.perf_counter() - started
-print(json.dumps({"seconds": seconds, "tokens": sum(len(e.ids) for e in encodings), "conversations": len(texts)}))
+tokens = sum(len(e.ids) for e in encodings)
+print(json.dumps({"seconds": seconds, "tokens": tokens, "conversations": len(texts)}))
 """
 
 DECODE_FLOOR = """
@@ -89,8 +92,10 @@ from builders.rows.order import permutation
 from builders.inputs.pinned import Hub, open_source, resolve
 manifest = load_manifest(sys.argv[1])
 snapshots = resolve(manifest, Hub())
-tok = PreTrainedTokenizerFast(tokenizer_file=str(snapshots.tokenizer / "tokenizer.json"),
-                              chat_template=(snapshots.tokenizer / "chat_template.jinja").read_text())
+tok = PreTrainedTokenizerFast(
+    tokenizer_file=str(snapshots.tokenizer / "tokenizer.json"),
+    chat_template=(snapshots.tokenizer / "chat_template.jinja").read_text(),
+)
 source = open_source(manifest, snapshots)
 rows = source.take(permutation(manifest.seed, source.num_rows)[:int(sys.argv[2])]).to_pylist()
 prefix = len(tok.apply_chat_template([{"role": "user", "content": ""}], tokenize=True)) - 1
@@ -147,7 +152,8 @@ def build(
         "source_reading": report["source_reading"],
         "timings": report["timings"],
     }
-    if profile:  # once more, under py-spy: the main process's CPU by stage (not timed: the sampler costs CPU)
+    # once more, under py-spy: the main process's CPU by stage (not timed: the sampler costs CPU)
+    if profile:
         spied = child(CLI, *command, hf_home=hf_home, run=profiled)
         measured["profiled_main_cpu_s"] = round(spied["main_cpu_s"], 2)
         measured["main_cpu_by_stage_s"] = {
@@ -159,7 +165,10 @@ def build(
 
 
 def whole_source_rows(manifest: Path, out: Path, hf_home: Path) -> int:
-    """How many rows the whole source makes: a build asked for too many says how far it got."""
+    """How many rows the whole source makes.
+
+    A build asked for too many says how far it got.
+    """
     probe = child(
         CLI, "--manifest", str(manifest), "--out", str(out), "-q", "--no-card", hf_home=hf_home
     )
@@ -174,7 +183,8 @@ def options(parser) -> None:
         "--workers",
         type=lambda text: text.split(","),
         default=["1", "2"],
-        help="worker counts to build with, comma-separated (auto: the builder's choice); default 1,2",
+        help="worker counts to build with, comma-separated (auto: the builder's choice); "
+        "default 1,2",
     )
     parser.add_argument(
         "--engines",
@@ -236,7 +246,8 @@ def main() -> None:
         whole_manifest, args.cache / "out" / "whole", hf_home, args.engines[0], args.workers[0]
     )
     print(
-        f"  whole source ({quarter['dataset_rows']} conversations, {rows} rows): {whole['seconds']} s",
+        f"  whole source ({quarter['dataset_rows']} conversations, {rows} rows): "
+        f"{whole['seconds']} s",
         file=sys.stderr,
         flush=True,
     )
@@ -288,7 +299,8 @@ def main() -> None:
         "source_conversations": int(facts["dataset_rows"]),
     }
     print(
-        f"\n{'engine':<11} {'workers':>7} {'seconds':>8} {'× tok floor':>11} {'× decode floor':>14} "
+        f"\n{'engine':<11} {'workers':>7} {'seconds':>8} {'× tok floor':>11} "
+        f"{'× decode floor':>14} "
         f"{'main CPU':>8} {'workers CPU':>11} {'main share':>10} {'cores busy':>10} "
         f"{'RSS MiB':>8} {'worker RSS':>10} {'cross-checked':>13}  rows_sha256"
     )
@@ -300,15 +312,18 @@ def main() -> None:
         )
         print(
             f"{b['engine']:<11} {workers:>7} {b['seconds']:>8} "
-            f"{b['seconds'] / tokenizer_floor['seconds']:>11.3f} {b['seconds'] / decode_floor['seconds']:>14.2f} "
-            f"{b['main_cpu_s']:>8} {b['workers_cpu_s']:>11} {b['main_cpu_share']:>10.1%} {b['cores_busy']:>10} "
-            f"{b['main_peak_rss_mib']:>8} {b['worker_peak_rss_mib'] or '-':>10} {b['cross_checked']:>13}  "
+            f"{b['seconds'] / tokenizer_floor['seconds']:>11.3f} "
+            f"{b['seconds'] / decode_floor['seconds']:>14.2f} "
+            f"{b['main_cpu_s']:>8} {b['workers_cpu_s']:>11} {b['main_cpu_share']:>10.1%} "
+            f"{b['cores_busy']:>10} "
+            f"{b['main_peak_rss_mib']:>8} {b['worker_peak_rss_mib'] or '-':>10} "
+            f"{b['cross_checked']:>13}  "
             f"{b['rows_sha256'][:16]}"
         )
     if args.profile:
         print(
-            "\nthe main process's CPU seconds by stage (a second run of each build: its CPU time split by the "
-            "shares of py-spy's samples):"
+            "\nthe main process's CPU seconds by stage "
+            "(a second run of each build: its CPU time split by the shares of py-spy's samples):"
         )
         names = list(dict.fromkeys(stage for b in builds for stage in b["main_cpu_by_stage_s"]))
         print(
@@ -326,23 +341,28 @@ def main() -> None:
         )
     print(
         f"\ntokenizer floor (encode_batch_fast of the {consumed:,} consumed conversations' texts, "
-        f"{tokenizer_floor['tokens']:,} tokens): {tokenizer_floor['seconds']:.2f} s; source-decode floor (messages "
-        f"column of every shard): {decode_floor['seconds']:.2f} s; same rows for every engine and worker count: "
+        f"{tokenizer_floor['tokens']:,} tokens): {tokenizer_floor['seconds']:.2f} s; "
+        f"source-decode floor (messages column of every shard): {decode_floor['seconds']:.2f} s; "
+        f"same rows for every engine and worker count: "
         f"{summary['same_rows']}"
     )
     print(
-        f"whole source: {whole['conversations']:,} conversations into {rows:,} rows in {whole['seconds']} s, "
-        f"{per_conversation['whole_source_ms']} ms per conversation against {per_conversation['rows_build_ms']} ms "
+        f"whole source: {whole['conversations']:,} conversations into {rows:,} rows "
+        f"in {whole['seconds']} s, "
+        f"{per_conversation['whole_source_ms']} ms per conversation "
+        f"against {per_conversation['rows_build_ms']} ms "
         f"({summary['cost_per_consumed_conversation']['whole_over_rows_build']}×), peak RSS "
         f"{whole['main_peak_rss_mib']} MiB"
     )
     print(
-        f"naive per-message apply_chat_template masking: ~{summary['naive_seconds_estimated']} s for the same "
-        f"conversations, {summary['naive_over_build']}× the build"
+        f"naive per-message apply_chat_template masking: "
+        f"~{summary['naive_seconds_estimated']} s for the same conversations, "
+        f"{summary['naive_over_build']}× the build"
     )
     print(
-        f"machine: {os.cpu_count()} cores, idle (other processes below {IDLE_BUSY:.0%} of the CPUs before every "
-        f"build): {summary['machine']['idle']} (busy: {', '.join(f'{b:.1%}' for b in loads)})"
+        f"machine: {os.cpu_count()} cores, idle "
+        f"(other processes below {IDLE_BUSY:.0%} of the CPUs before every build): "
+        f"{summary['machine']['idle']} (busy: {', '.join(f'{b:.1%}' for b in loads)})"
     )
     write_results(results, {"builds": builds, "summary": summary})
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""The recipe-scale builds with the given worker counts and the encode floor, nothing else: the
-short part of bench/build_at_scale.py, for a host lent briefly (about 3 minutes with the inputs'
-lay-out on 16 cores).
+"""Recipe-scale builds at given worker counts, and the encode floor.
+
+Nothing else: the short part of bench/build_at_scale.py, for a host lent briefly (about 3 minutes
+with the inputs' lay-out on 16 cores).
 
     FIXED_SFT_SHARED=../shared python bench/default_vs_floor.py auto 1
 

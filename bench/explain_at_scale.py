@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
-"""``explain`` at recipe scale: how long the search over the contract's readings takes.
+"""``explain`` at recipe scale: how long its search over readings takes.
 
-    python bench/explain_at_scale.py                          # 6,400 rows of 8,192 from 939,343 conversations
-    python bench/explain_at_scale.py --scale 0.01 --rows 40   # a smoke run (its results go to bench/.cache)
+The search is over the contract's readings.
+
+    # 6,400 rows of 8,192 from 939,343 conversations
+    python bench/explain_at_scale.py
+    # a smoke run (its results go to bench/.cache)
+    python bench/explain_at_scale.py --scale 0.01 --rows 40
 
 On the inputs of bench/build_at_scale.py (laid out once in --cache), with the tokenizer given a
 GLM-4-style post-processor (``[gMASK]<sop>``) so that ``encode: add-special`` is a reading of its
@@ -18,8 +22,8 @@ own and the search is as large as it gets, it
 4. runs ``explain --writer`` on a manifest pinning a default build's figures (rows found at the
    first reading, then rebuilt and written by every writer variant).
 
-Results: bench/explain_at_scale.json for the full-scale run, bench/.cache/explain_at_scale.smoke.json
-for any other.
+Results: bench/explain_at_scale.json for the full-scale run,
+bench/.cache/explain_at_scale.smoke.json for any other.
 """
 
 from __future__ import annotations
@@ -44,7 +48,10 @@ GMASK_REPO = "bench/glm-scale-tokenizer-gmask"
 
 
 def gmask_tokenizer(hf_home: Path, facts: dict) -> dict:
-    """The bench tokenizer with a GLM-4-style post-processor, laid out as a repo of its own."""
+    """The bench tokenizer with a GLM-4-style post-processor.
+
+    Laid out as a repo of its own.
+    """
     import hashlib
 
     folder = hf_home / "hub" / f"models--{facts['tokenizer_repo'].replace('/', '--')}" / "snapshots"
@@ -177,18 +184,25 @@ def main() -> None:
             f"{name:<14} {run_['seconds']:>7} s  peak RSS {run_['main_peak_rss_mib']:>6} MiB  "
             f"{run_['tried']:>5} of {run_['readings']} contracts tried  matches: {run_['matches']}"
         )
+    sizes_from = [
+        w["writer"] + " " + w["input_ids"] + " " + w["loss_mask"]
+        for w in writer_run["bytes_matches"]
+    ]
     print(
-        f"explain --writer {writer_run['seconds']:>7} s  peak RSS {writer_run['main_peak_rss_mib']:>6} MiB  "
-        f"{writer_run['files']} files, {len(writer_run['sizes'])} sizes; the default build's size from: "
-        f"{[w['writer'] + ' ' + w['input_ids'] + ' ' + w['loss_mask'] for w in writer_run['bytes_matches']]}"
+        f"explain --writer {writer_run['seconds']:>7} s  "
+        f"peak RSS {writer_run['main_peak_rss_mib']:>6} MiB  "
+        f"{writer_run['files']} files, {len(writer_run['sizes'])} sizes; "
+        f"the default build's size from: {sizes_from}"
     )
     print(
-        f"the pinned reading {PINNED} found: {summary['found_the_pinned_reading']}; build under it: "
+        f"the pinned reading {PINNED} found: {summary['found_the_pinned_reading']}; "
+        f"build under it: "
         f"{summary['build_seconds']} s"
     )
     print(
-        f"machine: {os.cpu_count()} cores, idle (other processes below {IDLE_BUSY:.0%} of the CPUs before every "
-        f"run): {summary['machine']['idle']} (busy: {', '.join(f'{b:.1%}' for b in loads)})"
+        f"machine: {os.cpu_count()} cores, idle "
+        f"(other processes below {IDLE_BUSY:.0%} of the CPUs before every run): "
+        f"{summary['machine']['idle']} (busy: {', '.join(f'{b:.1%}' for b in loads)})"
     )
     write_results(results, summary)
 

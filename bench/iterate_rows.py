@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Peak memory and speed of iterating a built row file with builders.rows.RowReader.
+"""Peak memory and speed of iterating a built row file.
 
-    python bench/iterate_rows.py [--rows 1000 4000] [--row-tokens 8192] [--json bench/iterate_rows.json]
+    python bench/iterate_rows.py [--rows 1000 4000] [--row-tokens 8192]
+                                 [--json bench/iterate_rows.json]
 
-For each size it writes a row file of random tokens with the builder's writer, then iterates it
-in a fresh process (so peak RSS is that of iterating alone) and reports the file size, the
-peak RSS over the interpreter's baseline, and rows/s. Memory should not grow with the file.
+For each size it writes a row file of random tokens with the builder's writer, then iterates it with
+builders.rows.RowReader in a fresh process (so peak RSS is that of iterating alone) and reports the
+file size, the peak RSS over the interpreter's baseline, and rows/s. Memory should not grow with the
+file.
 """
 
 from __future__ import annotations
@@ -95,7 +97,8 @@ def main() -> None:
     print(f"{'rows':>6} {'file MiB':>9} {'peak RSS MiB':>13} {'growth MiB':>11} {'rows/s':>8}")
     for r in results:
         print(
-            f"{r['rows']:>6} {r['file_mib']:>9} {r['peak_rss_mib']:>13} {r['iteration_growth_mib']:>11} "
+            f"{r['rows']:>6} {r['file_mib']:>9} {r['peak_rss_mib']:>13} "
+            f"{r['iteration_growth_mib']:>11} "
             f"{r['rows_per_s']:>8}"
         )
     if args.json:

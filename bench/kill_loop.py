@@ -1,4 +1,6 @@
-"""Kill a worker of a ``--workers 2`` build at a random moment, many times, and count how builds end.
+"""Kill a ``--workers 2`` build's worker, many times: how builds end.
+
+Each time at a random moment; the outcomes are counted.
 
 Each run starts the build as a user does (``data/generate_fixed_sft.py``), waits for its first
 worker process, sleeps a random time within the first three quarters of the workers' lifetime
@@ -8,7 +10,8 @@ documented message, nothing left in the output folder, no worker left running; t
 says whether the worker was still starting), anything else by its exit code, ``hang`` (still
 running at the timeout; then it is killed), ``finished before the kill`` (the moment fell after
 the workers' end), and ``exit 0, the same file`` (byte for byte as the build left alone: the
-worker was killed when the build no longer needed it, having returned every batch the rows took). Usage:
+worker was killed when the build no longer needed it, having returned every batch the rows took).
+Usage:
 
     .venv/bin/python bench/kill_loop.py --runs 50 --fixture-cache .fixture-cache
     HF_HOME=DIR HF_HUB_OFFLINE=1 .venv/bin/python bench/kill_loop.py --manifest DIR/NAME.yaml
@@ -32,7 +35,10 @@ CLI = REPO / "data" / "generate_fixed_sft.py"
 
 
 def workers_of(pid: int) -> list[int]:
-    """The build's worker processes (``python -c ... builders.encode.worker ...``)."""
+    """The build's worker processes.
+
+    They are ``python -c ... builders.encode.worker ...``.
+    """
     children = Path(f"/proc/{pid}/task/{pid}/children")
     try:
         pids = [int(p) for p in children.read_text().split()]
@@ -74,7 +80,10 @@ def first_workers(process: subprocess.Popen, timeout: float) -> list[int]:
 
 
 def left_alone(args) -> tuple[float, bytes]:
-    """Seconds from the first worker seen to the last one's end in a build left alone, and its file."""
+    """The workers' lifetime in a build left alone, and its file.
+
+    The lifetime is the seconds from the first worker seen to the last one's end.
+    """
     with tempfile.TemporaryDirectory(prefix="kill-loop-") as out:
         process = start(args, Path(out))
         if not first_workers(process, args.timeout):
@@ -100,7 +109,8 @@ def one_run(args, rng: random.Random, window: float, expected: bytes) -> tuple[s
             process.communicate()
             return "finished before the kill", None
         seen = set(alive)
-        if not _kill(victim):  # it had exited: the build was past its workers
+        # it had exited: the build was past its workers
+        if not _kill(victim):
             process.communicate()
             return "finished before the kill", None
         killed = time.monotonic()
@@ -138,13 +148,15 @@ def one_run(args, rng: random.Random, window: float, expected: bytes) -> tuple[s
             and files[0].read_bytes() == expected
         ):
             return (
-                "exit 0, the same file as the build left alone: the worker was killed after its last batch",
+                "exit 0, the same file as the build left alone: "
+                "the worker was killed after its last batch",
                 took,
             )
         lines = stderr.strip().splitlines()
         detail = (
             f" ({len(lines)} stderr lines, last: {lines[-1][:100] if lines else ''!r}"
-            f"{', left ' + ', '.join(left) if left else ''}{', workers left running' if survivors else ''})"
+            f"{', left ' + ', '.join(left) if left else ''}"
+            f"{', workers left running' if survivors else ''})"
         )
         return f"exit {process.returncode}{detail}", took
 
@@ -188,7 +200,8 @@ def main() -> None:
     args = p.parse_args()
     window, expected = left_alone(args)
     print(
-        f"workers live {window:.2f} s in a build of {args.manifest or args.build} left alone; each run kills one "
+        f"workers live {window:.2f} s in a build of {args.manifest or args.build} left alone; "
+        f"each run kills one "
         f"at a random moment in its first three quarters (seed {args.seed})",
         flush=True,
     )
@@ -208,7 +221,8 @@ def main() -> None:
         print(f"  {count:>3}  {outcome}")
     if times:
         print(
-            f"seconds from the kill to the exit: median {sorted(times)[len(times) // 2]:.2f}, max {max(times):.2f}"
+            f"seconds from the kill to the exit: median {sorted(times)[len(times) // 2]:.2f}, "
+            f"max {max(times):.2f}"
         )
 
 

@@ -1,4 +1,7 @@
-"""What the benchmarks share: a command run in a fresh process, and whether the machine is idle."""
+"""What the benchmarks share.
+
+A command run in a fresh process, and whether the machine is idle.
+"""
 
 from __future__ import annotations
 
@@ -12,15 +15,18 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 FULL_SCALE, FULL_ROWS = 1.0, 6400
-IDLE_BUSY = 0.05  # share of the CPUs used by other processes below which the machine counts as idle
+# share of the CPUs used by other processes below which the machine counts as idle
+IDLE_BUSY = 0.05
 
-# a child program's own peak RSS: VmHWM starts at exec, where ru_maxrss keeps what the forking parent had
+# a child program's own peak RSS: VmHWM starts at exec, where ru_maxrss keeps what the forking
+# parent had
 PEAK_RSS = """
 def peak_rss_mib():
     return int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) / 1024
 """
 
-# the command line, as users run it, timed in its own process; the last stdout line is the measurement
+# the command line, as users run it, timed in its own process; the last stdout line is the
+# measurement
 CLI = (
     PEAK_RSS
     + """
@@ -31,18 +37,23 @@ before = resource.getrusage(resource.RUSAGE_SELF)
 started = time.perf_counter()
 code = main()
 elapsed = time.perf_counter() - started
-own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+own = resource.getrusage(resource.RUSAGE_SELF)
+children = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"exit": code, "seconds": elapsed,
                   "main_cpu_s": own.ru_utime + own.ru_stime - before.ru_utime - before.ru_stime,
                   "workers_cpu_s": children.ru_utime + children.ru_stime,
-                  "main_peak_rss_mib": peak_rss_mib(), "worker_peak_rss_mib": children.ru_maxrss / 1024}))
+                  "main_peak_rss_mib": peak_rss_mib(),
+                  "worker_peak_rss_mib": children.ru_maxrss / 1024}))
 """
 )
 
 
 def child(code: str, *args: str, hf_home: Path, run=None) -> dict:
-    """Run ``code`` in a fresh process, offline from ``hf_home``; its last stdout line is JSON.
-    ``run(command, env, cwd)`` runs it another way (under a profiler) and returns (its result, more JSON)."""
+    """Run ``code`` in a fresh process, offline from ``hf_home``.
+
+    Its last stdout line is JSON. ``run(command, env, cwd)`` runs it another way (under a profiler)
+    and returns (its result, more JSON).
+    """
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
     command, more = [sys.executable, "-c", code, *args], {}
     if run is None:
@@ -56,18 +67,25 @@ def child(code: str, *args: str, hf_home: Path, run=None) -> dict:
 
 
 def write_results(path: Path, results: dict) -> None:
-    """Write a benchmark's results as JSON at ``path`` (its folder made) and say where."""
+    """Write a benchmark's results as JSON at ``path`` and say where.
+
+    The folder is made.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2) + "\n")
     print(f"results: {path}")
 
 
 def busy(seconds: float = 2.0) -> float:
-    """The share of all CPUs busy during ``seconds`` (this process sleeps: the rest is others' work)."""
+    """The share of all CPUs busy during ``seconds``.
+
+    This process sleeps: the rest is others' work.
+    """
 
     def ticks():
         fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-        return sum(fields), fields[3] + fields[4]  # all, idle + iowait
+        # all, idle + iowait
+        return sum(fields), fields[3] + fields[4]
 
     total, idle = ticks()
     time.sleep(seconds)
@@ -78,9 +96,13 @@ def busy(seconds: float = 2.0) -> float:
 def scale_options(
     doc: str, name: str, rows_help: str, more=None
 ) -> tuple[argparse.Namespace, Path, bytes]:
-    """A scale benchmark's options (--scale, --rows, --cache, and what ``more(parser)`` adds), where its
-    results go (bench/NAME.json for the full-scale run, bench/.cache/NAME.smoke.json for any other, so
-    a smoke run never overwrites committed results) and the pinned chat template it renders with."""
+    """A scale benchmark's options, where its results go, and its template.
+
+    The options are --scale, --rows, --cache, and what ``more(parser)`` adds; the results go to
+    bench/NAME.json for the full-scale run, bench/.cache/NAME.smoke.json for any other, so a smoke
+    run never overwrites committed results; the template is the pinned chat template it renders
+    with.
+    """
     from builders.fixture.make import PINNED_TEMPLATE, shared_dir
 
     parser = argparse.ArgumentParser(

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""How fast the peer formats encode, against the peers' own way (one transformers call per message).
+"""How fast the peer formats encode, against the peers' own way.
 
     python bench/peers_speed.py [--conversations 2000] [--reference 200]
 
-Qwen's BPE with trl's Qwen3 template (``hf-generation``: its ``qwen3_training`` variant), seeded
-synthetic conversations (``builders.fixture.conversations.synthetic``). For each peer format it
-times ``encode_all`` over the conversations in batches of 256, and ``tests/peer_reference.py``
-(miles' calls transcribed / ``apply_chat_template``) over the first ``--reference`` of them, and
-checks that both give the same ids and masks there. Prints one JSON line of conversations per second.
+The peers' own way is one transformers call per message. Qwen's BPE with trl's Qwen3 template
+(``hf-generation``: its ``qwen3_training`` variant), seeded synthetic conversations
+(``builders.fixture.conversations.synthetic``). For each peer format it times ``encode_all`` over
+the conversations in batches of 256, and ``tests/peer_reference.py`` (miles' calls transcribed /
+``apply_chat_template``) over the first ``--reference`` of them, and checks that both give the same
+ids and masks there. Prints one JSON line of conversations per second.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def main() -> None:
             theirs = time.perf_counter() - started
             same = all(
                 ids.tolist() == e[0] and mask.tolist() == e[1]
-                for (ids, mask), e in zip(encoded, expected)
+                for (ids, mask), e in zip(encoded[: len(expected)], expected, strict=True)
             )
             out[name] = {
                 "ours_per_s": round(len(conversations) / ours, 1),

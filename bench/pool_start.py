@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""A pool's time from its start-up message to every worker ready, on the recipe-scale bench inputs.
+"""A pool's time from its start-up message to every worker ready.
 
-    .venv/bin/python bench/pool_start.py 2      # two workers (inputs of bench/build_at_scale.py in bench/.cache)
+On the recipe-scale bench inputs (those of bench/build_at_scale.py, in bench/.cache):
+
+    .venv/bin/python bench/pool_start.py 2      # two workers
 
 Twice: with the message sent at once (the workers still importing) and 4 s after the pool was
 entered (their interpreters up, as in a build whose inputs take that long to open). Prints the
@@ -35,7 +37,8 @@ def main() -> None:
             pool.start(reference, "fastokens", pinned.tokenizer_json, source)
             chosen = pool.settle()
             print(
-                f"message {delay} s after the pool started: start to ready {time.perf_counter() - started:.2f} s "
+                f"message {delay} s after the pool started: start to ready "
+                f"{time.perf_counter() - started:.2f} s "
                 f"({chosen.name})"
             )
 

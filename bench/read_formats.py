@@ -1,10 +1,13 @@
-"""Reading a dataset in each format the builder takes: time to open (count rows, find blocks) and to
-decode every block, and the process's peak memory, for the same rows stored as parquet, JSON Lines and
-one JSON list (ShareGPT layout for the JSON). The memory bound is the claim: a block at a time, so the
-peak stays far below the file's size.
+"""Reading a dataset in each format the builder takes: time and memory.
 
-    .venv/bin/python bench/read_formats.py              # 400 MB of JSON Lines: writes bench/read_formats.json
-    .venv/bin/python bench/read_formats.py --mb 2       # a smoke run: bench/.cache/read_formats.smoke.json
+Time to open (count rows, find blocks) and to decode every block, and the process's peak memory,
+for the same rows stored as parquet, JSON Lines and one JSON list (ShareGPT layout for the JSON).
+The memory bound is the claim: a block at a time, so the peak stays far below the file's size.
+
+    # 400 MB of JSON Lines: writes bench/read_formats.json
+    .venv/bin/python bench/read_formats.py
+    # a smoke run: bench/.cache/read_formats.smoke.json
+    .venv/bin/python bench/read_formats.py --mb 2
 """
 
 from __future__ import annotations
@@ -36,16 +39,22 @@ from builders.inputs.source import Source
 path, fields = Path(sys.argv[1]), json.loads(sys.argv[2])
 imported = peak_rss_mib()
 started = time.perf_counter()
-source = Source([(DatasetPin(repo="b/b", revision="0" * 40, files=path.name, **fields), [(path.name, path)])])
+pin = DatasetPin(repo="b/b", revision="0" * 40, files=path.name, **fields)
+source = Source([(pin, [(path.name, path)])])
 opened = time.perf_counter()
-messages = sum(len(source.read_group(g).column("messages").combine_chunks().values) for g in range(source.num_groups))
+messages = sum(
+    len(source.read_group(g).column("messages").combine_chunks().values)
+    for g in range(source.num_groups)
+)
 print(json.dumps({"rows": source.num_rows, "blocks": source.num_groups, "messages": messages,
-                  "open_s": round(opened - started, 2), "read_s": round(time.perf_counter() - opened, 2),
+                  "open_s": round(opened - started, 2),
+                  "read_s": round(time.perf_counter() - opened, 2),
                   "peak_rss_mib": round(peak_rss_mib()),
                   "peak_rss_after_imports_mib": round(imported)}))
 """
 )
-FULL_MB = 400  # the committed results' size
+# the committed results' size
+FULL_MB = 400
 SHAREGPT = {
     "messages": "conversations",
     "keys": ("from", "value"),

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
-"""Train-side check with the real miles code: built rows → miles' data path → miles' SFT loss.
+"""Train-side check with the real miles code.
 
-    MILES_SRC=/path/to/miles python bench/real_miles.py out/fixture-tulu100-v1.parquet [more.parquet ...]
+Built rows → miles' data path → miles' SFT loss:
+
+    MILES_SRC=/path/to/miles python bench/real_miles.py out/fixture-tulu100-v1.parquet \\
+        [more.parquet ...]
 
 For each file it runs miles' own code, as the recipe configures it (``--loss-type sft_loss
 --calculate-per-token-loss --use-dynamic-batch-size --max-tokens-per-gpu 16384``, THD, one
@@ -56,12 +59,16 @@ RECIPE_FLAGS = [
     "--qkv-format",
     "thd",
 ]
-ROWS_PER_MICRO_BATCH = 2  # the recipe's --max-tokens-per-gpu 16384 holds two 8,192-token rows
+# the recipe's --max-tokens-per-gpu 16384 holds two 8,192-token rows
+ROWS_PER_MICRO_BATCH = 2
 VOCAB_MARGIN = 16
 
 
 def stub_unavailable_modules() -> None:
-    """The sglang package and Megatron's fused cross-entropy, as empty or plain-torch modules."""
+    """The sglang package and Megatron's fused cross-entropy, stubbed.
+
+    As empty or plain-torch modules.
+    """
     import importlib.abc
     import importlib.machinery
 
@@ -105,10 +112,10 @@ def stub_unavailable_modules() -> None:
         "megatron.core.fusions.fused_cross_entropy",
     ):
         module = sys.modules.setdefault(name, types.ModuleType(name))
-        module.__path__ = []  # a package, so that other megatron imports fail as they would without it
-    sys.modules[
-        "megatron.core.fusions.fused_cross_entropy"
-    ].fused_vocab_parallel_cross_entropy = fused_vocab_parallel_cross_entropy
+        # a package, so that other megatron imports fail as they would without it
+        module.__path__ = []
+    fusions = sys.modules["megatron.core.fusions.fused_cross_entropy"]
+    fusions.fused_vocab_parallel_cross_entropy = fused_vocab_parallel_cross_entropy
     torch.cuda.current_device = lambda: "cpu"
     torch.Tensor.cuda = lambda self, *args, **kwargs: self
 
@@ -132,18 +139,15 @@ def miles_args(
         str(ROWS_PER_MICRO_BATCH * row_tokens),
     ]
     parser = argparse.ArgumentParser()
-    argv, sys.argv = (
-        sys.argv,
-        ["train.py", *flags],
-    )  # miles reads sys.argv while it builds its parser
+    # miles reads sys.argv while it builds its parser
+    argv, sys.argv = sys.argv, ["train.py", *flags]
     try:
         get_miles_extra_args_provider()(parser)
     finally:
         sys.argv = argv
     args, _ = parser.parse_known_args(flags)
-    args.rollout_global_dataset = (
-        True  # miles_validate_args sets these two for a dataset-backed rollout
-    )
+    # miles_validate_args sets these two for a dataset-backed rollout
+    args.rollout_global_dataset = True
     args.n_samples_per_prompt = 1
     return args
 
@@ -176,7 +180,10 @@ def one_rank_parallel_state():
 
 
 def tokenizer_folder(tokenizer_json: Path, folder: Path) -> str:
-    """A checkpoint folder with just the tokenizer, for miles' load_tokenizer."""
+    """A checkpoint folder with just the tokenizer.
+
+    For miles' load_tokenizer.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "tokenizer.json").write_bytes(tokenizer_json.read_bytes())
     (folder / "tokenizer_config.json").write_text(
@@ -214,7 +221,8 @@ def check_file(path: Path, tokenizer_json: Path, work: Path) -> list[dict]:
         ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
         object_store.init_instance(args, contribute_segment=False)
 
-    # rollout side (RolloutManager.generate): the data source, the loaded rollout function, the conversion
+    # rollout side (RolloutManager.generate): the data source, the loaded rollout function, the
+    # conversion
     data_source = RolloutDataSource(args)
     rollout = load_rollout_function(
         RolloutFnConstructorInput(args=args, data_source=data_source), args.rollout_function_path
@@ -240,7 +248,8 @@ def check_file(path: Path, tokenizer_json: Path, work: Path) -> list[dict]:
             pad_multiplier=128,
             qkv_format="thd",
         )
-        logits = weights[batch["tokens"]]  # [1, T, V]: the logit at t depends on token t
+        # [1, T, V]: the logit at t depends on token t
+        logits = weights[batch["tokens"]]
         row_indices = [int(i) for i in batch["sample_indices"]]
         reference_sum, reference_count = reference_loss(
             weights, [ids[i] for i in row_indices], [masks[i] for i in row_indices]
@@ -255,18 +264,23 @@ def check_file(path: Path, tokenizer_json: Path, work: Path) -> list[dict]:
         try:
             loss, normalizer, _ = loss_function(args, batch, num_microbatches, logits)
             result |= {"miles_loss": float(loss), "miles_tokens": int(normalizer)}
-        except RuntimeError as err:  # what miles raises on a malformed micro-batch
+        # what miles raises on a malformed micro-batch
+        except RuntimeError as err:
             result |= {"miles_loss": None, "miles_tokens": None, "error": str(err).splitlines()[0]}
         results.append(result)
     return results
 
 
 def reference_loss(weights, rows: list[list[int]], masks: list[list[int]]) -> tuple[float, int]:
-    """Sum of -log p(token t | logit at t - 1) over each row's supervised tokens at t >= 1, and their count."""
+    """The reference loss over the rows, and its token count.
+
+    The sum of -log p(token t | logit at t - 1) over each row's supervised tokens at t >= 1, and
+    their count.
+    """
     import torch
 
     total, count = 0.0, 0
-    for row, mask in zip(rows, masks):
+    for row, mask in zip(rows, masks, strict=True):
         tokens = torch.tensor(row)
         log_probs = (
             torch.log_softmax(weights[tokens[:-1]], dim=-1).gather(-1, tokens[1:, None]).squeeze(-1)
@@ -292,8 +306,8 @@ def main() -> int:
     parser.add_argument(
         "--response-from-token-0",
         action="store_true",
-        help="a negative control: fill samples as the rollout did before the fix (response from the "
-        "first supervised token, even token 0), to see this check fail",
+        help="a negative control: fill samples as the rollout did before the fix "
+        "(response from the first supervised token, even token 0), to see this check fail",
     )
     args = parser.parse_args()
     miles = os.environ.get("MILES_SRC")
@@ -323,7 +337,8 @@ def main() -> int:
             for r in check_file(path.resolve(), tokenizer, Path(folder) / path.stem)
         ]
     print(
-        f"{'file':<28} {'mb':>3} {'rows':<10} {'miles loss':>12} {'reference':>12} {'miles n':>8} {'ref n':>6}  same"
+        f"{'file':<28} {'mb':>3} {'rows':<10} {'miles loss':>12} {'reference':>12} "
+        f"{'miles n':>8} {'ref n':>6}  same"
     )
     differ = 0
     for r in results:

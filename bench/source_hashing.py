@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What hashing the source shards beside the build costs it.
 
-    python bench/source_hashing.py --scale 0.25            # 234,836 conversations, 6,400 rows of 8,192
+    python bench/source_hashing.py --scale 0.25  # 234,836 conversations, 6,400 rows of 8,192
     python bench/source_hashing.py --scale 0.01 --rows 40  # a smoke run
 
 On the inputs of bench/build_at_scale.py (laid out once in --cache), each in a fresh process:
@@ -33,8 +33,10 @@ from builders.manifest import load_manifest
 from builders.inputs.pinned import Hub, dataset_files, hashed_files, pinned_files, resolve
 manifest = load_manifest(sys.argv[1])
 files = dataset_files(manifest.dataset, resolve(manifest, Hub()).datasets[0])
-def cpu():  # this process's and its children's (the hashing process's, once reaped)
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+# this process's and its children's (the hashing process's, once reaped)
+def cpu():
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 started, before = time.perf_counter(), cpu()
 with hashed_files(pinned_files(files)) as hashes:
@@ -43,8 +45,8 @@ print(json.dumps({"seconds": time.perf_counter() - started, "cpu_seconds": cpu()
                   "bytes": sum(f["bytes"] for f in recorded)}))
 """
 
-# the build with the shards' hashing skipped: the same code, its hashing process replaced by one that
-# reads nothing (each file's digest is the name of its blob)
+# the build with the shards' hashing skipped: the same code, its hashing process replaced by one
+# that reads nothing (each file's digest is the name of its blob)
 UNHASHED = (
     """
 import os
@@ -105,8 +107,9 @@ def main() -> None:
             builds[kind].append(
                 build(code, manifest, args.cache / "out" / f"hashing-{kind}", hf_home)
             )
+            last = builds[kind][-1]
             print(
-                f"  build, {kind}: {builds[kind][-1]['seconds']} s (hash_s {builds[kind][-1]['timings']['hash_s']})",
+                f"  build, {kind}: {last['seconds']} s (hash_s {last['timings']['hash_s']})",
                 file=sys.stderr,
                 flush=True,
             )
@@ -126,7 +129,8 @@ def main() -> None:
     print(json.dumps({k: v for k, v in summary.items() if k != "builds"}))
     for kind, runs in builds.items():
         print(
-            f"{kind:>9}: seconds {[b['seconds'] for b in runs]}, hash_s {[b['timings']['hash_s'] for b in runs]}, "
+            f"{kind:>9}: seconds {[b['seconds'] for b in runs]}, "
+            f"hash_s {[b['timings']['hash_s'] for b in runs]}, "
             f"build_s {[b['timings']['build_s'] for b in runs]}"
         )
     write_results(results, summary)

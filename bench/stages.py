@@ -1,4 +1,6 @@
-"""Where a build's main process spends its CPU, by stage: a py-spy profile of that process alone.
+"""Where a build's main process spends its CPU, by stage.
+
+A py-spy profile of that process alone.
 
 ``profiled(command)`` runs ``command`` under ``py-spy record`` (sampling every thread of the main
 process, not its workers; idle threads are not sampled) and returns each stage's share of the
@@ -19,14 +21,15 @@ from pathlib import Path
 
 RATE = 100  # samples per second
 
-# frames whose whole call is start-up: imports, opening the inputs, the engine's choice, the plan, workers starting
+# frames whose whole call is start-up: imports, opening the inputs, the engine's choice, the plan,
+# workers starting
 STARTUP = [
     ("<frozen importlib._bootstrap>", r"_find_and_load"),
     ("pinned.py", r"pinned_inputs"),
     ("build.py", r"_checked_order"),
     ("engines.py", r"choose"),
     ("stream.py", r"plan"),
-    ("parallel.py", r"__enter__"),
+    ("pool.py", r"__enter__"),
 ]
 
 # (stage, file name, function names): the innermost frame that matches decides
@@ -36,26 +39,24 @@ RULES = [
     ("source decode (and spill)", "stream.py", r"_read|_bucket|add|in_order|_in_order"),
     ("rendering and encoding", "encode.py", r".*"),
     ("rendering and encoding", "chat.py", r".*"),
-    (
-        "placement and masking",
-        "glm5.py",
-        r".*",
-    ),  # the glm5 layout and placement (builders/ and builders/formats/)
+    # the glm5 layout and placement (builders/ and builders/formats/)
+    ("placement and masking", "glm5.py", r".*"),
     ("placement and masking", "turns.py", r".*"),
     ("placement and masking", "peers.py", r".*"),
     ("rendering and encoding", "worker.py", r"encode_rows"),
-    ("hand-off to and from workers", "parallel.py", r".*"),
+    ("hand-off to and from workers", "pool.py", r".*"),
     ("hand-off to and from workers", "worker.py", r".*"),
     ("placement and masking", "packing.py", r".*"),
     ("placement and masking", "build.py", r"_rows"),
     ("hashing", "figures.py", r".*"),
     ("hashing", "pinned.py", r"checked|hashed_files"),
     ("parquet writer", "rowfile.py", r".*"),
-    ("parquet writer", "core.py", r"write_table|close"),  # pyarrow.parquet, in the writer's thread
+    # pyarrow.parquet, in the writer's thread
+    ("parquet writer", "core.py", r"write_table|close"),
     ("stats", "stats.py", r".*"),
     ("report and card", "card.py", r".*"),
 ]
-STAGES = ["start-up"] + list(dict.fromkeys(stage for stage, _, _ in RULES)) + ["other"]
+STAGES = ["start-up", *dict.fromkeys(stage for stage, _, _ in RULES), "other"]
 FRAME = re.compile(r"^(?P<function>\S+) \((?P<file>[^:]*):\d*\)$")
 
 
@@ -66,7 +67,10 @@ def py_spy() -> str | None:
 
 
 def stage_of(stack: list[str]) -> str:
-    """The stage of one sample's stack (frames root first, as py-spy writes them)."""
+    """The stage of one sample's stack.
+
+    The frames come root first, as py-spy writes them.
+    """
     frames = [
         (Path(f["file"]).name, f["function"].split(".")[-1]) for f in map(FRAME.match, stack) if f
     ]
@@ -84,8 +88,11 @@ def _named(frame: tuple[str, str], rule) -> bool:
 
 
 def profiled(command: list[str], env: dict, cwd: Path) -> tuple[subprocess.CompletedProcess, dict]:
-    """Run ``command`` under py-spy; its result (py-spy's own lines taken out) and ``{"stage_shares":
-    each stage's share of the main process's samples}``."""
+    """Run ``command`` under py-spy.
+
+    Return its result (py-spy's own lines taken out) and ``{"stage_shares": each stage's share of
+    the main process's samples}``.
+    """
     spy = py_spy()
     if spy is None:
         raise SystemExit("--profile needs py-spy: .venv/bin/python -m pip install py-spy")

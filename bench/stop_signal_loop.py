@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""SIGTERM sent to a build at random moments: how many builds leave anything behind.
+"""SIGTERM to builds at random moments: how many leave anything behind.
 
-    .venv/bin/python bench/stop_signal_loop.py 80 0.25 1.2                # 80 builds, the signal 0.25-1.2 s in
-    .venv/bin/python bench/stop_signal_loop.py 30 0.2 1.5 --workers 2     # with worker processes
+    .venv/bin/python bench/stop_signal_loop.py 80 0.25 1.2  # 80 builds, the signal 0.25-1.2 s in
+    .venv/bin/python bench/stop_signal_loop.py 30 0.2 1.5 --workers 2  # with worker processes
 
 Each build (the fault tests' big build, laid out once in a temporary folder) gets SIGTERM after a
 seeded random delay; a build counts as bad when it exits with anything but 130 (or dies by the
@@ -43,7 +43,8 @@ def main() -> None:
         if left or process.returncode not in (130, -signal.SIGTERM):
             bad += 1
             print(
-                f"run {run}, signal after {delay:.2f} s: exit {process.returncode}, left {left}, stderr "
+                f"run {run}, signal after {delay:.2f} s: exit {process.returncode}, left {left}, "
+                f"stderr "
                 f"{stderr.strip()[:1500]!r}"
             )
     print(f"{bad} of {runs} builds left something or did not exit 130")

@@ -1,20 +1,23 @@
 #!/usr/bin/env python3
-"""A recipe-scale ``turns`` build against the glm5 build, in one run (issue 17, item 8).
+"""A recipe-scale ``turns`` build against the glm5 build, in one run.
+
+Issue 17, item 8.
 
     pip install -r bench/requirements.txt
-    python bench/turns_at_scale.py                       # full scale: 6,400 rows of 8,192
-    python bench/turns_at_scale.py --scale 0.01 --rows 40     # a smoke run (its results go to bench/.cache)
+    python bench/turns_at_scale.py                         # full scale: 6,400 rows of 8,192
+    python bench/turns_at_scale.py --scale 0.01 --rows 40  # a smoke run (results in bench/.cache)
 
-Inputs (laid out once in --cache, shared with bench/build_at_scale.py): the GLM-scale byte-level
-BPE and Tulu-shaped source of bench/scale_inputs.py. The glm5 build renders with the pinned
+Inputs (laid out once in --cache, shared with bench/build_at_scale.py): the GLM-scale byte-level BPE
+and Tulu-shaped source of bench/scale_inputs.py. The glm5 build renders with the pinned
 GLM-4.7-Flash template; the ``turns`` build renders the same source with Qwen3's template (TRL's
 copy, fetched by tests/real_models.py) over the same BPE with Qwen's ``<|im_start|>`` and
 ``<|im_end|>`` added, eos ``<|endoftext|>``, stop ``<|im_end|>`` and ``<|endoftext|>``, prefills
 ``{}`` and ``{enable_thinking: false}``. Each build runs in a fresh process as users run it
-(fastokens engine, one worker, no card); the share of CPU time other processes used in the
-2 seconds before each is recorded. Targets: ``turns`` within 1.5x glm5's time, at most 1.5 GiB RSS.
+(fastokens engine, one worker, no card); the share of CPU time other processes used in the 2 seconds
+before each is recorded. Targets: ``turns`` within 1.5x glm5's time, at most 1.5 GiB RSS.
 
-Writes bench/turns_at_scale.json for a full-scale run, bench/.cache/turns_at_scale.smoke.json otherwise.
+Writes bench/turns_at_scale.json for a full-scale run, bench/.cache/turns_at_scale.smoke.json
+otherwise.
 """
 
 from __future__ import annotations
@@ -41,7 +44,10 @@ RSS_TARGET_MIB, TIME_TARGET = 1536, 1.5
 
 
 def turns_tokenizer(hf_home: Path, facts: dict) -> dict:
-    """The GLM-scale BPE with Qwen's turn tokens and Qwen3's template, as a tokenizer repo; the manifest's fields."""
+    """The GLM-scale BPE with Qwen's turn tokens and Qwen3's template.
+
+    Laid out as a tokenizer repo; returns the manifest's fields.
+    """
     from real_models import trl_template, with_tokens
 
     base = hf_home / "hub" / f"models--{facts['tokenizer_repo'].replace('/', '--')}" / "snapshots"
@@ -127,9 +133,12 @@ def main() -> None:
         "rows": args.rows,
     }
     print(
-        f"\nglm5: {runs['glm5']['seconds']} s, {runs['glm5']['main_peak_rss_mib']} MiB; turns (Qwen3 template): "
-        f"{runs['turns']['seconds']} s, {runs['turns']['main_peak_rss_mib']} MiB; turns/glm5 = {ratio:.3f} "
-        f"(target {TIME_TARGET}x, {RSS_TARGET_MIB} MiB); machine idle: {summary['machine']['idle']} "
+        f"\nglm5: {runs['glm5']['seconds']} s, {runs['glm5']['main_peak_rss_mib']} MiB; "
+        f"turns (Qwen3 template): "
+        f"{runs['turns']['seconds']} s, {runs['turns']['main_peak_rss_mib']} MiB; "
+        f"turns/glm5 = {ratio:.3f} "
+        f"(target {TIME_TARGET}x, {RSS_TARGET_MIB} MiB); "
+        f"machine idle: {summary['machine']['idle']} "
         f"(busy: {', '.join(f'{b:.1%}' for b in loads)})"
     )
     write_results(results, summary)

@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Where a worker's start-up goes: each step timed (wall s, CPU s), one worker alone, then N at once.
+"""Where a worker's start-up goes, each step timed (wall s, CPU s).
+
+One worker alone, then N at once:
 
     pip install -r bench/requirements.txt
     python bench/worker_start.py ../shared/pinned/GLM-4.7-Flash/chat_template.jinja 4 16
@@ -44,17 +46,15 @@ from builders.formats import FormatSpec
 tokenizer = Tokenizer.from_str(text); step("Tokenizer.from_str")
 encoder = ConversationEncoder(tokenizer, FormatSpec("glm5", template)); step("ConversationEncoder")
 fast = engines.FastokensEngine(text); step("fastokens load")
-engines._disagreements(fast, engines.TokenizersEngine(tokenizer), engines.probes(tokenizer, template)); step("probes")
+reference = engines.TokenizersEngine(tokenizer)
+engines._disagreements(fast, reference, engines.probes(tokenizer, template)); step("probes")
 print(json.dumps(out))
 """
 
 
 def worker(tokenizer_json: Path, template: Path) -> dict:
-    environment = {
-        **os.environ,
-        "TOKENIZERS_PARALLELISM": "false",
-        "RAYON_NUM_THREADS": "1",
-    }  # as the build's
+    # as the build's
+    environment = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}
     done = subprocess.run(
         [sys.executable, "-c", STEPS, str(REPO), str(tokenizer_json), str(template)],
         capture_output=True,
@@ -75,9 +75,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         tokenizer_json = Path(folder) / "tokenizer.json"
         tokenizer_json.write_text(glm_scale_tokenizer())
-        print(
-            f"{os.cpu_count()} cores; one worker alone: {json.dumps(worker(tokenizer_json, template))}"
-        )
+        alone = worker(tokenizer_json, template)
+        print(f"{os.cpu_count()} cores; one worker alone: {json.dumps(alone)}")
         for count in counts:
             started = time.perf_counter()
             with ThreadPoolExecutor(count) as pool:
@@ -87,7 +86,8 @@ def main() -> None:
                 for step in results[0]
             }
             print(
-                f"{count} at once ({time.perf_counter() - started:.1f} s in all), median [wall, CPU] per step: "
+                f"{count} at once ({time.perf_counter() - started:.1f} s in all), "
+                f"median [wall, CPU] per step: "
                 f"{json.dumps(medians)}"
             )
 

@@ -1,4 +1,6 @@
-"""fixed-SFT: deterministic supervised fine-tuning rows, built from pinned inputs and verified by hashes.
+"""fixed-SFT: deterministic supervised fine-tuning rows.
+
+The rows are built from pinned inputs and verified by hashes.
 
 The package reads as the pipeline (docs/architecture.md):
 

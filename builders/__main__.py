@@ -1,4 +1,7 @@
-"""``python -m builders ...``: the same command line as data/generate_fixed_sft.py and fixed-sft."""
+"""``python -m builders ...``: the command line.
+
+The same command line as data/generate_fixed_sft.py and fixed-sft.
+"""
 
 import sys
 

@@ -1,11 +1,12 @@
-"""Build a manifest's rows end to end: pinned inputs → rows of its chat format → parquet → verified figures.
+"""Build a manifest's rows end to end.
 
-Nothing is written before the pinned inputs have been resolved and the tokenizer files checked;
-the source files' bytes are hashed beside the build and checked before anything is put in place.
-Every output is written under a temporary name in the output folder, and all are put in place
-together (``builders.runtime.atomic``), the parquet last: at ``NAME.parquet`` when every pinned figure
-matches, at ``NAME.unverified.parquet`` when one differs, so a file at the final path is always
-one that verified. A build that fails leaves nothing of itself in the folder.
+Pinned inputs → rows of its chat format → parquet → verified figures. Nothing is written before the
+pinned inputs have been resolved and the tokenizer files checked; the source files' bytes are hashed
+beside the build and checked before anything is put in place. Every output is written under a
+temporary name in the output folder, and all are put in place together
+(``builders.runtime.atomic``), the parquet last: at ``NAME.parquet`` when every pinned figure
+matches, at ``NAME.unverified.parquet`` when one differs, so a file at the final path is always one
+that verified. A build that fails leaves nothing of itself in the folder.
 """
 
 from __future__ import annotations
@@ -55,27 +56,30 @@ class BuildResult:
 def build(
     manifest: Manifest,
     out_dir: Path,
-    hub: Hub = Hub(),
-    reporter: Reporter = Reporter.silent(),
+    hub: Hub | None = None,
+    reporter: Reporter | None = None,
     card: bool = True,
     workers: int | str = "auto",
     engine: str = "auto",
 ) -> BuildResult:
-    """Build ``manifest`` into ``out_dir``: the parquet, its JSON report and (with ``card``) its data card.
+    """Build ``manifest`` into ``out_dir``: the parquet, its report, its card.
 
-    ``workers`` processes decode, render and tokenize (1: this process; ``auto``: see
-    ``parallel.worker_count``); ``engine`` encodes (``auto``: fastokens where it agrees with
-    tokenizers, see ``builders.encode.engines``). The rows depend on neither.
+    The parquet, its JSON report and (with ``card``) its data card. ``workers`` processes decode,
+    render and tokenize (1: this process; ``auto``: see ``parallel.worker_count``); ``engine``
+    encodes (``auto``: fastokens where it agrees with tokenizers, see ``builders.encode.engines``).
+    The rows depend on neither. ``hub`` defaults to ``Hub()``, ``reporter`` to a silent one.
     """
+    hub = Hub() if hub is None else hub
+    reporter = Reporter.silent() if reporter is None else reporter
     requested, workers = str(workers), parallel.worker_count(workers)
     timings = Timings()
     with ExitStack() as build_scope:
         with timings.stage("resolve_inputs_s"):
-            encoding = build_scope.enter_context(
-                parallel.encoding(workers)
-            )  # workers start while inputs open
+            # workers start while inputs open
+            encoding = build_scope.enter_context(parallel.encoding(workers))
             pinned, source = pinned_inputs(manifest, hub)
-            # every source file's bytes are hashed beside the build, and checked before anything is put in place
+            # every source file's bytes are hashed beside the build, and checked before anything
+            # is put in place
             source_hashes = build_scope.enter_context(
                 hashed_files(pinned_files((f.name, f.path) for f in source.files))
             )
@@ -112,7 +116,8 @@ def build(
                         manifest, source, reference, stream.encoded_with(encoding), stats
                     )
                     figures = _write_rows(manifest, rows, parquet.temporary, stats, reporter)
-                    encoding.finish()  # the last cross-checks, before anything is kept
+                    # the last cross-checks, before anything is kept
+                    encoding.finish()
                 with timings.stage("hash_s"):
                     computed = {**figures.as_dict(), **file_hash(parquet.temporary)}
                     source_files = [
@@ -121,7 +126,7 @@ def build(
                             "revision": source.pins[f.dataset].revision,
                             **hashed,
                         }
-                        for f, hashed in zip(source.files, source_hashes.checked())
+                        for f, hashed in zip(source.files, source_hashes.checked(), strict=True)
                     ]
             verification = verify(computed, manifest, built_from=manifest.recipe())
             parquet.final = (
@@ -152,8 +157,11 @@ def build(
 
 
 def check_source_rows(manifest: Manifest, source: Source) -> None:
-    """Refuse a dataset whose row count is not the one the manifest pins, or that has fewer rows than it takes."""
-    for pin, rows in zip(manifest.datasets, source.dataset_rows):
+    """Refuse a dataset whose row count is not the pinned one, or too small.
+
+    Too small: it has fewer rows than the manifest takes from it.
+    """
+    for pin, rows in zip(manifest.datasets, source.dataset_rows, strict=True):
         if pin.rows is not None and pin.rows != rows:
             raise PinnedInputError(
                 f"dataset {pin.repo}@{pin.revision} ({pin.pattern}): has {rows} rows, the "
@@ -167,8 +175,11 @@ def check_source_rows(manifest: Manifest, source: Source) -> None:
 
 
 def stream_order(manifest: Manifest, source: Source, reading: str) -> tuple[np.ndarray, np.ndarray]:
-    """The permutation ``P`` under an ``order`` reading, over the rows the datasets keep, and the source
-    indices in stream order (``kept[P]``: the same as ``P`` where every row is kept)."""
+    """The permutation ``P`` under an ``order`` reading, and the stream order.
+
+    ``P`` is over the rows the datasets keep; the source indices in stream order are ``kept[P]``
+    (the same as ``P`` where every row is kept).
+    """
     kept = kept_rows(manifest.seed, source.dataset_rows, [pin.take for pin in manifest.datasets])
     order = permutation(manifest.seed, len(kept), reading)
     return order, kept[order]
@@ -199,8 +210,10 @@ def _packed(
     conversations: Iterable[EncodedConversation],
     stats: BuildStats,
 ) -> Iterator[Row]:
-    """The stream's first ``manifest.rows`` rows, conversation by conversation, counting what each consumed;
-    fail if the source has fewer."""
+    """The stream's first ``manifest.rows`` rows, conversation by conversation.
+
+    It counts what each conversation consumed, and fails if the source has fewer rows.
+    """
     packer = Packer(manifest.row_tokens, encoder.eos_id, manifest.contract)
     rows = 0
     for conversation in conversations:
@@ -241,10 +254,10 @@ def _write_rows(
             stats.add_row(row)
             progress.update(1)
     reporter.info(
-        f"{figures.rows} rows from {len(stats.sources)} conversations ({stats.windows_skipped} windows "
-        f"skipped: {manifest.row_tokens}-token stretches of the stream, cut as rows are, with no supervised "
-        f"token); conversations training only stop tokens (every answer empty): {stats.only_stop_tokens}, "
-        f"nothing at all: {stats.unsupervised}"
+        f"{figures.rows} rows from {len(stats.sources)} conversations ({stats.windows_skipped} "
+        f"windows skipped: {manifest.row_tokens}-token stretches of the stream, cut as rows are, "
+        "with no supervised token); conversations training only stop tokens (every answer empty): "
+        f"{stats.only_stop_tokens}, nothing at all: {stats.unsupervised}"
     )
     return figures
 
@@ -273,14 +286,18 @@ def _report(
     stream: StreamStats,
     chat_format: dict,
 ) -> dict:
-    """What the report records (its timings are added last); the data card is made from it too."""
+    """What the report records; the data card is made from it too.
+
+    Its timings are added last.
+    """
     return {
         "name": manifest.name,
         "manifest": str(manifest.path) if manifest.path else None,
         "parquet": final.name,
         "verified": verification.verified,
         "contract": manifest.contract.as_dict(),
-        "recipe": manifest.recipe(),  # what the rows were built from, checked against the manifest
+        # what the rows were built from, checked against the manifest
+        "recipe": manifest.recipe(),
         "chat_format": chat_format,
         "figures": computed,
         "checks": [asdict(check) for check in verification.checks],
@@ -289,9 +306,8 @@ def _report(
         "stats": stats.summary(),
         "source_reading": stream.as_dict(),
         "versions": toolchain(),
-        "workers": workers[
-            1
-        ],  # the processes that encoded; what --workers asked, and the cores it could use:
+        # the processes that encoded; what --workers asked, and the cores it could use:
+        "workers": workers[1],
         "workers_requested": workers[0],
         "cores": len(os.sched_getaffinity(0)),
         "engine": {**chosen.as_dict(), "conversations_cross_checked": stats.cross_checked},

@@ -1,5 +1,7 @@
-"""Command line: build, verify, inspect, diff, download and explain row files named by manifests;
-write the manifest a recipe card implies, and check a card against its manifest.
+"""Command line: build, verify, inspect, diff, download, explain.
+
+The commands build, verify, inspect, diff, download and explain row files named by manifests; write
+the manifest a recipe card implies, and check a card against its manifest.
 
 ``generate_fixed_sft.py --build NAME`` (and ``--manifest FILE``, ``--verify FILE``) keep working:
 they are the ``build`` and ``verify`` subcommands written as options. Modules are imported by
@@ -22,7 +24,8 @@ from builders.runtime import stopping
 
 COMMANDS = ("build", "verify", "inspect", "diff", "download", "explain", "manifest", "check-recipe")
 GLOBAL_FLAGS = ("-q", "--quiet", "-v", "--verbose", "--json")
-FILES_DIFFER = 8  # diff: the two files' rows differ
+# diff: the two files' rows differ
+FILES_DIFFER = 8
 INTERRUPTED = 130
 
 EPILOG = """\
@@ -58,7 +61,7 @@ exit codes:
   8   diff: the two files' rows differ
   9   the fastokens engine encoded a text otherwise than tokenizers (rebuild with --engine tokenizers)
   130 interrupted (SIGINT or SIGTERM); temporary files are removed
-"""
+"""  # noqa: E501 (the epilog as --help prints it: some of its lines are wider than the code's)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -67,7 +70,8 @@ def parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
-        description="Deterministically build fixed-length SFT rows named by a manifest, and verify their hashes.",
+        description="Deterministically build fixed-length SFT rows named by a manifest, "
+        "and verify their hashes.",
     )
     p.add_argument("--version", action="version", version=f"fixed-sft {__version__}")
     _global_options(p, suppress=False)
@@ -85,7 +89,8 @@ def parser() -> argparse.ArgumentParser:
         metavar="DIR",
         type=Path,
         default=Path("out"),
-        help="output folder for NAME.parquet, NAME.report.json and the data card NAME.md (default: out)",
+        help="output folder for NAME.parquet, NAME.report.json and the data card NAME.md "
+        "(default: out)",
     )
     b.add_argument(
         "--no-card", action="store_true", help="do not write the data card and its plots"
@@ -119,7 +124,8 @@ def parser() -> argparse.ArgumentParser:
         "--color",
         choices=("auto", "always", "never"),
         default="auto",
-        help="highlight supervised tokens with terminal colors (default: when printing to a terminal)",
+        help="highlight supervised tokens with terminal colors "
+        "(default: when printing to a terminal)",
     )
     _manifest_options(i, default_help="default: manifests/NAME.yaml for a file named NAME.parquet")
     _hub_options(i)
@@ -155,7 +161,8 @@ def parser() -> argparse.ArgumentParser:
         "--all",
         dest="everything",
         action="store_true",
-        help="try every reading (several hundred), not only up to the first that reproduces the rows",
+        help="try every reading (several hundred), not only up to the first that reproduces "
+        "the rows",
     )
     e.add_argument(
         "--writer",
@@ -205,7 +212,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _global_options(p: argparse.ArgumentParser, suppress: bool) -> None:
-    """-q, -v and --json, accepted before the command (``suppress=False``) and after it."""
+    """-q, -v and --json, accepted before the command and after it.
+
+    Before the command with ``suppress=False``.
+    """
     default = {"default": argparse.SUPPRESS} if suppress else {}
     p.add_argument(
         "--json", action="store_true", help="print the result as JSON on stdout", **default
@@ -245,9 +255,10 @@ def _engine_option(p) -> None:
         "--engine",
         choices=("auto", "fastokens", "tokenizers"),
         default="auto",
-        help="what encodes the text: tokenizers (the contract's reference), or fastokens, many times "
-        "faster, guarded by probes before the build and a sample of conversations encoded by both "
-        "during it (auto, the default: fastokens where it loads and agrees, else tokenizers)",
+        help="what encodes the text: tokenizers (the contract's reference), or fastokens, many "
+        "times faster, guarded by probes before the build and a sample of conversations encoded "
+        "by both during it (auto, the default: fastokens where it loads and agrees, else "
+        "tokenizers)",
     )
 
 
@@ -256,8 +267,8 @@ def _hub_options(p) -> None:
         "--fixture-cache",
         metavar="DIR",
         type=Path,
-        help="lay out the fixture HF cache (the repos the fixture-* manifests pin) in DIR and read the "
-        "pinned inputs offline from it",
+        help="lay out the fixture HF cache (the repos the fixture-* manifests pin) in DIR and "
+        "read the pinned inputs offline from it",
     )
     p.add_argument(
         "--shared",
@@ -273,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     args = None
     try:
         args = parser().parse_args(_with_command(sys.argv[1:] if argv is None else argv))
-        for signum in (signal.SIGINT, signal.SIGTERM):  # unwind, so temporary files are removed
+        # unwind, so temporary files are removed
+        for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, stopping.ask)
         return {
             "build": _build,
@@ -286,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
             "check-recipe": _check_recipe,
         }[args.command](args)
     except BuildError as err:
-        if getattr(args, "verbose", False):  # -v: the whole chain, with what caused it
+        # -v: the whole chain, with what caused it
+        if getattr(args, "verbose", False):
             traceback.print_exception(err, file=sys.stderr)
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
@@ -296,9 +309,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _with_command(argv: list[str]) -> list[str]:
-    """The option forms ``--build NAME``, ``--manifest FILE`` and ``--verify FILE`` as subcommands.
+    """The option forms as subcommands.
 
-    Global flags may come first; a first word that is no command is refused with a suggestion.
+    The option forms are ``--build NAME``, ``--manifest FILE`` and ``--verify FILE``. Global flags
+    may come first; a first word that is no command is refused with a suggestion.
     """
     at = next((k for k, a in enumerate(argv) if a not in GLOBAL_FLAGS), len(argv))
     first = argv[at] if at < len(argv) else None
@@ -335,7 +349,10 @@ def _reporter(args):
 
 
 def _hub(args, manifest):
-    """Where the pinned inputs come from: the HF cache (and the Hub, online), or the fixture cache."""
+    """Where the pinned inputs come from.
+
+    The HF cache (and the Hub, online), or the fixture cache.
+    """
     from builders.fixture.make import OWNER, make_fixture_cache, shared_dir, shared_repos
     from builders.inputs.pinned import Hub
 
@@ -347,8 +364,8 @@ def _hub(args, manifest):
     shared = shared_dir(args.shared)
     if shared is None and repos & shared_repos():
         raise UsageError(
-            f"{manifest.name} is made from the real data folder (pinned/ and data/): add --shared DIR "
-            f"or set FIXED_SFT_SHARED"
+            f"{manifest.name} is made from the real data folder (pinned/ and data/): add --shared "
+            "DIR or set FIXED_SFT_SHARED"
         )
     make_fixture_cache(args.fixture_cache, shared)
     return Hub(cache_dir=args.fixture_cache / "hub", offline=True)
@@ -477,7 +494,8 @@ def _diff(args) -> int:
     for path in (args.a, args.b):
         if path is not None:
             check_row_file(path)
-    chat_format = None  # of the fresh build, when there is one
+    # of the fresh build, when there is one
+    chat_format = None
     if args.b is not None:
         manifest = (
             _manifest(args) if args.name or args.manifest else _manifest_named_like(args, args.a)
@@ -510,7 +528,10 @@ def _diff(args) -> int:
 
 
 def _manifest_named_like(args, file: Path):
-    """The manifest a built file's name names (NAME.parquet → NAME), where there is one; else None."""
+    """The manifest a built file's name names, where there is one; else None.
+
+    NAME.parquet names NAME.
+    """
     try:
         return _manifest(args, file)
     except UsageError:
@@ -518,12 +539,18 @@ def _manifest_named_like(args, file: Path):
 
 
 def _decoder(args, manifest, hub=None):
-    """The manifest's pinned tokenizer's decode (special tokens kept), or None, saying why, where it cannot load."""
+    """The manifest's pinned tokenizer's decode, or None where it cannot load.
+
+    The decode keeps special tokens; where the tokenizer cannot load, a note says why.
+    """
     from builders.errors import PinnedInputError
     from builders.inputs.pinned import pinned_tokenizer
 
     if manifest is None:
-        reason = "no manifest is named like A; give --build NAME or --manifest FILE to decode with its tokenizer"
+        reason = (
+            "no manifest is named like A; give --build NAME or --manifest FILE to decode with its "
+            "tokenizer"
+        )
     else:
         try:
             tokenizer = pinned_tokenizer(manifest, hub or _hub(args, manifest)).tokenizer
@@ -644,8 +671,8 @@ def _check_recipe(args) -> int:
         args.name = card.value("name")
         if args.name is None:
             raise UsageError(
-                f"{args.card}: the card names no build (workload.dataset.build.name): give --build NAME "
-                f"or --manifest FILE"
+                f"{args.card}: the card names no build (workload.dataset.build.name): give --build "
+                "NAME or --manifest FILE"
             )
     manifest = _manifest(args)
     checks = compare(card, manifest)

@@ -1,9 +1,10 @@
-"""The readings of the row contract that the recipe card leaves open, and the one a build uses.
+"""The readings of the row contract, and the one a build uses.
 
-data/ROWS.md names nine choices ("Readings the recipe card leaves open"), each with a default (the
-rule the contract states) and the alternatives a careful builder might have chosen. A manifest
-selects alternatives with an optional ``contract:`` mapping; absent keys take the default, so
-a manifest without one builds what it always built.
+The readings are those of the choices that the recipe card leaves open. data/ROWS.md names nine
+choices ("Readings the recipe card leaves open"), each with a default (the rule the contract states)
+and the alternatives a careful builder might have chosen. A manifest selects alternatives with an
+optional ``contract:`` mapping; absent keys take the default, so a manifest without one builds what
+it always built.
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ SLIME_RULES = ("slime-pr1844", "slime-pr1824")
 
 @dataclass(frozen=True)
 class Contract:
-    """One reading of each open choice; the defaults are the rules data/ROWS.md states."""
+    """One reading of each open choice.
+
+    The defaults are the rules data/ROWS.md states.
+    """
 
     order: str = READINGS["order"][0]
     encode: str = READINGS["encode"][0]
@@ -59,16 +63,20 @@ class Contract:
 
     @property
     def structure_rule(self) -> bool:
-        """The mask comes from the message structure (prefill, stop and final apply)."""
+        """The mask comes from the message structure.
+
+        Under this rule the prefill, stop and final readings apply.
+        """
         return self.mask_rule == "structure"
 
     @functools.cache  # noqa: B019 (contracts are few and live as long as the process)
     def table(self, class_values: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-        """The mask value of each code, and whether its tokens are kept in the stream, under this reading.
+        """Each code's mask value, and whether its tokens stay in the stream.
 
-        Codes ``0 .. len(class_values) - 1`` are a chat format's token classes (``class_values``: their
-        mask values, from ``ChatFormat.class_mask``); the four after them are the tokens a reading may
-        add around a conversation's own (``EOS_AFTER_ANSWER`` .. ``WRAP``). Not to be changed.
+        Both under this reading. Codes ``0 .. len(class_values) - 1`` are a chat format's token
+        classes (``class_values``: their mask values, from ``ChatFormat.class_mask``); the four
+        after them are the tokens a reading may add around a conversation's own
+        (``EOS_AFTER_ANSWER`` .. ``WRAP``). Not to be changed.
         """
         base = len(class_values)
         values, keep = np.zeros(base + EXTRA_CODES, np.uint8), np.ones(base + EXTRA_CODES, bool)
@@ -86,14 +94,18 @@ class Contract:
         return self.skip == "keep-all"
 
     def eos_mask(self, ends_with_answer: bool) -> int | None:
-        """The mask value of the EOS after a conversation, or None when no EOS follows it."""
+        """The mask value of the EOS after a conversation.
+
+        None when no EOS follows it.
+        """
         if self.eos == "none":
             return None
         return int(self.eos == "supervised" or (self.eos == "after-answer" and ends_with_answer))
 
 
-# the codes past a format's classes (see Contract.table): the EOS after a conversation that ends with an
-# answer, the EOS after any other, the stop token final: append-stop appends, the encode: add-special wrap
+# the codes past a format's classes (see Contract.table): the EOS after a conversation that ends
+# with an answer, the EOS after any other, the stop token final: append-stop appends, the
+# encode: add-special wrap
 EOS_AFTER_ANSWER, EOS_AFTER_OTHER, APPENDED, WRAP = range(4)
 EXTRA_CODES = 4
 

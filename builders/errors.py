@@ -1,8 +1,9 @@
-"""Errors the builder reports to users, each with the exit code the CLI returns for it.
+"""Errors the builder reports to users, each with its exit code.
 
-Every failure that a user can cause (a bad manifest, a tampered input, a conversation the
-template cannot render, figures that differ from the manifest) is one of these, raised with a
-message that names what is wrong and where. Anything else is a bug and exits 1.
+The exit code is the one the CLI returns for it. Every failure that a user can cause (a bad
+manifest, a tampered input, a conversation the template cannot render, figures that differ from the
+manifest) is one of these, raised with a message that names what is wrong and where. Anything else
+is a bug and exits 1.
 """
 
 from __future__ import annotations
@@ -25,13 +26,16 @@ class ManifestError(UsageError):
 
 
 class PinnedInputError(BuildError):
-    """A pinned input cannot be resolved, is incomplete, or does not match its sha256."""
+    """A pinned input cannot be resolved, is incomplete, or differs.
+
+    It differs where it does not match its sha256.
+    """
 
     exit_code = 3
 
 
 class SourceDataError(BuildError):
-    """The source dataset holds something the row contract cannot turn into rows."""
+    """The source holds something the row contract cannot turn into rows."""
 
     exit_code = 4
 
@@ -49,21 +53,24 @@ class VerificationError(BuildError):
 
 
 class WorkerError(BuildError):
-    """A worker process died (killed, out of memory) before it returned its batch."""
+    """A worker process died before it returned its batch.
+
+    It was killed, or ran out of memory.
+    """
 
     exit_code = 7
 
 
 class ConversationError(ValueError):
-    """A conversation that the row contract does not define; the message says why.
+    """A conversation that the row contract does not define.
 
-    Raised where a conversation is checked, without knowing where it came from; the builder
-    turns it into a SourceDataError naming the source row, the on-the-fly mask into a ValueError.
+    The message says why. Raised where a conversation is checked, without knowing where it came
+    from; the builder turns it into a SourceDataError naming the source row, the on-the-fly mask
+    into a ValueError.
     """
 
-    conversation: int | None = (
-        None  # where a batch was checked at once: the conversation's place in it
-    )
+    # where a batch was checked at once: the conversation's place in it
+    conversation: int | None = None
 
     @classmethod
     def at(cls, conversation: int, message: str) -> ConversationError:
@@ -74,6 +81,9 @@ class ConversationError(ValueError):
 
 
 class EngineDisagreement(BuildError):
-    """The fast tokenizer engine encoded a text otherwise than the reference engine, tokenizers."""
+    """The fast engine encoded a text otherwise than the reference.
+
+    The reference engine is tokenizers.
+    """
 
     exit_code = 9

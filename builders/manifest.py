@@ -1,8 +1,8 @@
-"""Load and validate a build manifest (the YAML format of the row contract).
+"""Load and validate a build manifest.
 
-A manifest names every pinned input and the figures a build must reproduce. It is untrusted
-input: it is read with ``yaml.safe_load`` and every field is checked, with an error that names
-the field, before anything else happens.
+A manifest is the YAML format of the row contract. It names every pinned input and the figures a
+build must reproduce. It is untrusted input: it is read with ``yaml.safe_load`` and every field is
+checked, with an error that names the field, before anything else happens.
 """
 
 from __future__ import annotations
@@ -22,14 +22,10 @@ from builders.errors import ManifestError
 from builders.formats import FORMATS, PEER_FORMATS, format_class
 
 LOSS_MASKS = tuple(FORMATS)
-TEMPLATE_FILES = (
-    "chat_template.jinja",
-    "tokenizer_config.json",
-)  # where the chat template may come from
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    *TEMPLATE_FILES,
-)  # the files a build may read from the tokenizer repo
+# where the chat template may come from
+TEMPLATE_FILES = ("chat_template.jinja", "tokenizer_config.json")
+# the files a build may read from the tokenizer repo
+TOKENIZER_FILES = ("tokenizer.json", *TEMPLATE_FILES)
 FORMAT_FIELDS = ("eos", "stop", "prefills", "template_vars", "render_date", "chat_template_name")
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -42,25 +38,31 @@ _WRITER = re.compile(r"pyarrow [0-9]+\.[0-9]+\.[0-9]+")
 
 @dataclass(frozen=True)
 class DatasetPin:
-    """One pinned dataset, and how its conversations are stored (ROWS.md, "Other datasets, and mixtures")."""
+    """One pinned dataset, and how its conversations are stored.
+
+    See docs/datasets.md (layouts, mixtures).
+    """
 
     repo: str
     revision: str
-    split: str | None = None  # names the default files; not needed where ``files`` is given
+    # names the default files; not needed where ``files`` is given
+    split: str | None = None
     license: str | None = None
-    rows: int | None = None  # its row count (before ``take``), verified
+    # its row count (before ``take``), verified
+    rows: int | None = None
     permutation_sha256: str | None = None
-    files: str | None = None  # a glob in the snapshot; None: data/{split}-*.parquet
-    messages: str = "messages"  # the column (field) holding the conversation
-    keys: tuple[str, str] = (
-        "role",
-        "content",
-    )  # the fields of a message holding its role and its content
-    roles: tuple[tuple[str, str], ...] | None = (
-        None  # (stored name, template's name); None: as stored
-    )
-    id: str | None = "id"  # the provenance id's column; None: the source index is the id
-    take: int | None = None  # keep this many rows, chosen by the seed (mixtures)
+    # a glob in the snapshot; None: data/{split}-*.parquet
+    files: str | None = None
+    # the column (field) holding the conversation
+    messages: str = "messages"
+    # the fields of a message holding its role and its content
+    keys: tuple[str, str] = ("role", "content")
+    # (stored name, template's name); None: as stored
+    roles: tuple[tuple[str, str], ...] | None = None
+    # the provenance id's column; None: the source index is the id
+    id: str | None = "id"
+    # keep this many rows, chosen by the seed (mixtures)
+    take: int | None = None
 
     @property
     def pattern(self) -> str:
@@ -68,14 +70,17 @@ class DatasetPin:
         return self.files if self.files is not None else f"data/{self.split}-*.parquet"
 
     def recipe(self, prefix: str) -> dict:
-        """What of this pin the rows depend on, by field name under ``prefix``: the repo, revision and split,
-        and each layout field, ``take`` included, where it is not the default."""
+        """What of this pin the rows depend on, by field name under ``prefix``.
+
+        The repo, revision and split, and each layout field, ``take`` included, where it is not the
+        default.
+        """
         layout = {
             "files": self.files,
             "messages": None if self.messages == "messages" else self.messages,
             "keys": None
             if self.keys == ("role", "content")
-            else dict(zip(("role", "content"), self.keys)),
+            else dict(zip(("role", "content"), self.keys, strict=True)),
             "roles": None if self.roles is None else dict(self.roles),
             "take": self.take,
         }
@@ -95,21 +100,27 @@ class DatasetPin:
 
 @dataclass(frozen=True)
 class TokenizerPin:
-    """The tokenizer repo, its pinned files, and what a chat format other than glm5 is told of them."""
+    """The tokenizer repo, its pinned files, and the chat format's fields.
+
+    The fields are what a chat format other than glm5 is told of the files.
+    """
 
     repo: str
     revision: str
-    sha256: dict[
-        str, str
-    ]  # file name -> sha256: tokenizer.json, and chat_template.jinja and/or tokenizer_config.json
-    eos: str | None = None  # the token joined after every conversation
-    stop: tuple[str, ...] = ()  # the tokens that end an answer
-    prefills: tuple[dict, ...] = (
-        {},
-    )  # template variables whose generation prompts can start an answer
-    template_vars: dict = field(default_factory=dict)  # variables every render gets
-    render_date: str | None = None  # what strftime_now sees (ISO date)
-    chat_template_name: str | None = None  # which of tokenizer_config.json's named templates
+    # file name -> sha256: tokenizer.json, and chat_template.jinja and/or tokenizer_config.json
+    sha256: dict[str, str]
+    # the token joined after every conversation
+    eos: str | None = None
+    # the tokens that end an answer
+    stop: tuple[str, ...] = ()
+    # template variables whose generation prompts can start an answer
+    prefills: tuple[dict, ...] = ({},)
+    # variables every render gets
+    template_vars: dict = field(default_factory=dict)
+    # what strftime_now sees (ISO date)
+    render_date: str | None = None
+    # which of tokenizer_config.json's named templates
+    chat_template_name: str | None = None
 
     @property
     def files(self) -> tuple[str, ...]:
@@ -119,7 +130,10 @@ class TokenizerPin:
 
 @dataclass(frozen=True)
 class Ratio:
-    """A ratio pinned at the number of decimals it was written with (``0.674`` → 3)."""
+    """A ratio pinned at the number of decimals it was written with.
+
+    ``0.674`` → 3.
+    """
 
     text: str
 
@@ -144,7 +158,8 @@ class Expect:
 @dataclass(frozen=True)
 class Manifest:
     name: str
-    datasets: tuple[DatasetPin, ...]  # one, or the sources of a mixture in manifest order
+    # one, or the sources of a mixture in manifest order
+    datasets: tuple[DatasetPin, ...]
     tokenizer: TokenizerPin
     loss_mask: str
     seed: int
@@ -155,8 +170,11 @@ class Manifest:
     path: Path | None = None
 
     def recipe(self) -> dict:
-        """Everything the manifest says that the rows depend on, by field name (``dataset.revision``, ...):
-        a build records it in its report, so that a file's rows can be told from its inputs later."""
+        """Everything the manifest says that the rows depend on, by field name.
+
+        The names are ``dataset.revision`` and the like. A build records it in its report, so that a
+        file's rows can be told from its inputs later.
+        """
         return {
             **{
                 field: value
@@ -180,7 +198,10 @@ class Manifest:
 
     @property
     def dataset(self) -> DatasetPin:
-        """The pin of a manifest with one dataset (``dataset:``); a mixture has several (``datasets``)."""
+        """The pin of a manifest with one dataset (``dataset:``).
+
+        A mixture has several (``datasets``).
+        """
         if len(self.datasets) != 1:
             raise ValueError(
                 f"{self.name} is a mixture of {len(self.datasets)} datasets: use .datasets"
@@ -193,13 +214,19 @@ class Manifest:
 
 
 class _FloatText(float):
-    """A YAML float that remembers how it was written (``0.670`` stays three decimals)."""
+    """A YAML float that remembers how it was written.
+
+    ``0.670`` stays three decimals.
+    """
 
     text: str
 
 
 class YamlLoader(yaml.SafeLoader):
-    """``yaml.safe_load``'s loader, keeping each float's text (manifests and recipe cards)."""
+    """``yaml.safe_load``'s loader, keeping each float's text.
+
+    Manifests and recipe cards are read with it.
+    """
 
 
 def _float_text(loader: YamlLoader, node: yaml.ScalarNode) -> _FloatText:
@@ -212,8 +239,11 @@ YamlLoader.add_constructor("tag:yaml.org,2002:float", _float_text)
 
 
 def cli_command(command: str, manifest: Manifest, portable: bool = False) -> str:
-    """This project's command line for ``command`` on ``manifest``: as it runs in this environment
-    (this Python), or, ``portable``, as it runs wherever fixed-sft is installed (``fixed-sft``)."""
+    """This project's command line for ``command`` on ``manifest``.
+
+    As it runs in this environment (this Python), or, ``portable``, as it runs wherever fixed-sft is
+    installed (``fixed-sft``).
+    """
     which = (
         f"--build {manifest.name}"
         if is_shipped(manifest)
@@ -224,22 +254,29 @@ def cli_command(command: str, manifest: Manifest, portable: bool = False) -> str
 
 
 def is_shipped(manifest: Manifest) -> bool:
-    """Whether ``manifest`` is one of the manifests that come with this install (or has no file)."""
+    """Whether ``manifest`` is one that comes with this install.
+
+    A manifest with no file counts as one.
+    """
     return manifest.path is None or manifest.path.parent.resolve() == shipped_manifests().resolve()
 
 
 def shipped_manifests() -> Path:
-    """The manifests that come with this install: ``builders/manifests`` in a wheel, the checkout's
-    ``manifests/`` (beside ``builders/``) otherwise."""
+    """The folder of the manifests that come with this install.
+
+    ``builders/manifests`` in a wheel, the checkout's ``manifests/`` (beside ``builders/``)
+    otherwise.
+    """
     package = Path(__file__).resolve().parent
     inside = package / "manifests"
     return inside if inside.is_dir() else package.parent / "manifests"
 
 
 def shipped_manifest(name: str, folder: str | Path | None = None) -> Manifest:
-    """The manifest called ``name`` (``NAME.yaml``) among those shipped with fixed-sft, or in ``folder``.
+    """The manifest called ``name`` among the shipped ones, or in ``folder``.
 
-    Works the same from a checkout and from an installed wheel, whatever the working directory:
+    The file is ``NAME.yaml`` among those shipped with fixed-sft, or in ``folder``. Works the same
+    from a checkout and from an installed wheel, whatever the working directory:
     ``RowReader(path, shipped_manifest("glm47flash-tulu3-fixed8192-v1"), verify=True)``.
     """
     if (
@@ -370,7 +407,10 @@ def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = No
 
 
 class FieldChecker:
-    """Type and form checks whose errors name the file (a manifest, a recipe card) and the field."""
+    """Type and form checks whose errors name the file and the field.
+
+    The file is a manifest or a recipe card.
+    """
 
     def __init__(self, source: str):
         self.source = source
@@ -397,7 +437,10 @@ class FieldChecker:
         return value
 
     def datasets(self, top: dict) -> tuple[DatasetPin, ...]:
-        """``dataset:`` (one pin) or ``datasets:`` (a mixture: a list of pins), exactly one of them."""
+        """``dataset:`` (one pin) or ``datasets:`` (a mixture), exactly one.
+
+        A mixture's ``datasets:`` is a list of pins.
+        """
         if ("dataset" in top) == ("datasets" in top):
             self.fail(
                 "dataset",
@@ -415,6 +458,7 @@ class FieldChecker:
         )
 
     def dataset_pin(self, value, name: str, mixture: bool) -> DatasetPin:
+        # a mixture's permutation is of all its sources
         optional = (
             "split",
             "license",
@@ -426,7 +470,7 @@ class FieldChecker:
             "id",
             "take",
             *(() if mixture else ("permutation_sha256",)),
-        )  # a mixture's permutation is of all its sources
+        )
         ds = self.mapping(value, name, required=("repo", "revision"), optional=optional)
         files = self.optional(ds, "files", f"{name}.files", self.glob)
         if files is None and ds.get("split") is None:
@@ -473,7 +517,8 @@ class FieldChecker:
         if not value or value.startswith("/") or "\\" in value or ".." in value.split("/"):
             self.fail(
                 name,
-                f"expected a glob of files inside the snapshot (such as 'data/*.jsonl'), got {value!r}",
+                "expected a glob of files inside the snapshot (such as 'data/*.jsonl'), "
+                f"got {value!r}",
             )
         return value
 
@@ -534,7 +579,10 @@ class FieldChecker:
         return value
 
     def contract(self, value) -> Contract:
-        """The ``contract:`` mapping: keys and values exactly as data/ROWS.md names them; absent keys take the default."""
+        """The ``contract:`` mapping.
+
+        Keys and values exactly as data/ROWS.md names them; absent keys take the default.
+        """
         if value is None:
             return DEFAULT
         readings = self.mapping(value, "contract", optional=KEYS)
@@ -547,8 +595,11 @@ class FieldChecker:
         return Contract(**readings)
 
     def format_fields(self, tok: dict, loss_mask: str) -> dict:
-        """The chat-format fields of ``tokenizer:``: none for glm5 (it fixes its tokens and renders with no
-        variables); ``eos`` and ``stop`` required for the others."""
+        """The chat-format fields of ``tokenizer:``.
+
+        None for glm5 (it fixes its tokens and renders with no variables); ``eos`` and ``stop``
+        required for the others.
+        """
         given = [key for key in FORMAT_FIELDS if key in tok]
         if loss_mask == "glm5":
             if given:
@@ -600,8 +651,11 @@ class FieldChecker:
         return tuple(self.string(v, f"{name}[{k}]") for k, v in enumerate(value))
 
     def variables(self, value, name: str) -> dict:
-        """Template variables: a mapping of names to YAML data, a YAML date (``2024-07-26`` unquoted) as its
-        ISO text, since a template sees plain JSON data only."""
+        """Template variables: a mapping of names to YAML data.
+
+        A YAML date (``2024-07-26`` unquoted) becomes its ISO text, since a template sees plain JSON
+        data only.
+        """
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
             self.fail(name, f"expected a mapping of variable names to values, got {_kind(value)}")
 

@@ -1,7 +1,8 @@
-"""A conversation's messages: the roles and fields a build reads, checked once for every chat format.
+"""A conversation's messages: the roles and fields a build reads.
 
-Every reader (``builders.inputs``) hands the chat formats messages with the fields named here;
-``normalize_messages`` refuses anything else, so no field is ever dropped unnoticed.
+They are checked once for every chat format. Every reader (``builders.inputs``) hands the chat
+formats messages with the fields named here; ``normalize_messages`` refuses anything else, so no
+field is ever dropped unnoticed.
 """
 
 from __future__ import annotations
@@ -9,20 +10,21 @@ from __future__ import annotations
 from builders.errors import ConversationError
 
 ROLES = ("system", "user", "assistant", "tool")
-TEXT_FIELDS = ("content", "reasoning_content")  # what a template may print of a message
-OPTIONAL_TEXT_FIELDS = TEXT_FIELDS[
-    1:
-]  # read where a file has them; the role and content are the layout's keys
+# what a template may print of a message
+TEXT_FIELDS = ("content", "reasoning_content")
+# read where a file has them; the role and content are the layout's keys
+OPTIONAL_TEXT_FIELDS = TEXT_FIELDS[1:]
 MESSAGE_KEYS = ("role", *TEXT_FIELDS)
-STEP_LOSS_MASK = (
-    "step_loss_mask"  # miles' per-message field: an answer whose value is not 1 is not supervised
-)
+# miles' per-message field: an answer whose value is not 1 is not supervised
+STEP_LOSS_MASK = "step_loss_mask"
 
 
 def split_step_loss_mask(messages) -> tuple[list, frozenset[int]]:
-    """``messages`` without miles' ``step_loss_mask`` fields, and the positions of the answers it unsupervises.
+    """Messages without ``step_loss_mask``, and the answers it unsupervises.
 
-    The template never sees the field; a null one is absent (as a parquet struct column's is).
+    ``messages`` without miles' ``step_loss_mask`` fields, and the positions of the answers the
+    field unsupervises. The template never sees the field; a null one is absent (as a parquet
+    struct column's is).
     """
     if not isinstance(messages, list) or not any(
         isinstance(m, dict) and STEP_LOSS_MASK in m for m in messages
@@ -40,10 +42,11 @@ def split_step_loss_mask(messages) -> tuple[list, frozenset[int]]:
 
 
 def normalize_messages(messages) -> list[dict]:
-    """Check that ``messages`` is a list of ``{role, content}`` dicts and drop keys whose value is None.
+    """Check the messages, and drop keys whose value is None.
 
-    transformers drops None-valued keys too; it is how a parquet struct column's absent fields
-    (``reasoning_content`` in a Tulu-shaped schema) reach the template.
+    ``messages`` must be a list of ``{role, content}`` dicts. transformers drops None-valued keys
+    too; it is how a parquet struct column's absent fields (``reasoning_content`` in a Tulu-shaped
+    schema) reach the template.
     """
     if not isinstance(messages, list):
         raise ConversationError(f"messages is {type(messages).__name__}, not a list")

@@ -1,4 +1,6 @@
-"""Versions: this builder's own (and its git commit, run from a checkout), and the toolchain's.
+"""Versions: this builder's own, and the toolchain's.
+
+The builder's own version (and its git commit, run from a checkout), and the toolchain's.
 
 The builder's version moves whenever the rows some manifest gives could change (a new rule, a
 changed default), so a report that names it says which rows its code makes.
@@ -25,9 +27,8 @@ LIBRARIES = (
     "PyYAML",
     "matplotlib",
 )
-CHECKOUT = (
-    Path(__file__).resolve().parents[1]
-)  # the folder that holds builders/, a git checkout or not
+# the folder that holds builders/, a git checkout or not
+CHECKOUT = Path(__file__).resolve().parents[1]
 
 
 def package_version(package: str) -> str | None:
@@ -39,7 +40,10 @@ def package_version(package: str) -> str | None:
 
 
 def builder_commit() -> str | None:
-    """The git commit of the checkout this code runs from (``+dirty`` with uncommitted changes), or None."""
+    """The git commit of the checkout this code runs from, or None.
+
+    It ends in ``+dirty`` where the checkout has uncommitted changes.
+    """
     if not (CHECKOUT / ".git").exists():
         return None
     try:
@@ -65,7 +69,10 @@ def builder_commit() -> str | None:
 
 
 def toolchain() -> dict:
-    """This builder's version and commit, Python's and the libraries' versions, as the report and card record them."""
+    """The versions that the report and card record.
+
+    This builder's version and commit, Python's and the libraries' versions.
+    """
     return {
         "fixed-sft": __version__,
         "fixed-sft commit": builder_commit(),

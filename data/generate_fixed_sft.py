@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
-"""Build or verify fixed-length SFT rows named by a manifest; see --help and README.md."""
+"""Build or verify fixed-length SFT rows named by a manifest.
+
+See --help and README.md.
+"""
 
 import sys
 
-try:  # Ctrl-C while the command line loads ends as it does later: a one-line message, exit 130
+# Ctrl-C while the command line loads ends as it does later: a one-line message, exit 130
+try:
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

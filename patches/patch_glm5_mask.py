@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
-"""Add the glm5 loss-mask type to a miles checkout, backed by fixed-SFT's own mask code.
+"""Add the glm5 loss-mask type to a miles checkout.
+
+The type is backed by fixed-SFT's own mask code:
 
     python patches/patch_glm5_mask.py /path/to/miles          # apply (idempotent)
     python patches/patch_glm5_mask.py --check /path/to/miles  # exit 0 if applied, 1 if not
 
 It edits two files: ``miles/utils/mask_utils.py`` gains a ``glm5`` branch in
-``MultiTurnLossMaskGenerator.get_loss_mask`` that calls ``builders.training.live_mask.glm5_loss_mask``
-(so fixed-SFT must be installed where miles runs), and ``miles/utils/arguments.py`` adds
-``glm5`` to ``--loss-mask-type``'s choices. Made for miles commit 78527b91 (the recipe's); a
-checkout whose code does not have the expected lines is left untouched, with an error.
+``MultiTurnLossMaskGenerator.get_loss_mask`` that calls
+``builders.training.live_mask.glm5_loss_mask`` (so fixed-SFT must be installed where miles runs),
+and ``miles/utils/arguments.py`` adds ``glm5`` to ``--loss-mask-type``'s choices. Made for miles
+commit 78527b91 (the recipe's); a checkout whose code does not have the expected lines is left
+untouched, with an error.
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ from pathlib import Path
 MARKER = "# fixed-SFT: glm5 loss mask"
 EDITS = {
     "miles/utils/mask_utils.py": (
-        '        else:\n            raise ValueError(f"Unsupported tokenizer type: {self.tokenizer_type}")\n',
+        "        else:\n"
+        '            raise ValueError(f"Unsupported tokenizer type: {self.tokenizer_type}")\n',
         f'        elif self.tokenizer_type == "glm5":  {MARKER}\n'
         "            from builders.training.live_mask import glm5_loss_mask\n\n"
         "            return glm5_loss_mask(self.tokenizer, messages, tools)\n"
-        '        else:\n            raise ValueError(f"Unsupported tokenizer type: {self.tokenizer_type}")\n',
+        "        else:\n"
+        '            raise ValueError(f"Unsupported tokenizer type: {self.tokenizer_type}")\n',
     ),
     "miles/utils/arguments.py": (
         '                choices=["qwen", "qwen3", "distill_qwen"],\n',
@@ -34,7 +39,7 @@ EDITS = {
 
 
 def patch(miles: Path, check_only: bool = False) -> list[str]:
-    """Apply the edits (or only check them); return the files not yet patched."""
+    """Apply (or only check) the edits; return the files not yet patched."""
     pending, texts = [], {}
     for relative, (anchor, replacement) in EDITS.items():
         path = miles / relative
@@ -51,7 +56,8 @@ def patch(miles: Path, check_only: bool = False) -> list[str]:
         pending.append(relative)
         texts[path] = text.replace(anchor, replacement)
     if not check_only:
-        for path, text in texts.items():  # written only once every file is known to be patchable
+        # written only once every file is known to be patchable
+        for path, text in texts.items():
             path.write_text(text, encoding="utf-8")
     return pending
 

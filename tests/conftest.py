@@ -1,4 +1,7 @@
-"""Shared fixtures: the fixture HF cache and fixture builds, made once per session."""
+"""Shared fixtures: the fixture HF cache and fixture builds.
+
+Made once per session.
+"""
 
 from __future__ import annotations
 
@@ -26,7 +29,10 @@ def shared() -> Path:
 
 @pytest.fixture(scope="session")
 def fixture_cache(tmp_path_factory) -> Path:
-    """An HF_HOME holding every fixture repo (the shared-based ones where ../shared exists)."""
+    """An HF_HOME holding every fixture repo.
+
+    The shared-based ones are there where ../shared exists.
+    """
     hf_home = tmp_path_factory.mktemp("hf_home")
     make_fixture_cache(hf_home, shared_dir())
     return hf_home
@@ -53,9 +59,12 @@ def built(tmp_path_factory, hub):
 
 @pytest.fixture(scope="session")
 def row_file(request):
-    """A fixture build's parquet: built in this session, or, with ``$FIXED_SFT_BUILT``, the one in
-    that folder. .ci/run tests the training side under miles' library versions that way: there the
-    fixture inputs themselves come out differently (another tokenizers trains another tokenizer)."""
+    """A fixture build's parquet.
+
+    Built in this session, or, with ``$FIXED_SFT_BUILT``, the one in that folder. .ci/run tests the
+    training side under miles' library versions that way: there the fixture inputs themselves come
+    out differently (another tokenizers trains another tokenizer).
+    """
 
     def get(name: str) -> Path:
         folder = os.environ.get("FIXED_SFT_BUILT")

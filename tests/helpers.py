@@ -1,5 +1,7 @@
-"""What the tests share: paths, fixture names, the CLI run as a user runs it, custom builds laid out,
-the readings dataset."""
+"""What the tests share.
+
+Paths, fixture names, the CLI run as a user runs it, custom builds laid out, the readings dataset.
+"""
 
 from __future__ import annotations
 
@@ -62,7 +64,10 @@ def encoder(template: str) -> ConversationEncoder:
 
 
 def with_its_eos(enc: ConversationEncoder, conversation) -> tuple[list[int], list[int]]:
-    """An encoded conversation as it enters the stream: its tokens and the EOS after them."""
+    """An encoded conversation as it enters the stream.
+
+    Its tokens and the EOS after them.
+    """
     ids, mask = with_eos(
         conversation.ids, conversation.mask, conversation.ends_with_answer, enc.eos_id
     )
@@ -88,7 +93,10 @@ def run_cli(
     timeout: float = 600,
     **run,
 ):
-    """Run data/generate_fixed_sft.py in a fresh process, offline, as a user would."""
+    """Run data/generate_fixed_sft.py in a fresh process, offline.
+
+    As a user would.
+    """
     return subprocess.run(
         [sys.executable, str(CLI), *args],
         capture_output=True,
@@ -128,7 +136,10 @@ def lay_out_build(
     dataset_files: dict | None = None,
     tokenizer_files: dict | None = None,
 ) -> Path:
-    """Lay out a dataset and tokenizer repo in ``hf_home`` and write a manifest naming them."""
+    """Lay out a dataset and tokenizer repo in ``hf_home``.
+
+    Then write a manifest naming them.
+    """
     dataset_files = dataset_files or parquet_shards(
         rows, shards=shards, row_group_rows=row_group_rows, message_type=MESSAGE_WITH_REASONING
     )
@@ -155,12 +166,16 @@ rows: {build_rows}
     return manifest
 
 
-# the readings dataset: where the contract's readings differ (ROWS.md, "Readings the recipe card leaves open")
-READINGS_ROW_TOKENS, READINGS_ROWS = 256, 40  # about 60% of its stream, in any order
+# the readings dataset: where the contract's readings differ (ROWS.md, "Readings the recipe card
+# leaves open"); its builds take about 60% of its stream, in any order
+READINGS_ROW_TOKENS, READINGS_ROWS = 256, 40
 
 
 def glm4_tokenizer_files(template: bytes) -> dict:
-    """The fixture tokenizer with a post-processor that puts [gMASK]<sop> first (encode: add-special adds it)."""
+    """The fixture tokenizer with a post-processor: [gMASK]<sop> first.
+
+    encode: add-special adds it.
+    """
     return {
         "tokenizer.json": with_glm4_post_processor(tokenizer_json().decode()).encode(),
         "chat_template.jinja": template,
@@ -168,8 +183,10 @@ def glm4_tokenizer_files(template: bytes) -> dict:
 
 
 def readings_rows() -> list[dict]:
-    """Four copies of every hard case among 40 seeded conversations: whatever the order, a build of
-    60% of the stream meets each case where the readings differ."""
+    """Four copies of every hard case among 40 seeded conversations.
+
+    Whatever the order, a build of 60% of the stream meets each case where the readings differ.
+    """
     hard = [
         {"id": f"hard_{copy}_{i}", "source": "hard", "messages": m}
         for copy in range(4)
@@ -182,7 +199,10 @@ def readings_rows() -> list[dict]:
 
 
 def lay_out_readings(hf_home: Path) -> Path:
-    """The readings dataset and the GLM-4-style tokenizer laid out in ``hf_home``; its manifest."""
+    """The readings dataset and the GLM-4-style tokenizer, laid out.
+
+    They are laid out in ``hf_home``; returns its manifest.
+    """
     return lay_out_build(
         hf_home,
         readings_rows(),
@@ -199,7 +219,10 @@ def lay_out_readings(hf_home: Path) -> Path:
 def manifest_under(
     hf_home: Path, name: str, readings: dict, folder: Path, expect: str = ""
 ) -> Manifest:
-    """Manifest ``name`` with a ``contract:`` selecting ``readings`` and ``expect`` lines added, in ``folder``."""
+    """Manifest ``name`` with a ``contract:`` selecting ``readings``.
+
+    ``expect`` lines are added; it is written in ``folder``.
+    """
     text = (hf_home / f"{name}.yaml").read_text()
     if readings:
         text += "contract:\n" + "".join(f"  {key}: {value}\n" for key, value in readings.items())
@@ -209,7 +232,10 @@ def manifest_under(
 
 
 def build_under(hf_home: Path, name: str, readings: dict, tmp_path: Path):
-    """Build the laid-out manifest under ``readings``; return the result and the manifest."""
+    """Build the laid-out manifest under ``readings``.
+
+    Return the result and the manifest.
+    """
     manifest = manifest_under(hf_home, name, readings, tmp_path)
     return build(
         manifest, tmp_path / "out", Hub(hf_home / "hub", offline=True), card=False
@@ -236,4 +262,10 @@ def reference_under(hf_home: Path, manifest: Manifest, readings: dict):
 
 def file_rows(path: Path) -> list[tuple[list[int], list[int]]]:
     table = pq.read_table(path)
-    return list(zip(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist()))
+    return list(
+        zip(
+            table.column("input_ids").to_pylist(),
+            table.column("loss_mask").to_pylist(),
+            strict=True,
+        )
+    )

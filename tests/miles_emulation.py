@@ -1,4 +1,6 @@
-"""How miles trains an SFT micro-batch, emulated from its source at the recipe's commit 78527b91.
+"""How miles trains an SFT micro-batch, emulated from its source.
+
+The source is miles at the recipe's commit 78527b91.
 
 Read in miles (not copied): ``miles/ray/rollout/train_data_conversion.py``
 (``convert_samples_to_train_data``: one entry per sample of ``tokens``, ``response_lengths``,
@@ -24,7 +26,10 @@ PAD_MULTIPLE = 128  # get_batch's pad_multiplier × tensor parallel size 1
 
 
 class MilesWouldCrash(AssertionError):
-    """What miles raises for this micro-batch (an assertion, or a shape error in the loss)."""
+    """What miles raises for this micro-batch.
+
+    An assertion, or a shape error in the loss.
+    """
 
 
 @dataclass(frozen=True)
@@ -36,7 +41,10 @@ class Target:
 
 
 def trained_targets(samples: list) -> tuple[list[Target], int]:
-    """The targets one micro-batch of filled samples trains, and miles' per-token normalizer."""
+    """The targets one micro-batch of filled samples trains.
+
+    It returns them with miles' per-token normalizer.
+    """
     rows = [sample.metadata["row_index"] for sample in samples]
     for sample in samples:
         if len(sample.loss_mask) != sample.response_length:
@@ -47,22 +55,25 @@ def trained_targets(samples: list) -> tuple[list[Target], int]:
     total_lengths = [len(sample.tokens) for sample in samples]
     packed = sum(total_lengths)
     packed += (PAD_MULTIPLE - packed % PAD_MULTIPLE) % PAD_MULTIPLE
-    owner = [(row, t) for row, length in zip(rows, total_lengths) for t in range(length)]
+    owner = [
+        (row, t) for row, length in zip(rows, total_lengths, strict=True) for t in range(length)
+    ]
     owner += [(None, t) for t in range(packed - len(owner))]
     positions = list(range(packed))
 
     targets, end = [], 0
-    for row, sample, total in zip(rows, samples, total_lengths):
+    for row, sample, total in zip(rows, samples, total_lengths, strict=True):
         end += total
         start = end - sample.response_length
-        logits = positions[start - 1 : end - 1]  # python slicing, as torch slices
+        # python slicing, as torch slices
+        logits = positions[start - 1 : end - 1]
         tokens = list(range(total))[-sample.response_length :]
         if len(logits) != len(tokens):
             raise MilesWouldCrash(
                 f"row {row}: {len(logits)} logits for {len(tokens)} response tokens "
                 f"(split_with_sizes fails in the loss)"
             )
-        for logit, position, weight in zip(logits, tokens, sample.loss_mask):
+        for logit, position, weight in zip(logits, tokens, sample.loss_mask, strict=True):
             if weight:
                 logit_row, logit_position = owner[logit]
                 targets.append(Target(row, position, logit_row, logit_position))

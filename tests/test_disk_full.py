@@ -1,7 +1,9 @@
-"""A full disk at any write of a build ends in exit 6 with one clear line naming the file, and
-nothing of the build left in the output folder: no temporary, nothing at a final path (issue 16,
-item 2). Each write is tested on a real small filesystem (a tmpfs, where this process may mount
-one) and by an injected ENOSPC (everywhere)."""
+"""A full disk at any write of a build ends in exit 6, cleanly.
+
+Exit 6 with one clear line naming the file, and nothing of the build left in the output folder: no
+temporary, nothing at a final path (issue 16, item 2). Each write is tested on a real small
+filesystem (a tmpfs, where this process may mount one) and by an injected ENOSPC (everywhere).
+"""
 
 import errno
 import math
@@ -45,7 +47,10 @@ def assert_failed_cleanly(returncode: int, stderr: str, out: Path, file: str) ->
 
 @pytest.fixture
 def build_command(fixture_cache, tmp_path):
-    """Run the command line in this process on the self-contained fixture: its exit code and stderr."""
+    """Run the command line in this process on the self-contained fixture.
+
+    Return its exit code and stderr.
+    """
     out = tmp_path / "out"
 
     def run(capsys) -> tuple[int, str]:
@@ -95,15 +100,19 @@ def test_injected_enospc_while_writing_each_card_file_and_the_report(
 
 @pytest.mark.parametrize("when", ["a row group", "the footer"])
 def test_injected_enospc_in_the_parquet_writer_thread(build_command, capsys, monkeypatch, when):
-    """As pyarrow does on a full disk: the write that fails closes the file, and every later one
-    fails with ``ArrowInvalid: Operation on closed file``. Row groups of 8 rows make the fixture's
-    48 rows six groups, so the build is still writing rows when the second group fails."""
+    """As pyarrow does on a full disk.
+
+    The write that fails closes the file, and every later one fails with ``ArrowInvalid: Operation
+    on closed file``. Row groups of 8 rows make the fixture's 48 rows six groups, so the build is
+    still writing rows when the second group fails.
+    """
     monkeypatch.setattr(rowfile, "ROW_GROUP_ROWS", 8)
     real_write_table, real_close = pq.ParquetWriter.write_table, pq.ParquetWriter.close
     calls = []
 
     def write_table(writer, table, row_group_size=None):
-        if not str(writer.where).endswith(".tmp"):  # not the build's parquet (the fixture's shards)
+        # not the build's parquet (the fixture's shards)
+        if not str(writer.where).endswith(".tmp"):
             return real_write_table(writer, table, row_group_size=row_group_size)
         calls.append(table.num_rows)
         if when == "a row group" and len(calls) >= 2:
@@ -123,8 +132,11 @@ def test_injected_enospc_in_the_parquet_writer_thread(build_command, capsys, mon
 
 
 def test_injected_enospc_when_the_outputs_are_synced(build_command, capsys, monkeypatch):
-    """A file system that reports the full disk only when the written data is synced (NFS, delayed
-    allocation): every output is complete, none may be put in place."""
+    """A file system that reports the full disk only at the sync.
+
+    As NFS or delayed allocation do: the written data fails when it is synced; every output is
+    complete, none may be put in place.
+    """
     real_fsync = os.fsync
 
     def fsync(fd):
@@ -134,7 +146,8 @@ def test_injected_enospc_when_the_outputs_are_synced(build_command, capsys, monk
 
     monkeypatch.setattr(os, "fsync", fsync)
     code, stderr = build_command(capsys)
-    assert_failed_cleanly(code, stderr, build_command.out, OUTPUTS[1])  # the first one synced
+    # the first one synced
+    assert_failed_cleanly(code, stderr, build_command.out, OUTPUTS[1])
 
 
 # --- a real full disk: a tmpfs just too small for one of the files
@@ -142,7 +155,10 @@ def test_injected_enospc_when_the_outputs_are_synced(build_command, capsys, monk
 
 @contextmanager
 def small_filesystem(folder: Path, size: int):
-    """A tmpfs of ``size`` bytes mounted at ``folder``; skips where this process may not mount one."""
+    """A tmpfs of ``size`` bytes mounted at ``folder``.
+
+    Skips where this process may not mount one.
+    """
     folder.mkdir()
     try:
         mounted = subprocess.run(
@@ -154,8 +170,8 @@ def small_filesystem(folder: Path, size: int):
         pytest.skip("no mount command here: the injected-ENOSPC tests cover a full disk")
     if mounted.returncode != 0:
         pytest.skip(
-            f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'mount failed'}; it needs root or "
-            f"CAP_SYS_ADMIN): the injected-ENOSPC tests cover a full disk"
+            f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'mount failed'}; "
+            f"it needs root or CAP_SYS_ADMIN): the injected-ENOSPC tests cover a full disk"
         )
     try:
         yield folder
@@ -169,7 +185,7 @@ def pages(path: Path) -> int:
 
 @pytest.mark.parametrize("file", OUTPUTS)
 def test_a_real_full_disk_while_writing_each_file(built, fixture_cache, tmp_path, file):
-    """The tmpfs holds every file written before ``file`` and half of ``file``."""
+    """The tmpfs holds each file written before ``file``, and half of it."""
     complete = built(SELF_CONTAINED).parquet.parent
     before = OUTPUTS[: OUTPUTS.index(file)]
     size = PAGE * (
@@ -195,7 +211,10 @@ def many_row_groups(tmp_path_factory):
 
 
 def test_a_real_full_disk_while_the_writer_thread_writes_row_groups(many_row_groups, tmp_path):
-    """The disk fills up in the third of five row groups, while the build is still making rows."""
+    """The disk fills up in the third of five row groups.
+
+    The build is still making rows then.
+    """
     hf_home, manifest, parquet_bytes = many_row_groups
     with small_filesystem(tmp_path / "disk", PAGE * math.ceil(parquet_bytes / 2 / PAGE)) as disk:
         out = disk / "out"

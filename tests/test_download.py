@@ -1,4 +1,6 @@
-"""download: exactly the files a build reads, into the HF cache, and the command that builds from it.
+"""download: exactly the files a build reads, into the HF cache.
+
+It prints the command that builds from it.
 
 No machine here reaches the Hub: the online path is checked by the arguments it hands to
 huggingface_hub, and the whole command against a filled HF cache, offline.
@@ -23,9 +25,8 @@ def test_download_asks_the_hub_for_exactly_what_a_build_reads(monkeypatch, tmp_p
         return str(folder)
 
     monkeypatch.setattr(builders.inputs.pinned, "snapshot_download", snapshot_download)
-    monkeypatch.setattr(
-        builders.inputs.pinned, "hub_unreachable", lambda hub: None
-    )  # as if the Hub answered
+    # as if the Hub answered
+    monkeypatch.setattr(builders.inputs.pinned, "hub_unreachable", lambda hub: None)
     manifest = load_manifest(MANIFESTS / "glm47flash-tulu3-fixed8192-v1.yaml")
     download(manifest, Hub(cache_dir=tmp_path / "hub"))
     assert calls == [
@@ -53,9 +54,11 @@ def test_download_asks_the_hub_for_exactly_what_a_build_reads(monkeypatch, tmp_p
 
 
 def test_offline_reads_only_the_cache(monkeypatch, tmp_path):
-    """With HF_HUB_OFFLINE=1 the snapshots are asked for as local files only: huggingface_hub before 2
-    (miles pins 1.33) otherwise asks the Hub's API for the file list and fails with
-    OfflineModeIsEnabled instead of reading the cache."""
+    """With HF_HUB_OFFLINE=1 the snapshots are asked for as local files.
+
+    huggingface_hub before 2 (miles pins 1.33) otherwise asks the Hub's API for the file list and
+    fails with OfflineModeIsEnabled instead of reading the cache.
+    """
     asked = []
 
     def snapshot_download(repo, **kwargs):
@@ -79,23 +82,23 @@ def test_download_from_a_filled_cache_says_what_it_holds_and_how_to_build(fixtur
     shards = sorted(snapshot.glob("snapshots/*/data/train-*.parquet"))
     size = sum(p.stat().st_size for p in shards)
     assert (
-        f"dataset fixed-sft-fixtures/synthetic-chat at c139a2764c49: {', '.join(p.name for p in shards)}"
-        in done.stdout
+        f"dataset fixed-sft-fixtures/synthetic-chat at c139a2764c49: "
+        f"{', '.join(p.name for p in shards)}" in done.stdout
     )
     assert f"{size / 1e3:.2f} kB" in done.stdout
     assert (
         f"HF_HUB_OFFLINE=1 HF_HOME={fixture_cache}" in done.stdout
         and f"--build {SELF_CONTAINED}" in done.stdout
     )
-    assert done.stdout.splitlines()[-1].endswith(
-        f"fixed-sft build --build {SELF_CONTAINED}"
-    )  # a portable command
+    # a portable command
+    assert done.stdout.splitlines()[-1].endswith(f"fixed-sft build --build {SELF_CONTAINED}")
+    # the printed command builds
     built = run_cli(
         *done.stdout.rsplit("fixed-sft ", 1)[1].split(),
         "--out",
         str(fixture_cache / "out"),
         hf_home=fixture_cache,
-    )  # the printed command builds
+    )
     assert built.returncode == 0, built.stderr
 
 

@@ -1,4 +1,6 @@
-"""Tokenizer engines: fastokens builds the rows tokenizers builds, and its guard stops a build that differs.
+"""Tokenizer engines: fastokens builds the rows tokenizers builds.
+
+Its guard stops a build that differs.
 
 Also tokenizers with an NFC normalizer (as Qwen2-family tokenizer.json files have), on
 decomposed text, against the offset-based reference.
@@ -62,7 +64,10 @@ def test_fastokens_and_tokenizers_build_the_same_rows(built, hub, name, tmp_path
 
 
 def test_a_normalizing_tokenizer_on_decomposed_text(tmp_path):
-    """NFC composes "e\u0301" into "é": the pieces are measured as the tokenizer sees them."""
+    """NFC composes "e\u0301" into "é".
+
+    The pieces are measured as the tokenizer sees them.
+    """
     rows = [
         {"id": f"nfc_{k}", "source": "nfc", "messages": m} for k, m in enumerate(DECOMPOSED * 4)
     ]
@@ -93,7 +98,13 @@ def test_a_normalizing_tokenizer_on_decomposed_text(tmp_path):
         result = build(manifest, tmp_path / engine, hub, card=False, engine=engine)
         table = pq.read_table(result.parquet)
         assert (
-            list(zip(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist()))
+            list(
+                zip(
+                    table.column("input_ids").to_pylist(),
+                    table.column("loss_mask").to_pylist(),
+                    strict=True,
+                )
+            )
             == expected
         )
 
@@ -108,7 +119,10 @@ class _Wrong:
 
     def encode(self, texts):
         ids = self.reference.encode(texts)
-        return [np.append(i[:-1], i[-1] + 1) if t == self.victim else i for t, i in zip(texts, ids)]
+        return [
+            np.append(i[:-1], i[-1] + 1) if t == self.victim else i
+            for t, i in zip(texts, ids, strict=True)
+        ]
 
 
 def test_the_guard_stops_a_build_whose_fast_engine_differs(monkeypatch, hub, tmp_path):
@@ -120,9 +134,8 @@ def test_the_guard_stops_a_build_whose_fast_engine_differs(monkeypatch, hub, tmp
         from builders.formats.render import ChatRenderer
         from builders.messages import normalize_messages
 
-        victim = ChatRenderer(chat_template).render(
-            normalize_messages(hard_cases()[0])
-        )  # source row 0
+        # source row 0
+        victim = ChatRenderer(chat_template).render(normalize_messages(hard_cases()[0]))
         return engines.Choice.of(
             engines.Guarded(_Wrong(reference, victim), reference), requested, None
         )
@@ -149,8 +162,12 @@ def test_probes_refuse_an_engine_that_differs():
     assert engines._disagreements(wrong, reference, probes) == ["  \n\n  \n"]
 
 
+@pytest.mark.slow
 def test_auto_falls_back_to_tokenizers_with_a_note(fixture_cache, tmp_path):
-    """Where fastokens cannot load (here: not importable), auto encodes with tokenizers and says why."""
+    """Where fastokens cannot load, auto encodes with tokenizers.
+
+    Here it is not importable; the build says why.
+    """
     out = tmp_path / "out"
     sitecustomize = tmp_path / "site"
     sitecustomize.mkdir()
@@ -183,8 +200,11 @@ def test_auto_falls_back_to_tokenizers_with_a_note(fixture_cache, tmp_path):
 
 
 def _wrong_in_workers(tmp_path, after_probes: bool) -> dict:
-    """An environment whose worker processes' fast engine gives one token too many: on every call, or only
-    after its first (the probes, which the worker encodes in one call)."""
+    """Worker processes whose fast engine gives one token too many.
+
+    An environment where it does so on every call, or only after its first (the probes, which the
+    worker encodes in one call).
+    """
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(
@@ -196,16 +216,20 @@ def _wrong_in_workers(tmp_path, after_probes: bool) -> dict:
         "    def wrong(self, texts):\n"
         "        calls.append(1)\n"
         f"        honest = {after_probes} and len(calls) == 1\n"
-        "        return real(self, texts) if honest else [np.append(i, 0) for i in real(self, texts)]\n"
+        "        if honest:\n"
+        "            return real(self, texts)\n"
+        "        return [np.append(i, 0) for i in real(self, texts)]\n"
         "    engines.FastokensEngine.encode = wrong\n"
     )
     return {"PYTHONPATH": str(site)}
 
 
 def test_a_worker_whose_fast_engine_differs_stops_the_build(fixture_cache, tmp_path):
-    """Each worker cross-checks its own samples before it sends a batch: a fast engine that passes the
-    probes and then differs from tokenizers in the workers stops the build with exit 9, the worker's
-    message intact."""
+    """Each worker cross-checks its own samples before it sends a batch.
+
+    A fast engine that passes the probes and then differs from tokenizers in the workers stops the
+    build with exit 9, the worker's message intact.
+    """
     out = tmp_path / "out"
     done = run_cli(
         "--build",
@@ -226,9 +250,13 @@ def test_a_worker_whose_fast_engine_differs_stops_the_build(fixture_cache, tmp_p
     assert not (out / f"{SELF_CONTAINED}.parquet").exists()
 
 
+@pytest.mark.slow
 def test_workers_choose_the_engine_by_its_probes(fixture_cache, built, tmp_path):
-    """The workers run the probes: where the fast engine differs on them, --engine fastokens is refused
-    (exit 9) and auto builds the same rows with tokenizers, saying why."""
+    """The workers run the probes.
+
+    Where the fast engine differs on them, --engine fastokens is refused (exit 9) and auto builds
+    the same rows with tokenizers, saying why.
+    """
     env = _wrong_in_workers(tmp_path, after_probes=False)
     refused = run_cli(
         "--build",

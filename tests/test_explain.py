@@ -1,4 +1,6 @@
-"""explain: the reading of the row contract that made a manifest's pinned rows, found by search.
+"""explain: the reading that made a manifest's pinned rows.
+
+The reading of the row contract, found by search.
 
 The pinned figures come from tests/reference.py (an independent implementation of every reading)
 under a reading that is not the default; a manifest pins them without saying the reading, and
@@ -58,10 +60,16 @@ def hub(home):
 
 
 def pinned_expect(rows, layout: str = "u4-u1") -> str:
-    """``expect:`` lines pinning ``rows``: their hash in ``layout`` and their ratio at four decimals."""
+    """``expect:`` lines pinning ``rows``.
+
+    Their hash in ``layout`` and their ratio at four decimals.
+    """
     supervised = sum(sum(mask) for _, mask in rows)
     ratio = supervised / sum(len(mask) for _, mask in rows)
-    return f"expect:\n  rows_sha256: {rows_sha256(rows, layout)}\n  supervised_token_ratio: {ratio:.4f}\n"
+    return (
+        f"expect:\n  rows_sha256: {rows_sha256(rows, layout)}\n"
+        f"  supervised_token_ratio: {ratio:.4f}\n"
+    )
 
 
 @pytest.mark.parametrize(
@@ -102,10 +110,12 @@ def test_explain_encodes_each_conversation_once_for_the_whole_search(
         hf_home, "readings", {}, tmp_path, expect=f"expect:\n  rows_sha256: {'0f' * 32}\n"
     )
     found = explain(pinned, hub(hf_home), Reporter.silent(), everything=True, engine="tokenizers")
-    assert found.tried == found.readings > 500  # four orders, two encodes: every reading was tried
+    # four orders, two encodes: every reading was tried
+    assert found.tried == found.readings > 500
     assert len(encoded) <= len(readings_rows())
 
 
+@pytest.mark.slow
 def test_no_reading_reproduces_the_hash_then_the_ratio_matches_are_named_closest_first(
     hf_home, tmp_path
 ):
@@ -138,6 +148,7 @@ def test_no_reading_reproduces_the_hash_then_the_ratio_matches_are_named_closest
     assert "no reading reproduces rows_sha256" in text.stdout and "closest first" in text.stdout
 
 
+@pytest.mark.slow
 def test_explain_on_a_shipped_manifest_finds_the_default_reading(tmp_path):
     done = run_cli(
         "explain", "--build", SELF_CONTAINED, "--fixture-cache", str(tmp_path / "cache"), "--json"
@@ -186,7 +197,8 @@ def test_rows_that_match_in_a_file_that_does_not_name_the_figure_and_the_writer(
         {},
         tmp_path / "pinned",
         expect=(
-            f"expect:\n  rows_sha256: {figures['rows_sha256']}\n  parquet_bytes: {figures['parquet_bytes'] + 1}\n"
+            f"expect:\n  rows_sha256: {figures['rows_sha256']}\n"
+            f"  parquet_bytes: {figures['parquet_bytes'] + 1}\n"
         ),
     )
     result = build(pinned, tmp_path / "second", hub(hf_home), card=False)
@@ -195,7 +207,10 @@ def test_rows_that_match_in_a_file_that_does_not_name_the_figure_and_the_writer(
 
 
 def test_explain_writer_names_the_writer_of_a_file_written_otherwise(hf_home, tmp_path):
-    """A file written by pyarrow's defaults, ids int64, mask bool, no metadata: named by its size."""
+    """A file written by pyarrow's defaults is named by its size.
+
+    Its ids are int64, its mask bool, with no metadata.
+    """
     built = build(
         manifest_under(hf_home, "readings", {}, tmp_path),
         tmp_path / "ours",
@@ -223,7 +238,8 @@ def test_explain_writer_names_the_writer_of_a_file_written_otherwise(hf_home, tm
         {},
         tmp_path / "pinned",
         expect=(
-            f"expect:\n  rows_sha256: {rows_sha256(rows)}\n  parquet_sha256: {digest}\n  parquet_bytes: {size}\n"
+            f"expect:\n  rows_sha256: {rows_sha256(rows)}\n  parquet_sha256: {digest}\n"
+            f"  parquet_bytes: {size}\n"
         ),
     )
     (tmp_path / "work").mkdir()
@@ -232,12 +248,12 @@ def test_explain_writer_names_the_writer_of_a_file_written_otherwise(hf_home, tm
     same_size = [w for w in written if w.bytes == size]
     assert [w.variant for w in same_size] == [WriterVariant("pyarrow", "int64", "bool", False)]
     assert same_size[0].sha256 == digest
-    assert (
-        written[0].bytes == built.parquet.stat().st_size
-    )  # fixed-sft's own writer: the file the build wrote
+    # fixed-sft's own writer: the file the build wrote
+    assert written[0].bytes == built.parquet.stat().st_size
     lines = list(describe_writers(written, pinned))
     assert lines == [
-        f"writers: pyarrow, input_ids int64, loss_mask bool, no metadata gives parquet_bytes {size:,}; "
+        f"writers: pyarrow, input_ids int64, loss_mask bool, no metadata "
+        f"gives parquet_bytes {size:,}; "
         f"parquet_sha256 matches too with pyarrow {pa.__version__}: pin expect.writer: "
         f"pyarrow {pa.__version__}"
     ]

@@ -1,5 +1,8 @@
-"""Faults and tampering: every one ends in the right file or a clear error, never a wrong file
-at the final path (issue: bad input, faults and tampering)."""
+"""Faults and tampering: the right file or a clear error.
+
+Every one ends in the right file or a clear error, never a wrong file at the final path (issue: bad
+input, faults and tampering).
+"""
 
 import os
 import random
@@ -22,7 +25,10 @@ BIG = dict(name="big", row_tokens=512, build_rows=4800, shards=3, row_group_rows
 
 @pytest.fixture(scope="module")
 def big_build(tmp_path_factory):
-    """A build that takes a few seconds, to interrupt, and its uninterrupted bytes."""
+    """A build that takes a few seconds, to interrupt.
+
+    It comes with its uninterrupted bytes.
+    """
     hf_home = tmp_path_factory.mktemp("big")
     manifest = lay_out_build(hf_home, synthetic_rows(seed=11, count=9600), **BIG)
     out = tmp_path_factory.mktemp("big-out")
@@ -46,6 +52,7 @@ def wait_for(predicate, timeout=60.0):
     return False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 @pytest.mark.parametrize("when", ["starting", "writing"])
 def test_interrupted_build_leaves_no_file_and_a_rerun_is_identical(
@@ -77,9 +84,12 @@ def test_interrupted_build_leaves_no_file_and_a_rerun_is_identical(
 
 
 def test_a_stop_signal_landing_in_a_finalizer_still_stops_the_build(fixture_cache, tmp_path):
-    """A SIGTERM whose KeyboardInterrupt Python swallows (it landed while a ``__del__`` ran: "Exception
-    ignored", seen with regex's Group.__del__ while the template compiles) still ends the build with
-    exit 130 and nothing left: the stop is remembered and checked at every row and at the commit."""
+    """A SIGTERM whose KeyboardInterrupt Python swallows still stops.
+
+    It landed while a ``__del__`` ran: "Exception ignored", seen with regex's Group.__del__ while
+    the template compiles. The build still ends with exit 130 and nothing left: the stop is
+    remembered and checked at every row and at the commit.
+    """
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(
@@ -90,7 +100,8 @@ def test_a_stop_signal_landing_in_a_finalizer_still_stops_the_build(fixture_cach
         "    class Finalizer:\n"
         "        def __del__(self):\n"
         "            os.kill(os.getpid(), signal.SIGTERM)\n"
-        "            sum(range(1000))  # the handler runs here, inside __del__, and its exception is ignored\n"
+        "            # the handler runs here, inside __del__, and its exception is ignored\n"
+        "            sum(range(1000))\n"
         "    def plan(self, encoder):\n"
         "        Finalizer()\n"
         "        return real(self, encoder)\n"
@@ -105,9 +116,8 @@ def test_a_stop_signal_landing_in_a_finalizer_still_stops_the_build(fixture_cach
         hf_home=fixture_cache,
         env={"PYTHONPATH": str(site)},
     )
-    assert "Exception ignored" in done.stderr, (
-        done.stderr
-    )  # the KeyboardInterrupt was swallowed where it landed
+    # the KeyboardInterrupt was swallowed where it landed
+    assert "Exception ignored" in done.stderr, done.stderr
     assert done.returncode == 130 and "interrupted" in done.stderr.strip().splitlines()[-1], (
         done.stderr
     )
@@ -115,7 +125,10 @@ def test_a_stop_signal_landing_in_a_finalizer_still_stops_the_build(fixture_cach
 
 
 def worker_pids(pid: int) -> list[int]:
-    """The build's worker processes (started as ``python -c ... builders.encode.worker ...``)."""
+    """The build's worker processes.
+
+    Started as ``python -c ... builders.encode.worker ...``.
+    """
     children = Path(f"/proc/{pid}/task/{pid}/children")
     pids = [int(p) for p in children.read_text().split()] if children.exists() else []
     return [p for p in pids if _is_worker(p)]
@@ -124,12 +137,16 @@ def worker_pids(pid: int) -> list[int]:
 def _is_worker(pid: int) -> bool:
     try:
         return b"builders.encode.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:  # it has exited
+    except OSError:
+        # it has exited
         return False
 
 
 def gone(pids: list[int]) -> bool:
-    """Whether these processes have exited and been reaped (no zombie left)."""
+    """Whether these processes have exited and been reaped.
+
+    No zombie is left.
+    """
     return not any(Path(f"/proc/{pid}").exists() and _is_worker(pid) for pid in pids)
 
 
@@ -147,8 +164,11 @@ KILL_MOMENTS = [
 
 @pytest.mark.parametrize("moment", KILL_MOMENTS)
 def test_a_killed_worker_fails_the_build_clearly(big_build, tmp_path, moment):
-    """SIGKILL (as the out-of-memory killer sends it) of one worker at any moment: exit 7 within
-    seconds, the documented message, the other worker ended and reaped, nothing left."""
+    """SIGKILL of one worker at any moment: exit 7 within seconds.
+
+    As the out-of-memory killer sends it. Then the documented message, the other worker ended and
+    reaped, nothing left.
+    """
     hf_home, manifest, _ = big_build
     out = tmp_path / "out"
     process = start_build(hf_home, manifest, out, "--workers", "2", "-q")
@@ -176,7 +196,10 @@ def test_a_killed_worker_fails_the_build_clearly(big_build, tmp_path, moment):
 
 
 def worker_fault(tmp_path: Path, fault: str) -> dict:
-    """An environment whose worker processes (only they) meet ``fault`` as their interpreter starts."""
+    """An environment whose worker processes meet ``fault``.
+
+    Only they do, as their interpreter starts.
+    """
     folder = tmp_path / "fault"
     folder.mkdir()
     (folder / "sitecustomize.py").write_text(f"""\
@@ -216,8 +239,11 @@ def test_a_worker_that_cannot_start_fails_the_build_at_once(big_build, tmp_path,
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 @pytest.mark.parametrize("moment", ["workers starting", "writing"])
 def test_interrupting_a_build_with_workers_prints_one_line(big_build, tmp_path, signum, moment):
-    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) or SIGTERM to the build:
-    exit 130, one line, no worker's traceback, the workers reaped, nothing left."""
+    """Ctrl-C or SIGTERM to the build: exit 130, one line.
+
+    Ctrl-C is SIGINT to the whole process group, as a terminal sends it. No worker's traceback, the
+    workers reaped, nothing left.
+    """
     hf_home, manifest, _ = big_build
     out = tmp_path / "out"
     process = start_build(hf_home, manifest, out, "--workers", "2", "-q", start_new_session=True)
@@ -257,7 +283,8 @@ def test_two_builds_into_one_folder_at_once(big_build, tmp_path):
 
 
 def limit_file_size():
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+    # a write past the limit fails with EFBIG instead
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (16_000, 16_000))
 
 
@@ -392,7 +419,8 @@ def test_verify_detects_a_flipped_byte_anywhere(built, tmp_path, where):
     path.write_bytes(bytes(data))
     done = run_cli("--verify", str(path))
     assert "Traceback" not in done.stderr
-    if offset < 4 or offset >= len(data) - 4:  # the PAR1 magic: no longer a parquet file at all
+    # the PAR1 magic: no longer a parquet file at all
+    if offset < 4 or offset >= len(data) - 4:
         assert done.returncode == 2 and "not a parquet file" in done.stderr, done.stderr
     else:
         assert done.returncode == 5, done.stdout + done.stderr
@@ -418,7 +446,10 @@ def test_no_code_is_executed_from_inputs():
 
 @pytest.mark.parametrize("after", [0.05, 0.1, 0.2, 0.4])
 def test_ctrl_c_while_the_command_line_loads(fixture_cache, tmp_path, after):
-    """Interrupted while its modules load (before any work), the command ends as it does later."""
+    """Interrupted as its modules load, the command ends as it does later.
+
+    That is before any work.
+    """
     process = start_cli(
         "--build", SELF_CONTAINED, "--out", str(tmp_path / "out"), hf_home=fixture_cache
     )

@@ -1,5 +1,8 @@
-"""The glm5 mask on its hard cases, against supervised text written out by hand, and the
-rendering and tokens against transformers' apply_chat_template, with both templates."""
+"""The glm5 mask on its hard cases, and the rendering and tokens.
+
+The mask against supervised text written out by hand, and the rendering and tokens against
+transformers' apply_chat_template, with both templates.
+"""
 
 import json
 
@@ -46,7 +49,7 @@ EXPECTED_SUPERVISED = [
 
 def supervised_spans(tokenizer: Tokenizer, ids, mask) -> list[str]:
     spans, current = [], []
-    for token, supervised in zip(ids, mask):
+    for token, supervised in zip(ids, mask, strict=True):
         if supervised:
             current.append(int(token))
         elif current:
@@ -63,7 +66,9 @@ def test_hard_cases_supervise_exactly_the_answers(template):
     cases = hard_cases()
     assert len(cases) == len(EXPECTED_SUPERVISED)
     rows = [{"index": i, "id": f"hard_case_{i}", "messages": m} for i, m in enumerate(cases)]
-    for row, conversation, expected in zip(rows, enc.encode(rows), EXPECTED_SUPERVISED):
+    for row, conversation, expected in zip(
+        rows, enc.encode(rows), EXPECTED_SUPERVISED, strict=True
+    ):
         assert supervised_spans(enc.tokenizer, *with_its_eos(enc, conversation)) == expected, row[
             "id"
         ]
@@ -78,7 +83,10 @@ def all_fixture_rows():
 
 @pytest.mark.parametrize("template", TEMPLATES)
 def test_rendering_and_tokens_match_apply_chat_template(template, tmp_path):
-    """Both ways: our text is transformers' text, and our ids are apply_chat_template(tokenize=True)'s."""
+    """Both ways: our text is transformers' text.
+
+    Our ids are apply_chat_template(tokenize=True)'s.
+    """
     template = template()
     (tmp_path / "tokenizer.json").write_bytes(tokenizer_json())
     hf = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
@@ -88,7 +96,7 @@ def test_rendering_and_tokens_match_apply_chat_template(template, tmp_path):
         for i, r in enumerate(all_fixture_rows())
     ]
     encoded = enc.encode(rows)
-    for row, conversation in zip(rows, encoded):
+    for row, conversation in zip(rows, encoded, strict=True):
         messages = normalize_messages(row["messages"])
         text = hf.apply_chat_template(messages, chat_template=template, tokenize=False)
         ids = hf.apply_chat_template(messages, chat_template=template, tokenize=True)
@@ -117,7 +125,8 @@ def test_conversations_the_contract_cannot_render_are_refused(messages, problem)
     with pytest.raises(SourceDataError) as err:
         enc.encode([{"index": 17, "id": "conv-17", "messages": messages}])
     assert "source row 17 (id 'conv-17')" in str(err.value) and problem in str(err.value)
-    with pytest.raises(ValueError):  # the reference implementation refuses the same cases
+    # the reference implementation refuses the same cases
+    with pytest.raises(ValueError):
         refuse_undefined(messages)
 
 
@@ -130,12 +139,16 @@ def test_a_template_that_renders_otherwise_is_refused():
 
 
 def test_a_token_across_the_prefill_boundary_is_refused():
-    """An added token "</think>x" would take the prefill's </think> and the answer's first letter
-    together: the mask is undefined for that tokenizer, and the build says so."""
+    """A token across the prefill's </think> makes the mask undefined.
+
+    An added token "</think>x" would take the prefill's </think> and the answer's first letter
+    together: the mask is undefined for that tokenizer, and the build says so.
+    """
     spec = json.loads(tokenizer_json())
     for added in spec["added_tokens"]:
         if added["content"] == "</think>":
-            added["content"] = "</think>x"  # in place of </think>
+            # in place of </think>
+            added["content"] = "</think>x"
     tokenizer = Tokenizer.from_str(json.dumps(spec))
     enc = ConversationEncoder(tokenizer, glm5_spec(FIXTURE_TEMPLATE.read_text(encoding="utf-8")))
     rows = [

@@ -1,4 +1,7 @@
-"""Pinned inputs that are not what they claim are refused with the file and the problem named."""
+"""Pinned inputs that are not what they claim are refused.
+
+The file and the problem are named.
+"""
 
 import io
 
@@ -26,7 +29,10 @@ ROWS = [
 
 
 def lay_out(tmp_path, files):
-    """A dataset repo in an offline HF cache: its pin and its resolved snapshot folder."""
+    """A dataset repo in an offline HF cache.
+
+    Its pin and its resolved snapshot folder.
+    """
     commit = put_snapshot(tmp_path, "o/d", "dataset", files)
     pin = DatasetPin(repo="o/d", revision=commit, split="train")
     return pin, resolve_snapshot(dataset_repo(pin), Hub(tmp_path / "hub", offline=True))
@@ -86,5 +92,5 @@ def test_truncated_shard_is_named(tmp_path):
     files = parquet_shards(ROWS, shards=1, row_group_rows=4, message_type=MESSAGE)
     name, data = next(iter(files.items()))
     pin, snapshot = lay_out(tmp_path, {name: data[: len(data) // 2]})
-    with pytest.raises(PinnedInputError, match="train-00000-of-00001.parquet"):
+    with pytest.raises(PinnedInputError, match=r"train-00000-of-00001\.parquet"):
         Source([(pin, dataset_files(pin, snapshot))])

@@ -1,6 +1,9 @@
-"""Other datasets and mixtures (ROWS.md, "Other datasets, and mixtures"): layouts and ``take`` built and
-verified against tests/reference.py, which reads the files whole with Python's ``json`` and
-pyarrow.parquet and applies the layout and ``take`` by its own code; bad input named by file, row, field."""
+"""Other datasets and mixtures: layouts and ``take``, built, verified.
+
+docs/datasets.md (layouts and mixtures): layouts and ``take`` built and verified against
+tests/reference.py, which reads the files whole with Python's ``json`` and pyarrow.parquet and
+applies the layout and ``take`` by its own code; bad input named by file, row, field.
+"""
 
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ SHAREGPT = {
     "keys": {"role": "from", "content": "value"},
     "roles": SHAREGPT_ROLES,
 }
+# a manifest's tokenizer sha256 mapping, for manifests that are only parsed
+FAKE_SHA256 = f"{{tokenizer.json: {'a' * 64}, chat_template.jinja: {'a' * 64}}}"
 TOKENIZER_FILES = {
     "tokenizer.json": tokenizer_json(),
     "chat_template.jinja": FIXTURE_TEMPLATE.read_bytes(),
@@ -38,13 +43,19 @@ TOKENIZER_FILES = {
 
 @pytest.fixture(autouse=True)
 def small_blocks(monkeypatch):
-    """JSON read in many small blocks, and a JSON list scanned in chunks that cut its tokens."""
+    """JSON read in many small blocks.
+
+    A JSON list is scanned in chunks that cut its tokens.
+    """
     monkeypatch.setattr(builders.inputs.files, "BLOCK_BYTES", 3000)
     monkeypatch.setattr(builders.inputs.files, "SCAN_BYTES", 777)
 
 
 def sharegpt(rows: list[dict]) -> list[dict]:
-    """Rows in the ShareGPT layout: ``conversations`` of ``{from, value}``, integer ids, fields nobody reads."""
+    """Rows in the ShareGPT layout.
+
+    ``conversations`` of ``{from, value}``, integer ids, fields nobody reads.
+    """
     by_role = {v: k for k, v in SHAREGPT_ROLES.items()}
     out = []
     for k, row in enumerate(rows):
@@ -84,7 +95,10 @@ def lay_out(
     expect: dict | None = None,
     name: str = "layout",
 ) -> Path:
-    """Dataset repos (files, pin fields) and the fixture tokenizer in ``hf_home``; the manifest naming them."""
+    """Dataset repos and the fixture tokenizer in ``hf_home``.
+
+    The repos are given as (files, pin fields); returns the manifest naming them.
+    """
     pins = []
     for j, (files, fields) in enumerate(datasets):
         repo = f"someone/{name}-data-{j}"
@@ -116,7 +130,10 @@ def snapshot(hf_home: Path, repo: str, revision: str) -> Path:
 
 
 def reference_of(hf_home: Path, manifest_path: Path):
-    """The reference's rows of a laid-out manifest, and the source rows its stream consumed."""
+    """The reference's rows of a laid-out manifest.
+
+    It returns the source rows its stream consumed too.
+    """
     doc = yaml.safe_load(manifest_path.read_text())
     pins = doc["datasets"] if "datasets" in doc else [doc["dataset"]]
     source, kept = mixture(
@@ -143,7 +160,10 @@ def reference_of(hf_home: Path, manifest_path: Path):
 
 
 def build_and_verify(hf_home: Path, manifest_path: Path, tmp_path: Path):
-    """Pin the reference's rows_sha256 in the manifest, build it, and check the build verifies with those rows."""
+    """Pin the reference's rows_sha256 in the manifest and build it.
+
+    Then check the build verifies with those rows.
+    """
     expected, consumed, ref = reference_of(hf_home, manifest_path)
     doc = yaml.safe_load(manifest_path.read_text())
     doc["expect"] = {"rows_sha256": rows_sha256(expected)}
@@ -154,7 +174,9 @@ def build_and_verify(hf_home: Path, manifest_path: Path, tmp_path: Path):
     assert result.verified, result.verification.summary()
     assert file_rows(result.parquet) == expected
     metadata = pq.read_table(result.parquet).column("metadata").to_pylist()
-    provenance = [(i, d) for m in metadata for i, d in zip(m["source_index"], m["source_id"])]
+    provenance = [
+        (i, d) for m in metadata for i, d in zip(m["source_index"], m["source_id"], strict=True)
+    ]
     assert list(dict.fromkeys(provenance)) == [(row["index"], row["id"]) for row in consumed]
     return result, consumed, ref
 
@@ -162,7 +184,10 @@ def build_and_verify(hf_home: Path, manifest_path: Path, tmp_path: Path):
 def contributions(
     consumed: list[dict], ref: Reference, bounds: list[int]
 ) -> list[tuple[int, int, int]]:
-    """(conversations, tokens with EOS, supervised tokens) per dataset, from the reference's own encoding."""
+    """(conversations, tokens with EOS, supervised tokens) per dataset.
+
+    From the reference's own encoding.
+    """
     totals = [[0, 0, 0] for _ in bounds[1:]]
     for row in consumed:
         ids, mask = ref.conversation(row["messages"])
@@ -182,7 +207,8 @@ def test_sharegpt_json_lines_builds_and_verifies(tmp_path):
     }
     manifest = lay_out(tmp_path, [(files, {"files": "data/*.jsonl", **SHAREGPT})], rows=25)
     result, consumed, _ = build_and_verify(tmp_path, manifest, tmp_path)
-    assert consumed[0]["id"].isdigit()  # integer ids, read as their text
+    # integer ids, read as their text
+    assert consumed[0]["id"].isdigit()
     report = json.loads(result.report.read_text())
     assert {s["source"] for s in report["stats"]["by_source"]} <= {"share-0", "share-1", "share-2"}
     assert [f["name"] for f in report["source_files"]] == [
@@ -193,17 +219,15 @@ def test_sharegpt_json_lines_builds_and_verifies(tmp_path):
 
 def test_single_json_list_builds_and_verifies(tmp_path):
     rows = synthetic_rows(seed=12, count=45)
-    records = [
-        {"messages": r["messages"], "note": {"nested": [1, "]"]}} for r in rows
-    ]  # no id, no source
+    # no id, no source
+    records = [{"messages": r["messages"], "note": {"nested": [1, "]"]}} for r in rows]
     files = {"train.json": json.dumps(records, indent=1).encode()}
     manifest = lay_out(
         tmp_path, [(files, {"files": "*.json", "id": None, "rows": len(records)})], rows=20
     )
-    result, consumed, _ = build_and_verify(tmp_path, manifest, tmp_path)
-    assert all(
-        row["id"] == str(row["index"]) for row in consumed
-    )  # id: null: the source index is the id
+    _, consumed, _ = build_and_verify(tmp_path, manifest, tmp_path)
+    # id: null: the source index is the id
+    assert all(row["id"] == str(row["index"]) for row in consumed)
     card = (tmp_path / "out" / "layout.md").read_text()
     assert "The data has no `source` field" in card
 
@@ -237,7 +261,10 @@ def test_two_source_mixture_with_take_builds_and_verifies(tmp_path):
 
 
 def test_take_keeps_the_rows_the_contract_names(tmp_path):
-    """kept rows are sorted(default_rng([seed, j]).permutation(N_j)[:K]), offset by the sources before."""
+    """kept rows are sorted(default_rng([seed, j]).permutation(N_j)[:K]).
+
+    They are offset by the sources before.
+    """
     import numpy as np
 
     from builders.rows.order import kept_rows
@@ -264,7 +291,7 @@ def test_the_glob_matches_as_the_hub_download_filter(tmp_path):
     manifest = parse_manifest(f"""
 name: m
 dataset: {{repo: o/d, revision: {commit}, files: "*.json"}}
-tokenizer: {{repo: o/t, revision: {commit}, sha256: {{tokenizer.json: {"a" * 64}, chat_template.jinja: {"a" * 64}}}}}
+tokenizer: {{repo: o/t, revision: {commit}, sha256: {FAKE_SHA256}}}
 loss_mask: glm5
 seed: 1
 row_tokens: 8
@@ -354,7 +381,8 @@ def test_a_row_without_the_conversation_field(tmp_path):
         (
             "x.jsonl",
             b'{"conversations": [{"from": "human", "value": 3}]}\n',
-            "x.jsonl: row 0: field 'conversations': message 0: field 'value' is a number, not a string",
+            "x.jsonl: row 0: field 'conversations': message 0: "
+            "field 'value' is a number, not a string",
         ),
         ("x.parquet", b"PAR1 not really", "x.parquet: not a readable parquet file"),
         (
@@ -401,7 +429,8 @@ def test_source_counts_are_checked(tmp_path, fields, problem):
     "section, problem",
     [
         (
-            "dataset: {repo: o/d, revision: REV, split: train}\ndatasets: [{repo: o/d, revision: REV, split: train}]",
+            "dataset: {repo: o/d, revision: REV, split: train}\n"
+            "datasets: [{repo: o/d, revision: REV, split: train}]",
             "dataset: give either dataset: (one pin) or datasets:",
         ),
         ("datasets: []", "datasets: expected a non-empty list"),
@@ -428,7 +457,7 @@ def test_source_counts_are_checked(tmp_path, fields, problem):
 def test_manifest_dataset_sections_are_checked(section, problem):
     text = f"""name: m
 {section.replace("REV", "a" * 40).replace("SHA", "b" * 64)}
-tokenizer: {{repo: o/t, revision: {"a" * 40}, sha256: {{tokenizer.json: {"a" * 64}, chat_template.jinja: {"a" * 64}}}}}
+tokenizer: {{repo: o/t, revision: {"a" * 40}, sha256: {FAKE_SHA256}}}
 loss_mask: glm5
 seed: 1
 row_tokens: 8
@@ -461,8 +490,11 @@ def test_defaults_are_the_tulu_layout():
 
 
 def test_json_list_scan_minds_strings_escapes_and_chunk_edges(tmp_path, monkeypatch):
-    """Brackets, commas, quotes and backslash runs inside strings, cut anywhere by the scan's chunks:
-    the objects read are those Python's json reads."""
+    """Brackets, commas, quotes and backslashes, cut anywhere, read right.
+
+    Brackets, commas, quotes and backslash runs inside strings, cut anywhere by the scan's chunks:
+    the objects read are those Python's json reads.
+    """
     import random
 
     rng = random.Random(0)
@@ -474,7 +506,7 @@ def test_json_list_scan_minds_strings_escapes_and_chunk_edges(tmp_path, monkeypa
             for _ in range(rng.randint(0, 12))
         )
 
-    for trial in range(150):
+    for _ in range(150):
         monkeypatch.setattr(
             builders.inputs.files, "SCAN_BYTES", rng.choice([1, 2, 3, 7, 64, 1 << 20])
         )
@@ -515,7 +547,7 @@ def test_a_mixture_is_no_recipe_cards_build():
     pins = "".join(f"\n  - {{repo: o/d{j}, revision: {'a' * 40}, split: train}}" for j in range(2))
     manifest = parse_manifest(f"""name: m
 datasets:{pins}
-tokenizer: {{repo: o/t, revision: {"a" * 40}, sha256: {{tokenizer.json: {"a" * 64}, chat_template.jinja: {"a" * 64}}}}}
+tokenizer: {{repo: o/t, revision: {"a" * 40}, sha256: {FAKE_SHA256}}}
 loss_mask: glm5
 seed: 1
 row_tokens: 8

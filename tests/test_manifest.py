@@ -30,7 +30,7 @@ def test_a_shipped_manifest_loads_by_name_from_any_folder(tmp_path, monkeypatch)
     real = shipped_manifest("glm47flash-tulu3-fixed8192-v1")
     assert real == load_manifest(MANIFESTS / "glm47flash-tulu3-fixed8192-v1.yaml")
     with pytest.raises(
-        ManifestError, match="no manifest .*/glm47.yaml \\(known: .*fixture-synthetic-v1"
+        ManifestError, match=r"no manifest .*/glm47\.yaml \(known: .*fixture-synthetic-v1"
     ):
         shipped_manifest("glm47")
     for not_a_name in ("manifests/fixture-synthetic-v1.yaml", "fixture-synthetic-v1.yaml", ".."):
@@ -91,7 +91,10 @@ def test_not_a_manifest(text):
 
 @pytest.mark.parametrize("written", ["0.670", "'0.670'", '"0.670"'])
 def test_ratio_is_compared_at_the_precision_written(written):
-    """YAML reads 0.670 as the float 0.67; the manifest keeps the three decimals it was written with."""
+    """YAML reads 0.670 as the float 0.67.
+
+    The manifest keeps the three decimals it was written with.
+    """
     text = (
         (MANIFESTS / "fixture-synthetic-v1.yaml")
         .read_text()
@@ -99,7 +102,8 @@ def test_ratio_is_compared_at_the_precision_written(written):
     )
     ratio = parse_manifest(text).expect.supervised_token_ratio
     assert ratio.decimals == 3 and ratio.matches(0.6704) and not ratio.matches(0.6706)
-    assert not ratio.matches(0.6749)  # at two decimals this would round to 0.67 and match
+    # at two decimals this would round to 0.67 and match
+    assert not ratio.matches(0.6749)
 
 
 @pytest.mark.parametrize(

@@ -45,7 +45,8 @@ def test_windows_are_consecutive_and_unsupervised_ones_skipped():
         [0, 2],
         ["c3", "c4"],
     )
-    # conversation 4 continues into the last row, at offset 0; the EOS after an answer is its stop token
+    # conversation 4 continues into the last row, at offset 0; the EOS after an answer is its stop
+    # token
     assert (rows[2].source_index, rows[2].segment_start, rows[2].loss_mask.tolist()) == (
         [4, 5],
         [0, 1],

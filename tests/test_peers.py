@@ -1,6 +1,8 @@
-"""The peer formats against the peers' own code: transformers' ``apply_chat_template`` with
-``return_assistant_tokens_mask`` for ``hf-generation``, miles' ``get_loss_mask`` for ``miles-qwen`` /
-``miles-qwen3``, on Qwen's real BPE and the chat templates the trl wheel ships (``peer_inputs``).
+"""The peer formats against the peers' own code.
+
+transformers' ``apply_chat_template`` with ``return_assistant_tokens_mask`` for ``hf-generation``,
+miles' ``get_loss_mask`` for ``miles-qwen`` / ``miles-qwen3``, on Qwen's real BPE and the chat
+templates the trl wheel ships (``peer_inputs``).
 
 The miles readings are compared with ``peer_reference.miles_loss_mask`` (miles transcribed call for
 call) always, and with miles' own ``mask_utils.py`` where ``MILES_SRC`` names a miles checkout at
@@ -10,10 +12,10 @@ nothing is stubbed. Run it with:
     MILES_SRC=/path/to/miles python -m pytest tests/test_peers.py -s
 
 Run at miles 78527b91 (``git archive 78527b91 | tar -x -C /tmp/miles``), ``-s`` prints the counts:
-real miles, 2 rules x 8 templates: 2,016 conversations compared, 1,699 equal, 317 where miles
-raises or returns a mask of another length than its ids and the builder refuses, 0 different;
-transformers' ``{% generation %}`` masks, 34 templates: 1,084 compared, 1,015 equal, 69 refused
-by both (the template raises), 0 different.
+real miles, 2 rules x 8 templates: 2,016 conversations compared, 1,699 equal, 317 where miles raises
+or returns a mask of another length than its ids and the builder refuses, 0 different; transformers'
+``{% generation %}`` masks, 34 templates: 1,084 compared, 1,015 equal, 69 refused by both (the
+template raises), 0 different.
 """
 
 from __future__ import annotations
@@ -112,13 +114,15 @@ DEEPSEEK_DISTILL_TOKENS = (
 # handmade templates for the edges of transformers' span-to-token mapping: a span that starts
 # inside a token, an empty span, a span inside a buffered macro (recorded at the wrong offset)
 EDGE_TEMPLATES = {
-    "straddle": "{% for m in messages %}{{ m.role }}:{% if m.role == 'assistant' %}x{% generation %}"
-    "{{ m.content }}.{% endgeneration %}{% else %}{{ m.content }}{% endif %}\n{% endfor %}",
-    "empty-span": "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{% if m.role == 'assistant' %}"
-    "{% generation %}{% endgeneration %}{% endif %}<|im_end|>\n{% endfor %}",
-    "macro": "{% macro turn(m) %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' %}{% generation %}"
-    "{{ m.content }}<|im_end|>{% endgeneration %}{% else %}{{ m.content }}<|im_end|>{% endif %}\n"
-    "{% endmacro %}{% for m in messages %}{{ turn(m) }}{% endfor %}",
+    "straddle": "{% for m in messages %}{{ m.role }}:{% if m.role == 'assistant' %}x"
+    "{% generation %}{{ m.content }}.{% endgeneration %}{% else %}{{ m.content }}{% endif %}\n"
+    "{% endfor %}",
+    "empty-span": "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+    "{% if m.role == 'assistant' %}{% generation %}{% endgeneration %}{% endif %}<|im_end|>\n"
+    "{% endfor %}",
+    "macro": "{% macro turn(m) %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' %}"
+    "{% generation %}{{ m.content }}<|im_end|>{% endgeneration %}{% else %}{{ m.content }}"
+    "<|im_end|>{% endif %}\n{% endmacro %}{% for m in messages %}{{ turn(m) }}{% endfor %}",
 }
 
 
@@ -129,7 +133,10 @@ def peer_reading(name: str, tokenizer: Tokenizer, template: str, special_tokens:
 
 
 def conversations(with_tulu: bool) -> list[list[dict]]:
-    """The hard cases; with ``with_tulu``, also the first 100 Tulu 3 rows where ../shared has them."""
+    """The hard cases, and with ``with_tulu`` some Tulu 3 rows.
+
+    The first 100 Tulu 3 rows, where ../shared has them.
+    """
     out = QWEN_HARD_CASES + hard_cases()
     folder = shared_dir()
     if (
@@ -150,11 +157,13 @@ def generation_templates() -> dict[str, str]:
 
 
 def compare(reference, reading, convs: list[list[dict]]) -> dict:
-    """Conversation by conversation: the reading equals the reference, or both refuse it; then the
-    defined ones encoded in one batch equal the same one by one.
+    """Conversation by conversation: the reading equals the reference.
+
+    Or both refuse it; then the defined ones encoded in one batch equal the same one by one.
 
     Where the reference raises (a template error), the reading must raise ConversationError;
-    where its ids and mask differ in length (miles' cut ate an answer's header), the reading refuses too.
+    where its ids and mask differ in length (miles' cut ate an answer's header), the reading refuses
+    too.
     """
     counts = {"compared": 0, "equal": 0, "both refuse": 0}
     defined, singles = [], []
@@ -186,16 +195,15 @@ def qwen_json() -> str:
 
 @pytest.fixture(scope="module")
 def qwen_hf(qwen_json, tmp_path_factory):
-    """One PreTrainedTokenizerFast over the Qwen tokenizer; a test sets its chat_template."""
+    """One PreTrainedTokenizerFast over the Qwen tokenizer.
+
+    A test sets its chat_template.
+    """
     return hf_tokenizer(qwen_json, "", tmp_path_factory.mktemp("qwen"), **QWEN_SPECIALS)
 
 
-WITH_TULU = (
-    "qwen3_training",
-    "qwen2_5_training",
-    "qwen3",
-    "qwen2_5",
-)  # the slow reference on long rows: a few only
+# the slow reference on long rows: a few only
+WITH_TULU = ("qwen3_training", "qwen2_5_training", "qwen3", "qwen2_5")
 
 
 @pytest.mark.parametrize("template_name", sorted(generation_templates()))
@@ -231,8 +239,11 @@ MILES_TEMPLATES = (
 
 
 def miles_case(qwen_json: str, qwen_hf, template_name: str, tmp_path):
-    """The Qwen tokenizer (with DeepSeek's role tokens added for the distill template), its
-    PreTrainedTokenizerFast with the template, and the template."""
+    """The Qwen tokenizer, its PreTrainedTokenizerFast, and the template.
+
+    The tokenizer has DeepSeek's role tokens added for the distill template; the
+    PreTrainedTokenizerFast has the template.
+    """
     tokenizer = Tokenizer.from_str(qwen_json)
     template = trl_templates()[template_name]
     if template_name != "deepseek_r1_distill":
@@ -314,7 +325,10 @@ def peer_source() -> list[dict]:
 
 
 def lay_out_peer(hf_home: Path, qwen_json: str, template_name: str, loss_mask: str) -> Path:
-    """The peer source and the Qwen tokenizer with ``template_name`` in ``hf_home``; a manifest under ``loss_mask``."""
+    """The peer source and the Qwen tokenizer, laid out in ``hf_home``.
+
+    The tokenizer with ``template_name``; returns a manifest under ``loss_mask``.
+    """
     files = {
         "tokenizer.json": qwen_json.encode(),
         "chat_template.jinja": trl_templates()[template_name].encode(),
@@ -341,8 +355,11 @@ def lay_out_peer(hf_home: Path, qwen_json: str, template_name: str, loss_mask: s
 
 
 def peer_reference_rows(hf_home: Path, manifest, loss_mask: str, qwen_hf) -> list:
-    """The rows of ``manifest``'s source under peer ``loss_mask``, each conversation from the peer's own calls
-    (``peer_reference``), then the EOS (unsupervised), packed by tests/reference.py."""
+    """The rows of ``manifest``'s source under peer ``loss_mask``.
+
+    Each conversation from the peer's own calls (``peer_reference``), then the EOS (unsupervised),
+    packed by tests/reference.py.
+    """
     qwen_hf.chat_template = trl_templates()[PEER_TEMPLATE[loss_mask]]
     eos = qwen_hf.convert_tokens_to_ids("<|endoftext|>")
 
@@ -353,7 +370,7 @@ def peer_reference_rows(hf_home: Path, manifest, loss_mask: str, qwen_hf) -> lis
             if loss_mask == "hf-generation"
             else miles_loss_mask(qwen_hf, loss_mask.removeprefix("miles-"), messages)
         )
-        return ids + [eos], mask + [0]
+        return [*ids, eos], [*mask, 0]
 
     data = next(
         (hf_home / "hub").glob(f"datasets--*{manifest.dataset.repo.split('/')[1]}/snapshots/*/data")
@@ -373,8 +390,12 @@ def test_a_peer_build_is_the_peer_rows(qwen_json, qwen_hf, loss_mask, tmp_path):
     assert file_rows(built.parquet) == peer_reference_rows(hf_home, manifest, loss_mask, qwen_hf)
 
 
+@pytest.mark.slow
 def test_explain_names_the_peer_that_made_the_pinned_rows(qwen_json, qwen_hf, tmp_path):
-    """Rows made the miles-qwen3 way (by the transcribed miles calls), pinned in a manifest that says miles-qwen."""
+    """Rows made the miles-qwen3 way, in a manifest that says miles-qwen.
+
+    Made by the transcribed miles calls, and pinned in the manifest.
+    """
     hf_home = tmp_path / "hf"
     path = lay_out_peer(hf_home, qwen_json, "qwen3", "miles-qwen")
     peer_rows = peer_reference_rows(hf_home, load_manifest(path), "miles-qwen3", qwen_hf)
@@ -398,7 +419,7 @@ def test_a_peer_manifest_takes_eos_and_no_stop(qwen_json, tmp_path):
         )
     )
     with pytest.raises(
-        ManifestError, match="tokenizer.stop.*does not apply to loss_mask miles-qwen"
+        ManifestError, match=r"tokenizer\.stop.*does not apply to loss_mask miles-qwen"
     ):
         load_manifest(path)
 

@@ -1,10 +1,11 @@
-"""Every reading of the contract's open choices builds exactly the rows of tests/reference.py.
+"""Every contract reading builds exactly tests/reference.py's rows.
 
-The readings are ROWS.md's "Readings the recipe card leaves open". The dataset is the synthetic
-fixture (two answers in a row, role-token text in user and assistant messages, reasoning,
-tools); the tokenizer is the fixture tokenizer with a GLM-4-style post-processor that puts
-``[gMASK]<sop>`` before a text encoded with special tokens, so that ``encode: add-special``
-adds something. The pinned template and the real Tulu rows are tried for the slime rules.
+The readings are the contract's open choices, ROWS.md's "Readings the recipe card leaves open". The
+dataset is the synthetic fixture (two answers in a row, role-token text in user and assistant
+messages, reasoning, tools); the tokenizer is the fixture tokenizer with a GLM-4-style
+post-processor that puts ``[gMASK]<sop>`` before a text encoded with special tokens, so that
+``encode: add-special`` adds something. The pinned template and the real Tulu rows are tried for the
+slime rules.
 """
 
 from __future__ import annotations
@@ -75,7 +76,10 @@ def test_a_reading_builds_the_references_rows(synthetic_source, default_sha, rea
 
 
 def test_slime_pr1844_leaves_out_two_answers_in_a_row(synthetic_source, tmp_path):
-    """#1844's spans run to a stop token, past a second <|assistant|>: the second header is not found."""
+    """#1844's spans run to a stop token, past a second <|assistant|>.
+
+    The second header is not found.
+    """
     result, _ = build_under(
         synthetic_source, "readings", {"mask_rule": "slime-pr1844", "order": "source"}, tmp_path
     )

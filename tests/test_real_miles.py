@@ -1,10 +1,11 @@
-"""The rows through the real miles code (bench/real_miles.py), where a miles checkout is at hand.
+"""The rows through the real miles code (bench/real_miles.py).
 
-Skipped unless MILES_SRC points to a miles checkout at the recipe's commit 78527b91 (miles is
-not on PyPI, so CI never runs this). MILES_PYTHON names the interpreter of an environment with
-miles' dependencies (default: this one). Run it with:
+It runs where a miles checkout is at hand: it is skipped unless MILES_SRC points to a miles checkout
+at the recipe's commit 78527b91 (miles is not on PyPI, so CI never runs this). MILES_PYTHON names
+the interpreter of an environment with miles' dependencies (default: this one). Run it with:
 
-    MILES_SRC=/path/to/miles MILES_PYTHON=/path/to/miles-env/bin/python python -m pytest tests/test_real_miles.py
+    MILES_SRC=/path/to/miles MILES_PYTHON=/path/to/miles-env/bin/python \\
+        python -m pytest tests/test_real_miles.py
 """
 
 import os

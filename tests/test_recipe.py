@@ -1,5 +1,8 @@
-"""Recipe cards: ``manifest --from-recipe`` and ``check-recipe`` on the seed's card, on a card made
-for the fixture build (so a fresh clone tests them too), and on edited copies of both."""
+"""Recipe cards: ``manifest --from-recipe`` and ``check-recipe``.
+
+On the seed's card, on a card made for the fixture build (so a fresh clone tests them too), and on
+edited copies of both.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +26,10 @@ CARD_YAML_STARTS = "# recipes/glm-4.7-flash/h200/attune-tp1-pp1-ep8.yaml"
 
 
 def seed_card(tmp_path):
-    """The seed's card as a CARD.yaml: the YAML part of the page in ../shared/spec."""
+    """The seed's card as a CARD.yaml.
+
+    The YAML part of the page in ../shared/spec.
+    """
     shared = shared_dir()
     if shared is None or not (shared / SEED_CARD_PAGE).is_file():
         pytest.skip(
@@ -39,7 +45,10 @@ CARDS = {SEED_NAME: seed_card, SELF_CONTAINED: lambda tmp_path: FIXTURE_CARD}
 
 
 def edited(card, tmp_path, *replacements):
-    """A copy of ``card`` with each (old, new) text replaced; each old text must be on the card once."""
+    """A copy of ``card`` with each (old, new) text replaced.
+
+    Each old text must be on the card once.
+    """
     text = card.read_text(encoding="utf-8")
     for old, new in replacements:
         assert text.count(old) == 1, old
@@ -57,18 +66,23 @@ def cli(capsys, *args):
 
 
 def assert_same_manifest(implied, shipped):
-    """Field by field: every field the card carries equal; those it does not, left out."""
+    """Field by field: every field the card carries equal.
+
+    Those it does not carry are left out.
+    """
     assert implied.path != shipped.path
     for field in dataclasses.fields(shipped):
         name = field.name
         if name == "path":
             continue
         got, expected = getattr(implied, name), getattr(shipped, name)
-        if name == "datasets":  # one; the card gives no source row count or permutation hash
+        # one; the card gives no source row count or permutation hash
+        if name == "datasets":
             (got,), (expected,) = got, expected
             assert (got.rows, got.permutation_sha256) == (None, None)
             expected = dataclasses.replace(expected, rows=None, permutation_sha256=None)
-        if name == "expect":  # nor the writer of its file
+        # nor the writer of its file
+        if name == "expect":
             assert got.writer is None
             expected = dataclasses.replace(expected, writer=None)
         assert got == expected, name
@@ -102,17 +116,20 @@ def test_the_card_checks_against_its_shipped_manifest(name, tmp_path, capsys):
         "tokenizer.sha256.chat_template.jinja",
         "tokenizer.repo",
     }
-    assert err == ""  # nothing unknown on the card
+    # nothing unknown on the card
+    assert err == ""
 
 
 def test_a_changed_hash_is_named_with_both_values(tmp_path, capsys):
     old = "d4dd773eabe1d2ae7cb47d221c1aff3b146c97b46eecec30caca6c7fbb4116a5"
-    new = "f" * 64  # a string in YAML (64 zeros would be a number)
+    # a string in YAML (64 zeros would be a number)
+    new = "f" * 64
     card = edited(FIXTURE_CARD, tmp_path, (old, new))
     code, out, _ = cli(capsys, "check-recipe", str(card))
     assert code == 5
     assert (
-        f"DIFFERS         expect.parquet_sha256: card {new} (workload.dataset.build.parquet_sha256), "
+        f"DIFFERS         expect.parquet_sha256: card {new} "
+        f"(workload.dataset.build.parquet_sha256), "
         f"manifest {old}" in out
     )
     assert "card DIFFERS in expect.parquet_sha256:" in out
@@ -145,8 +162,8 @@ def test_a_missing_figure_is_reported_not_guessed(tmp_path, capsys):
     code, out, _ = cli(capsys, "check-recipe", str(card))
     assert code == 0
     assert (
-        "not on card     expect.parquet_bytes (workload.dataset.build.parquet_bytes): manifest 35434"
-        in out
+        "not on card     expect.parquet_bytes (workload.dataset.build.parquet_bytes): "
+        "manifest 35434" in out
     )
     assert "; not on the card: expect.parquet_bytes" in out
     implied = tmp_path / "implied.yaml"
@@ -182,7 +199,8 @@ def test_a_card_lacking_what_a_manifest_needs_makes_none(tmp_path, capsys):
             "workload.dataset.build.tokenizer (revision): expected a 40-hex commit, got 'd4e7779b'",
         ),
         (
-            "glm-shaped-tiny (revision d4e7779b0ae58830e80a2a8d3e6f7983a0de2504; tokenizer.json 4cf5)",
+            "glm-shaped-tiny "
+            "(revision d4e7779b0ae58830e80a2a8d3e6f7983a0de2504; tokenizer.json 4cf5)",
             "workload.dataset.build.tokenizer: cannot read 'tokenizer.json 4cf5'",
         ),
     ],
@@ -193,7 +211,7 @@ def test_a_malformed_tokenizer_line_is_refused_by_name(line, named, tmp_path, ca
     card = tmp_path / "edited.yaml"
     card.write_text(f"{text[:start]}      tokenizer: {line}\n{text[end:]}", encoding="utf-8")
     for command in (["check-recipe", str(card)], ["manifest", "--from-recipe", str(card)]):
-        code, out, err = cli(capsys, *command)
+        code, _, err = cli(capsys, *command)
         assert code == 2, err
         assert named in err and "Traceback" not in err
 
@@ -210,8 +228,8 @@ def test_a_tokenizer_line_naming_another_repo_leaves_the_repo_unknown(tmp_path, 
     code, out, err = cli(capsys, "check-recipe", str(card))
     assert code == 0 and "not on card     tokenizer.repo" in out
     assert (
-        "names 'glm-shaped-tiny', not a Hub repo, and result.active_params.source is someone/other-model"
-        in err
+        "names 'glm-shaped-tiny', not a Hub repo, "
+        "and result.active_params.source is someone/other-model" in err
     )
     code, _, err = cli(capsys, "manifest", "--from-recipe", str(card))
     assert code == 2 and "tokenizer.repo (card: workload.dataset.build.tokenizer" in err
@@ -224,7 +242,7 @@ def test_unknown_fields_are_one_note_never_fatal(tmp_path, capsys):
         ("      builder:", "      shuffle_buffer: 4096\n      builder:"),
         ("patches: []", "patches: []\nsignature: abc"),
     )
-    code, out, err = cli(capsys, "check-recipe", str(card))
+    code, _, err = cli(capsys, "check-recipe", str(card))
     assert code == 0
     notes = [line for line in err.splitlines() if line.startswith("note:")]
     assert notes == [

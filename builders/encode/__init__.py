@@ -1,1 +1,4 @@
-"""Encoding: each conversation rendered, tokenized and masked, in this process or in worker processes."""
+"""Encoding: each conversation rendered, tokenized and masked.
+
+It runs in this process or in worker processes.
+"""

@@ -1,10 +1,11 @@
-"""Turn conversations into token ids and loss masks: a chat format annotates, a contract reading masks.
+"""Turn conversations into token ids and loss masks.
 
-Each conversation is rendered and tokenized once by the manifest's chat format
-(``builders.formats``) into an ``Annotated`` record that holds what every contract reading needs
-(its tokens and their classes, the own-rule masks when asked for); ``materialize`` turns it into
-the ids and mask of one reading. A build does both for its own contract; ``explain`` keeps the
-records and materializes many readings from the same codes (``stream_codes``).
+A chat format annotates, a contract reading masks. Each conversation is rendered and tokenized once
+by the manifest's chat format (``builders.formats``) into an ``Annotated`` record that holds what
+every contract reading needs (its tokens and their classes, the own-rule masks when asked for);
+``materialize`` turns it into the ids and mask of one reading. A build does both for its own
+contract; ``explain`` keeps the records and materializes many readings from the same codes
+(``stream_codes``).
 """
 
 from __future__ import annotations
@@ -27,23 +28,25 @@ from builders.formats.vocab import Vocab
 class EncodedConversation:
     index: int  # source index
     id: str
-    source: str | None  # the source dataset's ``source`` column (which Tulu subset)
-    ids: np.ndarray  # int32: the conversation's tokens (the EOS that follows it is the stream's)
+    # the source dataset's ``source`` column (which Tulu subset)
+    source: str | None
+    # int32: the conversation's tokens (the EOS that follows it is the stream's)
+    ids: np.ndarray
     mask: np.ndarray  # uint8, same length
-    ends_with_answer: (
-        bool  # whether the last piece is an answer, so the EOS after it is its stop token
-    )
-    left_out: bool = False  # a mask rule that finds no answer header in it leaves it out of the stream (slime readings)
-    cross_checked: bool = (
-        False  # encoded by the reference engine too (a fast engine's sample), and agreed
-    )
+    # whether the last piece is an answer, so the EOS after it is its stop token
+    ends_with_answer: bool
+    # a mask rule that finds no answer header in it leaves it out of the stream (slime readings)
+    left_out: bool = False
+    # encoded by the reference engine too (a fast engine's sample), and agreed
+    cross_checked: bool = False
 
 
 class ConversationEncoder:
-    """Renders and encodes with a chat format (``spec``), masks as ``contract`` reads its rule.
+    """Renders and encodes with a chat format (``spec``).
 
-    The encoder owns ``tokenizer``: it turns off any truncation or padding that
-    ``tokenizer.json`` configures, as transformers does when it encodes a rendered chat.
+    It masks as ``contract`` reads its rule. The encoder owns ``tokenizer``: it turns off any
+    truncation or padding that ``tokenizer.json`` configures, as transformers does when it encodes a
+    rendered chat.
     """
 
     def __init__(
@@ -58,7 +61,8 @@ class ConversationEncoder:
         self.engine = engine or TokenizersEngine(tokenizer)
         self.eos_id = self.vocab.token_id(self.format.eos, self.format.name)
         if contract.encode == "add-special":
-            self.vocab.post_processor_wrap()  # refuses a post-processor that adds different tokens, before any work
+            # refuses a post-processor that adds different tokens, before any work
+            self.vocab.post_processor_wrap()
         self._values = self.class_values(contract)
 
     @property
@@ -66,20 +70,24 @@ class ConversationEncoder:
         return self.format.spec
 
     def with_engine(self, engine) -> ConversationEncoder:
-        """This encoder, its tokenizer and format shared, encoding with ``engine``."""
+        """This encoder, encoding with ``engine``.
+
+        The copy shares its tokenizer and format.
+        """
         other = copy.copy(self)
         other.engine = engine
         return other
 
     def encode(self, rows: list[dict]) -> list[EncodedConversation]:
-        """Encode source rows (dicts with ``index``, ``id``, ``messages``, optional ``source`` and
-        ``layout_error``: ``builders.inputs.source``), in order.
+        """Encode source rows, in order.
 
-        A conversation the contract does not define is a SourceDataError naming its source row.
+        The rows are dicts with ``index``, ``id``, ``messages``, optional ``source`` and
+        ``layout_error`` (``builders.inputs.source``). A conversation the contract does not define
+        is a SourceDataError naming its source row.
         """
         rules = () if self.contract.structure_rule else (self.contract.mask_rule,)
         out = []
-        for row, annotated in zip(rows, self.annotate(rows, rules)):
+        for row, annotated in zip(rows, self.annotate(rows, rules), strict=True):
             materialized = self.materialize(annotated, self.contract)
             ids, mask, ends = materialized if materialized else (_EMPTY_IDS, _EMPTY_MASK, False)
             out.append(
@@ -97,8 +105,11 @@ class ConversationEncoder:
         return out
 
     def annotate(self, rows: list[dict], rules=()) -> list[Annotated]:
-        """Render, check and tokenize source rows once (``ChatFormat.annotate``); a row the source could not
-        read as its layout says (``layout_error``: ``builders.inputs.source``) is a SourceDataError naming it."""
+        """Render, check and tokenize source rows once.
+
+        The chat format does it (``ChatFormat.annotate``). A row the source could not read as its
+        layout says (``layout_error``: ``builders.inputs.source``) is a SourceDataError naming it.
+        """
         for row in rows:
             if row.get("layout_error"):
                 with located(row):
@@ -108,8 +119,10 @@ class ConversationEncoder:
     def materialize(
         self, annotated: Annotated, contract: Contract
     ) -> tuple[np.ndarray, np.ndarray, bool] | None:
-        """The ids and mask of a conversation under ``contract`` (the EOS not included); None where its
-        rule leaves it out."""
+        """The ids and mask of a conversation under ``contract``.
+
+        The EOS is not included; None where its rule leaves it out.
+        """
         wrap = self.vocab.post_processor_wrap() if contract.encode == "add-special" else None
         coded = self.stream_codes(
             annotated, contract.mask_rule, wrap, final=contract.final == "append-stop"
@@ -123,8 +136,11 @@ class ConversationEncoder:
         return ids, values[codes], annotated.ends_with_answer
 
     def class_values(self, contract: Contract) -> tuple[int, ...]:
-        """The mask value of each code of a conversation's own tokens under ``contract`` (``Contract.table``):
-        the format's classes under its rule, the mask itself under an own-rule reading (slime's)."""
+        """The mask value of each code of a conversation's own tokens.
+
+        The values are under ``contract`` (``Contract.table``): the format's classes under its rule,
+        the mask itself under an own-rule reading (slime's).
+        """
         if not contract.structure_rule:
             return (0, 1)
         return tuple(int(v) for v in self.format.class_mask(contract))
@@ -137,10 +153,13 @@ class ConversationEncoder:
         final: bool = True,
         eos: bool = False,
     ) -> tuple[np.ndarray, np.ndarray] | None:
-        """A conversation's ids and codes (``Contract.table``) under mask rule ``rule``: its own tokens,
-        and around them what a reading may add: the ``add-special`` ``wrap`` (None: not there), with
-        ``final`` the stop token ``final: append-stop`` appends, with ``eos`` the EOS. Own-rule readings
-        code their tokens by mask value (0, 1); None where such a rule leaves the conversation out."""
+        """A conversation's ids and codes under mask rule ``rule``.
+
+        The codes are ``Contract.table``'s. The ids are its own tokens, and around them what a
+        reading may add: the ``add-special`` ``wrap`` (None: not there), with ``final`` the stop
+        token ``final: append-stop`` appends, with ``eos`` the EOS. Own-rule readings code their
+        tokens by mask value (0, 1); None where such a rule leaves the conversation out.
+        """
         if rule == DEFAULT.mask_rule:
             base, pieces = self.format.classes, [(annotated.ids, annotated.classes)]
             appended = self.format.appended_stop()
@@ -156,14 +175,10 @@ class ConversationEncoder:
             if entry is None:
                 return None
             base, (appended, mask) = 2, entry
-            pieces = [
-                (
-                    annotated.ids
-                    if appended is None
-                    else np.append(annotated.ids, np.int32(appended)),
-                    mask,
-                )
-            ]
+            ids = annotated.ids
+            if appended is not None:
+                ids = np.append(ids, np.int32(appended))
+            pieces = [(ids, mask)]
         if wrap is not None:
             before, after = wrap
             pieces = [

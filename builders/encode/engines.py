@@ -1,7 +1,8 @@
-"""Tokenizer engines: ``tokenizers`` (the contract's reference) and ``fastokens`` (a guarded accelerator).
+"""Tokenizer engines: ``tokenizers`` and ``fastokens``.
 
-Both load the pinned ``tokenizer.json`` and encode texts with ``add_special_tokens=False``. The
-fast engine is never trusted on its word:
+``tokenizers`` is the contract's reference, ``fastokens`` a guarded accelerator. Both load the
+pinned ``tokenizer.json`` and encode texts with ``add_special_tokens=False``. The fast engine is
+never trusted on its word:
 
 - before any row is built, both encode a fixed set of probe strings (every added token, text
   around them, whitespace and newline runs, digits, CJK, emoji, combining marks, the chat
@@ -32,8 +33,11 @@ CROSS_CHECK_LONG = 16_384
 
 
 class Engine:
-    """What encodes texts for a chat format: ``encode``, and a guard's ``cross_check`` and ``finish``
-    (an unguarded engine samples nothing and has nothing to wait for)."""
+    """What encodes texts for a chat format.
+
+    It has ``encode``, and a guard's ``cross_check`` and ``finish`` (an unguarded engine samples
+    nothing and has nothing to wait for).
+    """
 
     name: str
     version: str | None
@@ -45,7 +49,10 @@ class Engine:
     def cross_check(
         self, texts: list[str], ids: list[np.ndarray], indices: list[int]
     ) -> list[bool]:
-        """Which of the encoded ``texts`` (of source rows ``indices``) the reference encodes too, beside the build."""
+        """Which of the encoded ``texts`` the reference encodes too.
+
+        It encodes them beside the build; ``indices`` are their source rows.
+        """
         return [False] * len(texts)
 
     def finish(self) -> None:
@@ -53,7 +60,10 @@ class Engine:
 
 
 class TokenizersEngine(Engine):
-    """The reference: ``tokenizers.Tokenizer.encode_batch_fast`` (no offsets)."""
+    """The reference: ``tokenizers.Tokenizer.encode_batch_fast``.
+
+    It computes no offsets.
+    """
 
     name = "tokenizers"
 
@@ -67,7 +77,10 @@ class TokenizersEngine(Engine):
 
 
 class FastokensEngine(Engine):
-    """``fastokens.Tokenizer.encode_batch_flat``: every text's ids in one buffer, no per-token objects."""
+    """``fastokens.Tokenizer.encode_batch_flat``.
+
+    It gives every text's ids in one buffer, no per-token objects.
+    """
 
     name = "fastokens"
 
@@ -87,11 +100,12 @@ class FastokensEngine(Engine):
 
 
 class Guarded(Engine):
-    """A fast engine whose sampled conversations the reference encodes too, in a thread of its own.
+    """A fast engine whose sampled conversations the reference encodes too.
 
-    ``cross_check`` returns at once; the comparisons run beside the build (the reference releases
-    the GIL while it encodes). A disagreement is raised by the next ``cross_check`` and, at the
-    latest, by ``finish``, which the build calls before its file reaches the final path.
+    The reference encodes them in a thread of its own. ``cross_check`` returns at once; the
+    comparisons run beside the build (the reference releases the GIL while it encodes). A
+    disagreement is raised by the next ``cross_check`` and, at the latest, by ``finish``, which the
+    build calls before its file reaches the final path.
     """
 
     def __init__(self, fast, reference: TokenizersEngine):
@@ -106,13 +120,14 @@ class Guarded(Engine):
     def cross_check(
         self, texts: list[str], ids: list[np.ndarray], indices: list[int]
     ) -> list[bool]:
-        """Have the reference encode the sampled ones of ``texts``; return which were sampled.
+        """Have the reference encode the sampled ones of ``texts``.
 
-        ``indices`` are the conversations' source indices.
+        Return which were sampled. ``indices`` are the conversations' source indices.
         """
         self._raise_finished()
         sampled = [
-            i % CROSS_CHECK_EVERY == 0 or len(t) > CROSS_CHECK_LONG for i, t in zip(indices, ids)
+            i % CROSS_CHECK_EVERY == 0 or len(t) > CROSS_CHECK_LONG
+            for i, t in zip(indices, ids, strict=True)
         ]
         chosen = [k for k, s in enumerate(sampled) if s]
         if chosen:
@@ -122,7 +137,10 @@ class Guarded(Engine):
         return sampled
 
     def check(self, texts: list[str], ids: list[np.ndarray], indices: list[int]) -> None:
-        """Compare ``ids`` with the reference's encoding of ``texts``, beside the build."""
+        """Compare ``ids`` with the reference's encoding of ``texts``.
+
+        The comparison runs beside the build.
+        """
         self._pending.append(self._checker.submit(self._compare, texts, ids, indices))
 
     def finish(self) -> None:
@@ -138,28 +156,35 @@ class Guarded(Engine):
             future.result()
 
     def _compare(self, texts: list[str], ids: list[np.ndarray], indices: list[int]) -> None:
-        for text_ids, expected, index in zip(ids, self.reference.encode(texts), indices):
+        for text_ids, expected, index in zip(
+            ids, self.reference.encode(texts), indices, strict=True
+        ):
             if not np.array_equal(text_ids, expected):
                 common = min(len(text_ids), len(expected))
                 differ = np.flatnonzero(text_ids[:common] != expected[:common])
                 at = int(differ[0]) if differ.size else common
                 raise EngineDisagreement(
-                    f"source row {index}: the {self.name} engine's tokens differ from tokenizers' at token {at} "
-                    f"({len(text_ids)} vs {len(expected)} tokens); nothing was written to the final path. Build "
-                    f"with --engine tokenizers, and please report the conversation"
+                    f"source row {index}: the {self.name} engine's tokens differ from tokenizers' "
+                    f"at token {at} ({len(text_ids)} vs {len(expected)} tokens); "
+                    f"nothing was written to the final path. "
+                    f"Build with --engine tokenizers, and please report the conversation"
                 )
 
 
 @dataclass(frozen=True)
 class Choice:
-    """The engine a build encodes with, and why; ``engine`` is None where the worker processes made
-    their own (each makes the same choice: ``builders.encode.worker``)."""
+    """The engine a build encodes with, and why.
+
+    ``engine`` is None where the worker processes made their own (each makes the same choice:
+    ``builders.encode.worker``).
+    """
 
     name: str
     version: str | None
     requested: str
     note: str | None  # why auto did not use fastokens
-    engine: object | None = None  # TokenizersEngine or Guarded, made in this process
+    # TokenizersEngine or Guarded, made in this process
+    engine: object | None = None
 
     @classmethod
     def of(cls, engine, requested: str, note: str | None) -> Choice:
@@ -180,8 +205,11 @@ class Choice:
 
 
 def choose(requested: str, tokenizer: Tokenizer, tokenizer_json: str, chat_template: str) -> Choice:
-    """The engine for a build: ``auto`` uses fastokens when it loads the pinned ``tokenizer.json``
-    and agrees with tokenizers on every probe, else tokenizers (with a note)."""
+    """The engine for a build.
+
+    ``auto`` uses fastokens when it loads the pinned ``tokenizer.json`` and agrees with tokenizers
+    on every probe, else tokenizers (with a note).
+    """
     if requested not in ENGINES:
         raise UsageError(f"unknown engine {requested!r} (known: {', '.join(ENGINES)})")
     reference = TokenizersEngine(tokenizer)
@@ -189,7 +217,8 @@ def choose(requested: str, tokenizer: Tokenizer, tokenizer_json: str, chat_templ
         return Choice.of(reference, requested, None)
     try:
         fast = FastokensEngine(tokenizer_json)
-    except Exception as err:  # not installed, or cannot load this tokenizer.json
+    except Exception as err:
+        # not installed, or cannot load this tokenizer.json
         problem = f"fastokens cannot load the pinned tokenizer.json ({type(err).__name__}: {err})"
         if requested == "fastokens":
             raise UsageError(f"--engine fastokens: {problem}") from err
@@ -211,13 +240,16 @@ def choose(requested: str, tokenizer: Tokenizer, tokenizer_json: str, chat_templ
 def _disagreements(fast, reference, texts: list[str]) -> list[str]:
     return [
         text
-        for text, a, b in zip(texts, fast.encode(texts), reference.encode(texts))
+        for text, a, b in zip(texts, fast.encode(texts), reference.encode(texts), strict=True)
         if not np.array_equal(a, b)
     ]
 
 
 def probes(tokenizer: Tokenizer, chat_template: str) -> list[str]:
-    """Strings on which a second engine must agree with tokenizers before it encodes anything."""
+    """Strings on which a second engine must agree with tokenizers.
+
+    It must agree on them before it encodes anything.
+    """
     added = [t.content for t in tokenizer.get_added_tokens_decoder().values()]
     around = [
         form.format(t=t)
@@ -268,7 +300,8 @@ def probes(tokenizer: Tokenizer, chat_template: str) -> list[str]:
         "Hello, world! It's 42°C.",
         "def f(x):\n    return x ** 2\n",
         '{"key": [1, 2, {"a": null}]}',
-        "<|user|>What does <|assistant|> mean?<|assistant|></think>It is a role token.<|endoftext|>",
+        "<|user|>What does <|assistant|> mean?<|assistant|></think>"
+        "It is a role token.<|endoftext|>",
     ]
     fragments = [
         f

@@ -1,14 +1,14 @@
-"""Where conversations are encoded: in this process, or in worker processes.
+"""Where conversations are encoded: this process or worker processes.
 
-Both take batches of source rows with their stream positions and leave each encoded
-conversation (or the error that names it) at its position; the stream takes them back in
-order. Each worker (``builders.encode.worker``) holds its own copy of the tokenizer, template, contract
-and engine and runs the same ``ConversationEncoder``, so the rows do not depend on the number of
-workers. A pool's workers also choose the engine (its probes), decode the source's row groups
-themselves (``submit_group``) and cross-check their own samples: what scales with the source runs
-in them, and the main process only orders, cuts and writes. At most ``2 × workers`` tasks are in
-flight: memory stays bounded. Either way the engine is chosen while the build plans, and
-``settle`` waits for that choice; a pool's interpreters start before the build opens its inputs.
+Both take batches of source rows with their stream positions and leave each encoded conversation (or
+the error that names it) at its position; the stream takes them back in order. Each worker
+(``builders.encode.worker``) holds its own copy of the tokenizer, template, contract and engine and
+runs the same ``ConversationEncoder``, so the rows do not depend on the number of workers. A pool's
+workers also choose the engine (its probes), decode the source's row groups themselves
+(``submit_group``) and cross-check their own samples: what scales with the source runs in them, and
+the main process only orders, cuts and writes. At most ``2 × workers`` tasks are in flight: memory
+stays bounded. Either way the engine is chosen while the build plans, and ``settle`` waits for that
+choice; a pool's interpreters start before the build opens its inputs.
 
 ``--workers auto`` (``worker_count``) is one process where the machine has at most
 ``IN_PROCESS_UP_TO`` cores (the engine's own threads use them; measured fastest there, see
@@ -37,12 +37,17 @@ from builders.encode.worker import Worker, encode_rows
 from builders.errors import EngineDisagreement, SourceDataError
 from builders.inputs.source import Source
 
-Encoded = dict  # stream position → EncodedConversation, or the SourceDataError of that conversation
-IN_PROCESS_UP_TO = 2  # cores on which --workers auto encodes in this process
+# stream position → EncodedConversation, or the SourceDataError of that conversation
+Encoded = dict
+# cores on which --workers auto encodes in this process
+IN_PROCESS_UP_TO = 2
 
 
 def worker_count(requested: str | int) -> int:
-    """The worker processes ``--workers`` asks for: a number, or ``auto`` for this machine."""
+    """The worker processes ``--workers`` asks for.
+
+    ``--workers`` gives a number, or ``auto`` for this machine.
+    """
     if requested != "auto":
         return int(requested)
     cores = len(os.sched_getaffinity(0))
@@ -50,10 +55,15 @@ def worker_count(requested: str | int) -> int:
 
 
 class Encoding(Protocol):
-    """Where the stream's conversations are encoded (``InProcess`` or ``Pool``), as the stream uses it."""
+    """Where the stream's conversations are encoded, as the stream uses it.
 
-    decodes_groups: bool  # the workers decode the source's row groups themselves (``submit_group``)
-    ahead: int  # batches handed out before the stream takes the oldest
+    It is ``InProcess`` or ``Pool``.
+    """
+
+    # the workers decode the source's row groups themselves (``submit_group``)
+    decodes_groups: bool
+    # batches handed out before the stream takes the oldest
+    ahead: int
 
     def start(
         self, encoder: ConversationEncoder, engine: str, tokenizer_json: str, source: Source
@@ -66,11 +76,17 @@ class Encoding(Protocol):
 
 
 class InProcess:
-    """Encodes in this process, at once (the engine's own threads use the cores); the engine is
-    chosen in a thread of its own while the build plans."""
+    """Encodes in this process, at once.
 
-    decodes_groups = False  # the stream decodes the source here
-    ahead = 0  # batches the stream hands out before it takes the oldest: none, each is encoded as it is handed out
+    The engine's own threads use the cores; the engine is chosen in a thread of its own while the
+    build plans.
+    """
+
+    # the stream decodes the source here
+    decodes_groups = False
+    # batches the stream hands out before it takes the oldest:
+    # none, each is encoded as it is handed out
+    ahead = 0
 
     def __enter__(self):
         self._chooser = ThreadPoolExecutor(1, thread_name_prefix="engine-choice")
@@ -83,15 +99,21 @@ class InProcess:
     def start(
         self, encoder: ConversationEncoder, engine: str, tokenizer_json: str, source: Source
     ) -> None:
-        """Begin choosing ``engine`` (what ``--engine`` asks for) for ``encoder`` (the format and contract,
-        with the reference engine until ``settle``); ``tokenizer_json`` is the pinned file's text."""
+        """Begin choosing the engine for ``encoder``.
+
+        ``engine`` is what ``--engine`` asks for; ``encoder`` the format and contract, with the
+        reference engine until ``settle``; ``tokenizer_json`` is the pinned file's text.
+        """
         self.encoder = encoder
         self._choice = self._chooser.submit(
             engines.choose, engine, encoder.tokenizer, tokenizer_json, encoder.spec.chat_template
         )
 
     def settle(self) -> engines.Choice:
-        """The engine chosen (a refused ``--engine`` raises here); encode with it from now on."""
+        """The engine chosen; encode with it from now on.
+
+        A refused ``--engine`` raises here.
+        """
         choice = self._choice.result()
         self.encoder = self.encoder.with_engine(choice.engine)
         return choice
@@ -111,28 +133,29 @@ class InProcess:
 
 
 class Pool(InProcess):
-    """Encodes in ``workers`` processes, each with its own encoder, its own choice of the engine and
-    its own reader of the source's files. Their interpreters start (and import) when the pool is
-    entered, before the build has opened its inputs; ``start`` tells them what to encode with."""
+    """Encodes in ``workers`` processes.
 
-    decodes_groups = True  # the stream hands row groups to the workers (``submit_group``)
+    Each has its own encoder, its own choice of the engine and its own reader of the source's
+    files. Their interpreters start (and import) when the pool is entered, before the build has
+    opened its inputs; ``start`` tells them what to encode with.
+    """
+
+    # the stream hands row groups to the workers (``submit_group``)
+    decodes_groups = True
 
     def __init__(self, workers: int):
         self.count, self.depth = workers, 2 * workers
-        self.ahead = (
-            self.depth
-        )  # every worker busy with two batches while the build takes the oldest
+        # every worker busy with two batches while the build takes the oldest
+        self.ahead = self.depth
         self.workers: list[Worker] = []
         self.source: Source | None = None
-        self.hold: Callable[[pa.Table, np.ndarray], None] | None = (
-            None  # takes the rows a group sends back
-        )
+        # takes the rows a group sends back
+        self.hold: Callable[[pa.Table, np.ndarray], None] | None = None
 
     def __enter__(self):
         try:
-            for _ in range(
-                self.count
-            ):  # all start at once; each then waits for its start-up message
+            # all start at once; each then waits for its start-up message
+            for _ in range(self.count):
                 self.workers.append(Worker())
         except BaseException:
             self._stop()
@@ -146,16 +169,21 @@ class Pool(InProcess):
     def start(
         self, encoder: ConversationEncoder, engine: str, tokenizer_json: str, source: Source | None
     ) -> None:
-        """Send each worker what it encodes with: ``encoder``'s format and contract, the ``engine`` asked
-        for, ``tokenizer_json`` (the pinned file's text, which ``encoder``'s tokenizer was loaded from),
-        and the ``source`` whose row groups it decodes."""
+        """Send each worker what it encodes with.
+
+        That is ``encoder``'s format and contract, the ``engine`` asked for, ``tokenizer_json``
+        (the pinned file's text, which ``encoder``'s tokenizer was loaded from), and the ``source``
+        whose row groups it decodes.
+        """
         self.encoder, self.source = encoder, source
         for worker in self.workers:
             worker.send_start_up(encoder, engine, tokenizer_json, source)
 
     def settle(self) -> engines.Choice:
-        """The engine every worker chose once it started (a worker that could not start, or a refused
-        ``--engine``, raises here)."""
+        """The engine every worker chose once it started.
+
+        A worker that could not start, or a refused ``--engine``, raises here.
+        """
         while not all(worker.started for worker in self.workers):
             self._collect({}, block=True)
         chosen = {json.dumps(worker.choice, sort_keys=True) for worker in self.workers}
@@ -181,15 +209,21 @@ class Pool(InProcess):
         encoded: Encoded,
         hold: Callable[[pa.Table, np.ndarray], None],
     ) -> None:
-        """Have a worker decode row group ``group``, encode its ``rows`` at ``positions`` before ``eager``
-        and send back the others, which go to ``hold`` (rows, positions)."""
+        """Have a worker decode row group ``group`` and encode rows of it.
+
+        It encodes its ``rows`` at ``positions`` before ``eager`` and sends back the others, which
+        go to ``hold`` (rows, positions).
+        """
         self.hold = hold
         self._least_busy(encoded).send_group(
             group, self.source.group_rows(group), rows, positions, eager
         )
 
     def wait_all(self, encoded: Encoded) -> None:
-        """Take every answer still on its way (so each group's held-back rows are held)."""
+        """Take every answer still on its way.
+
+        Then each group's held-back rows are held.
+        """
         while any(worker.in_flight for worker in self.workers):
             self._collect(encoded, block=True)
 
@@ -206,8 +240,10 @@ class Pool(InProcess):
         return _unwrap(encoded.pop(position))
 
     def _collect(self, encoded: Encoded, block: bool) -> None:
-        """Take what the workers have sent (waiting for something when ``block``); a worker that
-        failed or died raises here."""
+        """Take what the workers have sent.
+
+        With ``block``, wait for something. A worker that failed or died raises here.
+        """
         by_channel = {worker.channel: worker for worker in self.workers}
         for channel in wait(list(by_channel), timeout=None if block else 0):
             batch, later = by_channel[channel].receive()
@@ -227,8 +263,11 @@ class Pool(InProcess):
 
 
 def encoding(workers: int) -> Encoding:
-    """This process when ``workers`` is 1 (the engine then uses all cores itself), else a pool of
-    ``workers`` processes; either is told what to encode with by ``start``."""
+    """This process when ``workers`` is 1, else a pool of processes.
+
+    The pool has ``workers`` processes; in this process the engine uses all cores itself. Either is
+    told what to encode with by ``start``.
+    """
     return InProcess() if workers <= 1 else Pool(workers)
 
 

@@ -1,11 +1,11 @@
-"""The source's conversations in stream order, encoded, each row group decoded at most once.
+"""The source's conversations in stream order, encoded.
 
-A build consumes a prefix of the permutation whose length depends on the tokens, so it is
-known only at the end. The stream plans for it:
+Each row group is decoded at most once. A build consumes a prefix of the permutation whose length
+depends on the tokens, so it is known only at the end. The stream plans for it:
 
-- a sample of rows from a few row groups, encoded, gives the mean tokens per conversation, and from it the
-  *horizon*: ``HORIZON_MARGIN`` times the conversations the rows need (the whole source for a
-  build that consumes all of it);
+- a sample of rows from a few row groups, encoded, gives the mean tokens per conversation, and
+  from it the *horizon*: ``HORIZON_MARGIN`` times the conversations the rows need (the whole
+  source for a build that consumes all of it);
 - one pass decodes every row group once (``READ_THREADS`` at a time) and keeps its rows whose
   stream position lies before the horizon: in memory up to ``MEMORY_ROWS_BYTES`` of decoded rows
   (half of them already encoded), the rest spilled to disk in position buckets (Arrow IPC files
@@ -42,14 +42,16 @@ from builders.errors import SourceDataError
 from builders.inputs.source import Source
 
 READ_THREADS = 2  # row groups decoded at once
-READ_AHEAD = 2 * READ_THREADS  # row groups decoded or decoding, not yet taken apart
-HORIZON_MARGIN = 1.3  # rows kept past the estimate of what the build consumes
-EAGER_SHARE = 0.85  # of the estimate, encoded as soon as its row group is decoded
-SAMPLE_GROUPS, SAMPLE_ROWS = (
-    8,
-    64,
-)  # row groups spread over the source, and rows of each, for the estimate
-MEMORY_ROWS_BYTES = 320 << 20  # decoded rows held in memory; the rest of a pass waits on disk
+# row groups decoded or decoding, not yet taken apart
+READ_AHEAD = 2 * READ_THREADS
+# rows kept past the estimate of what the build consumes
+HORIZON_MARGIN = 1.3
+# of the estimate, encoded as soon as its row group is decoded
+EAGER_SHARE = 0.85
+# row groups spread over the source, and rows of each, for the estimate
+SAMPLE_GROUPS, SAMPLE_ROWS = 8, 64
+# decoded rows held in memory; the rest of a pass waits on disk
+MEMORY_ROWS_BYTES = 320 << 20
 ENCODE_BATCH = 256  # conversations encoded together
 
 
@@ -66,21 +68,33 @@ class StreamStats:
 
 
 class Stream:
-    """Encoded conversations in permutation order; stop iterating when the rows are complete."""
+    """Encoded conversations in permutation order.
+
+    Stop iterating when the rows are complete.
+    """
 
     def __init__(self, source: Source, order: np.ndarray, needed_tokens: int):
-        """``order``: the source indices in stream order (all of them, or what a mixture's ``take`` keeps)."""
+        """``order``: the source indices in stream order.
+
+        That is all of them, or what a mixture's ``take`` keeps.
+        """
         self.source, self.order, self.needed_tokens = source, order, needed_tokens
-        self.encoding: Encoding | None = None  # set by encoded_with
-        self.position = np.full(source.num_rows, -1, dtype=np.int64)  # -1: not in the stream
+        # set by encoded_with
+        self.encoding: Encoding | None = None
+        # -1: not in the stream
+        self.position = np.full(source.num_rows, -1, dtype=np.int64)
         self.position[order] = np.arange(len(order), dtype=np.int64)
         self.stats = StreamStats()
-        self._decoded: dict[int, pa.Table] = {}  # the sample's row groups, kept for the first pass
+        # the sample's row groups, kept for the first pass
+        self._decoded: dict[int, pa.Table] = {}
 
     def plan(self, encoder) -> None:
-        """Estimate how many conversations the rows need, from the mean tokens of a sample: the
-        first ``SAMPLE_ROWS`` rows of ``SAMPLE_GROUPS`` row groups spread over the source, encoded by
-        ``encoder`` (any engine: only their lengths count). The groups are kept for the pass."""
+        """Estimate how many conversations the rows need.
+
+        The estimate comes from the mean tokens of a sample: the first ``SAMPLE_ROWS`` rows of
+        ``SAMPLE_GROUPS`` row groups spread over the source, encoded by ``encoder`` (any engine:
+        only their lengths count). The groups are kept for the pass.
+        """
         groups = np.unique(
             np.linspace(0, self.source.num_groups - 1, SAMPLE_GROUPS).astype(np.int64)
         ).tolist()
@@ -99,7 +113,10 @@ class Stream:
         self.stats.estimated_conversations = max(ENCODE_BATCH, math.ceil(self.needed_tokens / mean))
 
     def encoded_with(self, encoding: Encoding) -> Stream:
-        """Encode with ``encoding`` (``builders.encode.pool``: this process, or a pool)."""
+        """Encode with ``encoding``.
+
+        It is this process, or a pool (``builders.encode.pool``).
+        """
         self.encoding = encoding
         return self
 
@@ -116,11 +133,8 @@ class Stream:
         with tempfile.TemporaryDirectory(prefix="fixed-sft-spill-") as spill:
             while start < n:
                 yield from self._pass(start, end, eager, Path(spill))
-                start, end, eager = (
-                    end,
-                    min(n, 2 * end - start),
-                    end,
-                )  # outrun: another stretch as long
+                # outrun: another stretch as long
+                start, end, eager = end, min(n, 2 * end - start), end
 
     def _read(self, group: int) -> pa.Table:
         table = self._decoded.pop(group, None)
@@ -130,11 +144,15 @@ class Stream:
         return table
 
     def _pass(self, start: int, end: int, eager: int, spill: Path) -> Iterator[EncodedConversation]:
-        """Decode every row group once for positions [start, end); yield them encoded, in order."""
+        """Decode every row group once for positions [start, end).
+
+        Yield them encoded, in order.
+        """
         self.stats.passes += 1
         wanted = self.order[start:end]
         groups = np.unique(self.source.group_of(wanted)).tolist()
-        # rows in memory at once: half encoded early, half waiting as Arrow data; the rest waits on disk
+        # rows in memory at once: half encoded early, half waiting as Arrow data;
+        # the rest waits on disk
         in_memory = max(
             2 * ENCODE_BATCH, int(MEMORY_ROWS_BYTES / max(1.0, self.source.bytes_per_row()))
         )
@@ -148,7 +166,8 @@ class Stream:
             if self.encoding.decodes_groups
             else self._decode(groups, bounds, encoded, held)
         )
-        for _ in feed:  # after each row group handed out: the prefix encoded so far
+        # after each row group handed out: the prefix encoded so far
+        for _ in feed:
             while position < last_eager and self.encoding.ready(encoded, position):
                 yield self.encoding.take(encoded, position)
                 position += 1
@@ -156,13 +175,10 @@ class Stream:
         self.stats.rows_spilled += held.spilled
         yield from self._taken(encoded, position, last_eager)
         position = last_eager
-        submitted: deque[int] = (
-            deque()
-        )  # the sizes of the held batches handed out and not yet taken, in order
-        for (
-            table,
-            positions,
-        ) in held.in_order():  # held rows are the positions from eager to end, in order
+        # the sizes of the held batches handed out and not yet taken, in order
+        submitted: deque[int] = deque()
+        # held rows are the positions from eager to end, in order
+        for table, positions in held.in_order():
             for first in range(0, table.num_rows, ENCODE_BATCH):
                 self.encoding.submit(
                     table.slice(first, ENCODE_BATCH),
@@ -170,28 +186,33 @@ class Stream:
                     encoded,
                 )
                 submitted.append(min(ENCODE_BATCH, table.num_rows - first))
-                while (
-                    len(submitted) > self.encoding.ahead
-                ):  # the oldest batch, while the later ones encode
+                # the oldest batch, while the later ones encode
+                while len(submitted) > self.encoding.ahead:
                     size = submitted.popleft()
                     yield from self._taken(encoded, position, position + size)
                     position += size
-            del table, positions  # before the next bucket is read
+            # before the next bucket is read
+            del table, positions
         yield from self._taken(encoded, position, position + sum(submitted))
 
     def _taken(self, encoded: dict, start: int, end: int) -> Iterator[EncodedConversation]:
-        """The encoded conversations at positions [start, end), in order (waiting for each)."""
+        """The encoded conversations at positions [start, end), in order.
+
+        It waits for each.
+        """
         for position in range(start, end):
             yield self.encoding.take(encoded, position)
 
     def _decode(
         self, groups: list[int], bounds: tuple[int, int, int], encoded: dict, held: _Held
     ) -> Iterator[None]:
-        """Decode the groups here (``READ_THREADS`` at a time) and take each apart."""
+        """Decode the groups here and take each apart.
+
+        ``READ_THREADS`` groups are decoded at a time.
+        """
         with ThreadPoolExecutor(max_workers=READ_THREADS) as readers:
-            queue = iter(
-                groups
-            )  # decoded groups wait for the encoder: at most READ_AHEAD of them at once
+            # decoded groups wait for the encoder: at most READ_AHEAD of them at once
+            queue = iter(groups)
             pending = {readers.submit(self._read, group) for group in islice(queue, READ_AHEAD)}
             while pending:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -203,8 +224,11 @@ class Stream:
     def _hand_out(
         self, groups: list[int], bounds: tuple[int, int, int], encoded: dict, held: _Held
     ) -> Iterator[None]:
-        """Have the workers decode the groups (each its own), encode their rows before ``eager`` and send
-        back the rest, which ``held`` keeps; the sample's groups, decoded already, are taken apart here."""
+        """Have the workers decode the groups, each its own.
+
+        They encode their rows before ``eager`` and send back the rest, which ``held`` keeps; the
+        sample's groups, decoded already, are taken apart here.
+        """
         start, end, eager = bounds
         for group in groups:
             if group in self._decoded:
@@ -221,7 +245,10 @@ class Stream:
     def _take_apart(
         self, table: pa.Table, bounds: tuple[int, int, int], encoded: dict, held: _Held
     ) -> None:
-        """A decoded group's rows in [start, eager) to the encoder, those in [eager, end) to ``held``."""
+        """Hand a decoded group's rows on.
+
+        Those in [start, eager) go to the encoder, those in [eager, end) to ``held``.
+        """
         start, end, eager = bounds
         positions = self.position[table.column("index").to_numpy()]
         inside = (positions >= start) & (positions < end)
@@ -238,7 +265,10 @@ def _in_order(table: pa.Table, positions: np.ndarray) -> tuple[pa.Table, np.ndar
 
 
 class _Held:
-    """Decoded rows waiting for their turn: in memory before ``memory_end``, on disk in buckets after it."""
+    """Decoded rows waiting for their turn.
+
+    They wait in memory before ``memory_end``, on disk in buckets after it.
+    """
 
     def __init__(self, memory_end: int, bucket: int, spill: Path):
         self.memory_end, self.bucket, self.spill = memory_end, bucket, spill
@@ -267,8 +297,11 @@ class _Held:
                 self.spilled += part.num_rows
 
     def in_order(self) -> Iterator[tuple[pa.Table, np.ndarray]]:
-        """The held rows as tables in stream order, with their positions: memory first, then each bucket
-        (each read only when the one before is done with, so one is in memory at a time)."""
+        """The held rows as tables in stream order, with their positions.
+
+        Memory first, then each bucket (each read only when the one before is done with, so one is
+        in memory at a time).
+        """
         if self.tables:
             tables, positions = self.tables, self.positions
             self.tables, self.positions = [], []

@@ -1,4 +1,4 @@
-"""A tokenizing worker process, and everything that travels between it and the build.
+"""A tokenizing worker process, and what travels to and from it.
 
 The build starts each worker as a fresh interpreter (``python -c``, so the caller's main module
 is never re-imported) in a session of its own (a terminal's Ctrl-C reaches only the build),
@@ -15,10 +15,10 @@ the channel:
   rows before position E and sends the others back undecoded-to-Python (Arrow) for the build to
   hold. Closing the channel ends the worker.
 - worker → build: a JSON header for each message: ``ready`` once it has loaded what it encodes
-  with, with the engine it chose (``builders.encode.engines.choose``: the same probes in every worker);
-  for each task ``batch`` (with the conversations the contract cannot encode, by position and
-  message), followed by an Arrow IPC stream of the encoded conversations and, for a group,
-  one of the rows held back; or ``failed`` with the reason (and, for an error the user can
+  with, with the engine it chose (``builders.encode.engines.choose``: the same probes in every
+  worker); for each task ``batch`` (with the conversations the contract cannot encode, by position
+  and message), followed by an Arrow IPC stream of the encoded conversations and, for a group, one
+  of the rows held back; or ``failed`` with the reason (and, for an error the user can
   cause, its class), after which it exits.
 
 A guarded engine's cross-check runs in the worker, on its own samples, and a batch is sent only
@@ -30,6 +30,7 @@ encoding to finish, and it exits quietly when the channel ends (the build finish
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import queue
@@ -39,6 +40,7 @@ import subprocess
 import sys
 import threading
 import traceback
+from contextlib import suppress
 from dataclasses import asdict
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -56,26 +58,26 @@ from builders.formats import FormatSpec
 from builders.inputs.source import Source
 from builders.manifest import DatasetPin
 
-ROOT = (
-    Path(__file__).resolve().parents[2]
-)  # the folder that holds this package: workers run the same code
+# the folder that holds this package: workers run the same code
+ROOT = Path(__file__).resolve().parents[2]
 BOOTSTRAP = (
-    "import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); sys.path.insert(0, sys.argv[1]); "
+    "import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "sys.path.insert(0, sys.argv[1]); "
     "from builders.encode.worker import serve; serve(int(sys.argv[2]))"
 )
 NOTHING_LEFT = "nothing was left at the final path"
 
 
 class Worker:
-    """The build's handle on one worker process: its channel, and the batches it holds."""
+    """The build's handle on one worker process.
+
+    It holds the worker's channel, and counts the batches the worker holds.
+    """
 
     def __init__(self):
         ours, theirs = socket.socketpair()
-        environment = {
-            **os.environ,
-            "TOKENIZERS_PARALLELISM": "false",  # one thread each: the workers are
-            "RAYON_NUM_THREADS": "1",
-        }  # the parallelism
+        # one thread each: the workers are the parallelism
+        environment = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}
         with theirs:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", BOOTSTRAP, str(ROOT), str(theirs.fileno())],
@@ -86,15 +88,19 @@ class Worker:
             )
         self.channel = Connection(ours.detach())
         self.started = False  # it said ready
-        self.choice: dict | None = None  # the engine it chose (``Choice.as_dict``), once ready
+        # the engine it chose (``Choice.as_dict``), once ready
+        self.choice: dict | None = None
         self.in_flight = 0  # batches sent, not yet returned
 
     def send_start_up(
         self, encoder: ConversationEncoder, engine: str, tokenizer_json: str, source: Source | None
     ) -> None:
-        """What the worker encodes with (``encoder``'s format and contract, the ``engine`` asked for,
-        ``tokenizer_json``: the pinned file's text, which ``encoder``'s tokenizer was loaded from) and
-        the source whose row groups it decodes."""
+        """Send what the worker encodes with, and the source it decodes.
+
+        That is ``encoder``'s format and contract, the ``engine`` asked for, ``tokenizer_json``
+        (the pinned file's text, which ``encoder``'s tokenizer was loaded from), and the source
+        whose row groups it decodes.
+        """
         self._send(start_up_message(encoder, engine, source))
         self._send(tokenizer_json.encode("utf-8"))
 
@@ -110,9 +116,12 @@ class Worker:
         positions: np.ndarray,
         eager: int,
     ) -> None:
-        """Row group ``group`` (its first source index and rows, ``bounds``, which the worker's reading
-        must match) to decode there: its ``rows`` (in the group) at ``positions``; those before
-        ``eager`` encoded, the others sent back as they are."""
+        """Row group ``group`` to decode in the worker.
+
+        ``bounds`` is its first source index and rows, which the worker's reading must match. The
+        worker takes its ``rows`` (in the group) at ``positions``; those before ``eager`` are
+        encoded, the others sent back as they are.
+        """
         self._send_task(
             {"group": group, "bounds": list(bounds), "eager": eager},
             _ipc(
@@ -123,10 +132,13 @@ class Worker:
         )
 
     def receive(self) -> tuple[list[tuple[int, object]], pa.Table | None]:
-        """The next message: for a task, each position's EncodedConversation or SourceDataError, and
-        for a group the rows held back (with their ``position``); nothing for ``ready``. A worker
-        that died raises WorkerError; one that failed, the user's error it met, or RuntimeError
-        (a fault in the builder)."""
+        """The next message.
+
+        For a task, each position's EncodedConversation or SourceDataError, and for a group the
+        rows held back (with their ``position``); nothing for ``ready``. A worker that died raises
+        WorkerError; one that failed, the user's error it met, or RuntimeError (a fault in the
+        builder).
+        """
         try:
             header = json.loads(self.channel.recv_bytes())
             if "batch" in header:
@@ -135,9 +147,11 @@ class Worker:
         except (EOFError, OSError):
             raise self._died() from None
         if "failed" in header:
-            if header.get("error"):  # the user's error, as it would be without workers
+            # the user's error, as it would be without workers
+            if header.get("error"):
                 raise getattr(errors, header["error"])(header["message"])
-            if self.started:  # a fault in the builder, as it would be without workers
+            # a fault in the builder, as it would be without workers
+            if self.started:
                 raise RuntimeError(
                     f"a tokenizing worker failed while encoding a batch:\n{header['traceback']}"
                 )
@@ -152,7 +166,10 @@ class Worker:
         return _conversations(results) + failed, later
 
     def stop(self) -> None:
-        """Close the channel, end the process and reap it (it holds nothing worth a goodbye)."""
+        """Close the channel, end the process and reap it.
+
+        It holds nothing worth a goodbye.
+        """
         self.channel.close()
         if self.process.poll() is None:
             self.process.kill()
@@ -171,19 +188,19 @@ class Worker:
             raise self._died() from None
 
     def _last_words(self) -> None:
-        """Raise what a worker whose channel broke said before it went (a failure to start), if it said it."""
-        try:
+        """Raise what a worker whose channel broke said before it went.
+
+        That is a failure to start, if it said it.
+        """
+        with suppress(EOFError, OSError):
             while self.channel.poll(0):
                 self.receive()
-        except (EOFError, OSError):
-            pass
 
     def _died(self) -> WorkerError:
         self.channel.close()
         try:
-            code = self.process.wait(
-                timeout=5
-            )  # its channel is closed: it has exited, or is exiting
+            # its channel is closed: it has exited, or is exiting
+            code = self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             code = None
         if code is not None and code < 0:
@@ -199,8 +216,11 @@ class Worker:
 
 
 def serve(fd: int) -> None:
-    """A worker's life: import what rendering needs (transformers, while the build still opens its
-    inputs), start up, then do each task the build sends until the channel ends."""
+    """A worker's life, from its start-up until the channel ends.
+
+    It imports what rendering needs (transformers, while the build still opens its inputs), starts
+    up, then does each task the build sends until the channel ends.
+    """
     import builders.formats.render  # noqa: F401 (every chat format renders with it)
 
     channel = Connection(fd)
@@ -219,13 +239,15 @@ def serve(fd: int) -> None:
         encoder = encoder.with_engine(choice.engine)
         datasets = start_up["source"]
     except (EOFError, OSError):
-        return  # the build is gone
+        # the build is gone
+        return
     except Exception as err:
         _fail(channel, err)
         return
     try:
         channel.send_bytes(json.dumps({"ready": True, "engine": choice.as_dict()}).encode("utf-8"))
-        source = None  # opened at the first group
+        # opened at the first group
+        source = None
         for header, body in iter(tasks.get, None):
             try:
                 table = _read(body)
@@ -243,7 +265,8 @@ def serve(fd: int) -> None:
                     table.drop_columns(["position"]).to_pylist(),
                     table.column("position").to_numpy(),
                 )
-                encoder.engine.finish()  # its cross-checks passed before it is sent
+                # its cross-checks passed before it is sent
+                encoder.engine.finish()
             except Exception as err:
                 _fail(channel, err)
                 return
@@ -267,16 +290,20 @@ def serve(fd: int) -> None:
             if later is not None:
                 channel.send_bytes(_ipc(later))
     except OSError:
-        return  # the build is gone
+        # the build is gone
+        return
 
 
 def start_up_message(
     encoder: ConversationEncoder, engine: str = "tokenizers", source: Source | None = None
 ) -> bytes:
-    """What a worker's encoder is made of besides the tokenizer: the contract, the engine asked for
-    (``--engine``) and the chat format's inputs, and the source it decodes (each dataset's pin and
-    files), as JSON. A format whose template variables JSON does not carry exactly (a mapping with
-    keys that are not text, binary data) is refused here: workers would render otherwise."""
+    """What a worker's encoder is made of besides the tokenizer, as JSON.
+
+    That is the contract, the engine asked for (``--engine``) and the chat format's inputs, and the
+    source it decodes (each dataset's pin and files). A format whose template variables JSON does
+    not carry exactly (a mapping with keys that are not text, binary data) is refused here: workers
+    would render otherwise.
+    """
     spec = asdict(encoder.spec)
     try:
         text = json.dumps(spec, allow_nan=False)
@@ -329,16 +356,20 @@ def _format_spec(data: dict) -> FormatSpec:
 
 
 def batch_message(table: pa.Table, positions: np.ndarray) -> pa.Buffer:
-    """Source rows and their stream positions as they travel to a worker: Arrow IPC, which
-    carries a slice's own rows only."""
+    """Source rows and their stream positions as they travel to a worker.
+
+    They travel as Arrow IPC, which carries a slice's own rows only.
+    """
     return _ipc(table.append_column("position", pa.array(positions, pa.int64())))
 
 
 def _group_rows(
     source: Source, group: int, wanted: pa.Table, eager: int
 ) -> tuple[pa.Table, pa.Table]:
-    """The wanted rows of ``group``, decoded, with their ``position``: those before ``eager`` in stream
-    order (to encode), and the others (to send back)."""
+    """The wanted rows of ``group``, decoded, with their ``position``.
+
+    Those before ``eager`` in stream order (to encode), and the others (to send back).
+    """
     positions = wanted.column("position").to_numpy()
     rows = (
         source.read_group(group)
@@ -353,13 +384,17 @@ def _group_rows(
 def encode_rows(
     encoder: ConversationEncoder, rows: list[dict], positions
 ) -> list[tuple[int, object]]:
-    """Each row's encoded conversation (or its SourceDataError), with its position."""
+    """Each row's encoded conversation (or its SourceDataError).
+
+    Each comes with its position.
+    """
     positions = [int(p) for p in positions]
     try:
-        return list(zip(positions, encoder.encode(rows)))
-    except SourceDataError:  # which of them: one at a time
+        return list(zip(positions, encoder.encode(rows), strict=True))
+    except SourceDataError:
+        # which of them: one at a time
         out = []
-        for row, position in zip(rows, positions):
+        for row, position in zip(rows, positions, strict=True):
             try:
                 out.append((position, encoder.encode([row])[0]))
             except SourceDataError as err:
@@ -377,7 +412,8 @@ def _receive(channel: Connection, tasks: queue.SimpleQueue) -> None:
 
 def _fail(channel: Connection, err: Exception) -> None:
     user = isinstance(err, BuildError) and getattr(errors, type(err).__name__, None) is type(err)
-    try:
+    # OSError: the build is gone
+    with suppress(OSError):
         channel.send_bytes(
             json.dumps(
                 {
@@ -388,8 +424,6 @@ def _fail(channel: Connection, err: Exception) -> None:
                 }
             ).encode("utf-8")
         )
-    except OSError:
-        pass  # the build is gone
 
 
 def _ipc(table: pa.Table) -> pa.Buffer:
@@ -413,8 +447,9 @@ def _lists(arrays: list[np.ndarray], dtype) -> pa.Array:
 def _split(column: pa.ChunkedArray, dtype) -> list[np.ndarray]:
     lists = column.combine_chunks()
     offsets = (lists.offsets.to_numpy() - lists.offsets[0].as_py()).tolist()
-    values = lists.flatten().to_numpy().astype(dtype)  # a copy of its own, writable
-    return [values[start:end] for start, end in zip(offsets[:-1], offsets[1:])]
+    # a copy of its own, writable
+    values = lists.flatten().to_numpy().astype(dtype)
+    return [values[start:end] for start, end in itertools.pairwise(offsets)]
 
 
 def _conversations_table(results: list[tuple[int, EncodedConversation]]) -> pa.Table:

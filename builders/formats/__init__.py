@@ -1,8 +1,9 @@
-"""The chat formats a manifest's ``loss_mask`` names, their inputs, and how one is made.
+"""The chat formats a manifest's ``loss_mask`` names.
 
-``builders.formats.base`` states what a format gives the build. A new format is a ``ChatFormat``
-subclass named in ``FORMATS`` (imported when a manifest asks for it); nothing else changes.
-This module stays light (no tokenizer stack): the manifest reads the names from it.
+They are named here, with their inputs and how one is made. ``builders.formats.base`` states what a
+format gives the build. A new format is a ``ChatFormat`` subclass named in ``FORMATS`` (imported
+when a manifest asks for it); nothing else changes. This module stays light (no tokenizer stack):
+the manifest reads the names from it.
 """
 
 from __future__ import annotations
@@ -14,24 +15,23 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from builders.formats.base import ChatFormat
 
-FORMATS: dict[str, str] = {  # loss_mask: "module:class"
+# loss_mask: "module:class"
+FORMATS: dict[str, str] = {
     "glm5": "builders.formats.glm5:Glm5Format",
     "turns": "builders.formats.turns:TurnsFormat",
     "miles-qwen": "builders.formats.peers:MilesQwenFormat",
     "miles-qwen3": "builders.formats.peers:MilesQwen3Format",
     "hf-generation": "builders.formats.peers:HFGenerationFormat",
 }
-PEER_FORMATS = (
-    "miles-qwen",
-    "miles-qwen3",
-    "hf-generation",
-)  # formats that reproduce another tool's rows
+# formats that reproduce another tool's rows
+PEER_FORMATS = ("miles-qwen", "miles-qwen3", "hf-generation")
 
 
 @dataclass(frozen=True)
 class FormatSpec:
-    """A chat format's inputs: the manifest's ``loss_mask`` and ``tokenizer`` fields and the pinned template.
+    """A chat format's inputs.
 
+    They are the manifest's ``loss_mask`` and ``tokenizer`` fields and the pinned template.
     ``special_tokens`` are the strings ``apply_chat_template`` gives a template (``bos_token``,
     ``eos_token``, ...), from the pinned ``tokenizer_config.json``.
     """
@@ -44,9 +44,8 @@ class FormatSpec:
     template_vars: dict = field(default_factory=dict)
     render_date: str | None = None
     special_tokens: dict = field(default_factory=dict)
-    template_source: str = (
-        "chat_template.jinja"  # the pinned file (and name) the template came from
-    )
+    # the pinned file (and name) the template came from
+    template_source: str = "chat_template.jinja"
 
 
 def format_class(loss_mask: str) -> type[ChatFormat]:
@@ -55,12 +54,18 @@ def format_class(loss_mask: str) -> type[ChatFormat]:
 
 
 def make_format(spec: FormatSpec, tokenizer, vocab=None) -> ChatFormat:
-    """The chat format ``spec.loss_mask`` names, over the pinned ``tokenizers.Tokenizer`` (and its ``Vocab``)."""
+    """The chat format ``spec.loss_mask`` names.
+
+    It is made over the pinned ``tokenizers.Tokenizer`` (and its ``Vocab``).
+    """
     from builders.formats.vocab import Vocab
 
     return format_class(spec.loss_mask)(spec, tokenizer, vocab or Vocab(tokenizer))
 
 
 def glm5_spec(chat_template: str) -> FormatSpec:
-    """The spec of ``loss_mask: glm5`` with ``chat_template`` (its tokens are fixed by the format)."""
+    """The spec of ``loss_mask: glm5`` with ``chat_template``.
+
+    Its tokens are fixed by the format.
+    """
     return FormatSpec("glm5", chat_template)

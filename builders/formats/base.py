@@ -1,18 +1,19 @@
-"""What every chat format gives the build: a conversation's tokens, each with a class.
+"""What every chat format gives the build.
 
-A chat format is the mask rule of a model family (``loss_mask`` in the manifest). The build,
-``explain``, ``inspect``/``diff``, the data card and the live mask see a model only through this
-interface, so a new format plugs in by subclassing ``ChatFormat`` and registering it in
-``builders.formats.FORMATS``; nothing else changes:
+It gives a conversation's tokens, each with a class. A chat format is the mask rule of a model
+family (``loss_mask`` in the manifest). The build, ``explain``, ``inspect``/``diff``, the data card
+and the live mask see a model only through this interface, so a new format plugs in by subclassing
+``ChatFormat`` and registering it in ``builders.formats.FORMATS``; nothing else changes:
 
 - ``annotate(rows, engine)`` renders and tokenizes source rows (dicts with ``index``, ``id``,
-  ``messages``) into ``Annotated`` records: the conversation's token ids (``add_special_tokens=False``,
-  the EOS not included), a token class per id (``0 <= class < classes``), which tokens are a
-  message's own text (``inspect`` marks special-token text typed there), and whether the
-  conversation ends with an answer (the EOS joined after it is then that answer's stop token).
-  A conversation the rule does not define is a ``SourceDataError`` naming the source row.
-  ``engine`` (``builders.encode.engines``) turns texts into ids; a format that tokenizes by other means
-  (a peer tool's own per-message tokenization) may ignore it.
+  ``messages``) into ``Annotated`` records: the conversation's token ids
+  (``add_special_tokens=False``, the EOS not included), a token class per id
+  (``0 <= class < classes``), which tokens are a message's own text (``inspect`` marks
+  special-token text typed there), and whether the conversation ends with an answer (the EOS
+  joined after it is then that answer's stop token). A conversation the rule does not define is a
+  ``SourceDataError`` naming the source row. ``engine`` (``builders.encode.engines``) turns texts
+  into ids; a format that tokenizes by other means (a peer tool's own per-message tokenization)
+  may ignore it.
 - ``class_mask(contract)``: each class's mask value under a reading of the contract. A format
   whose mask is fixed uses the classes ``UNSUPERVISED`` and ``SUPERVISED``.
 - ``readings``: for each contract key, the values that mean something for this format (a key
@@ -32,6 +33,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -41,31 +43,41 @@ from builders.errors import ConversationError, SourceDataError
 from builders.formats import FormatSpec
 from builders.formats.vocab import Vocab
 
-UNSUPERVISED, SUPERVISED = 0, 1  # the classes of a format whose mask is fixed
+# the classes of a format whose mask is fixed
+UNSUPERVISED, SUPERVISED = 0, 1
 
 
 @dataclass(frozen=True)
 class Annotated:
-    """One conversation, rendered and tokenized once, with what each reading needs to mask it."""
+    """One conversation, rendered and tokenized once.
 
-    ids: np.ndarray  # int32: the rendered text's tokens (add_special_tokens=False), no EOS
-    classes: np.ndarray  # uint8: each token's class (the format's)
-    message_text: (
-        np.ndarray | None
-    )  # bool: the token is part of a message's own text (None where not kept)
-    ends_with_answer: bool  # the EOS after the conversation is its last answer's stop token
-    cross_checked: bool = False  # the reference engine encoded it too, and agreed
-    # readings of mask_rule that are their own rules (glm5's slime rules): rule -> (appended stop id or None,
-    # mask over ids and that token), or None where the rule leaves the conversation out
+    It holds what each reading needs to mask it.
+    """
+
+    # int32: the rendered text's tokens (add_special_tokens=False), no EOS
+    ids: np.ndarray
+    # uint8: each token's class (the format's)
+    classes: np.ndarray
+    # bool: the token is part of a message's own text (None where not kept)
+    message_text: np.ndarray | None
+    # the EOS after the conversation is its last answer's stop token
+    ends_with_answer: bool
+    # the reference engine encoded it too, and agreed
+    cross_checked: bool = False
+    # readings of mask_rule that are their own rules (glm5's slime rules): rule -> (appended stop
+    # id or None, mask over ids and that token), or None where the rule leaves the conversation out
     rules: dict = field(default_factory=dict)
 
 
 class ChatFormat(ABC):
-    """The mask rule of a model family (see the module docstring for the contract)."""
+    """The mask rule of a model family.
+
+    The module docstring states what a subclass gives.
+    """
 
     name: str
     classes: int
-    readings: dict[str, tuple[str, ...]] = {}
+    readings: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def __init__(self, spec: FormatSpec, tokenizer: Tokenizer, vocab: Vocab):
         self.spec, self.tokenizer, self.vocab = spec, tokenizer, vocab
@@ -74,13 +86,12 @@ class ChatFormat(ABC):
     def eos(self) -> str:
         return self.spec.eos
 
-    @property
-    def chat_template(self) -> str:
-        return self.spec.chat_template
-
     @abstractmethod
     def annotate(self, rows: list[dict], engine, rules: tuple[str, ...] = ()) -> list[Annotated]:
-        """Render and tokenize ``rows`` (and compute the masks of the own-rule readings in ``rules``)."""
+        """Render and tokenize ``rows``.
+
+        The masks of the own-rule readings in ``rules`` are computed too.
+        """
 
     @abstractmethod
     def class_mask(self, contract: Contract) -> np.ndarray:
@@ -92,20 +103,30 @@ class ChatFormat(ABC):
         return ()
 
     def appended_stop(self) -> str | None:
-        """The stop token ``final: append-stop`` appends after a final answer (None: it does not apply)."""
+        """The stop token ``final: append-stop`` appends.
+
+        It goes after a final answer (None: the reading does not apply).
+        """
         return None
 
     def describe(self) -> dict:
-        """The format and its inputs as the card, ``inspect`` and ``--json`` show them."""
+        """The format and its inputs, for the card, ``inspect`` and ``--json``."""
         return {"loss_mask": self.name, "chat_template": self.spec.template_source, "eos": self.eos}
 
     @classmethod
     def check_inputs(cls, spec: FormatSpec, tokenizer: Tokenizer) -> None:
-        """Refuse, before any work, inputs this format cannot use (a ManifestError or PinnedInputError)."""
+        """Refuse, before any work, inputs this format cannot use.
+
+        A refusal is a ManifestError or PinnedInputError; by default nothing is refused.
+        """
+        return None
 
     @classmethod
     def refusal(cls, contract: Contract) -> tuple[str, str] | None:
-        """The field of ``contract`` whose reading does not apply to this format, and why (None: all apply)."""
+        """The field of ``contract`` whose reading does not apply, and why.
+
+        None: all of them apply to this format.
+        """
         for key, values in cls.readings.items():
             if getattr(contract, key) not in values:
                 return f"contract.{key}", (
@@ -116,14 +137,20 @@ class ChatFormat(ABC):
 
     @classmethod
     def redundant(cls, contract: Contract) -> bool:
-        """Whether ``contract`` makes the same rows as a reading with fewer deviations, whatever the source
-        (``explain`` tries only the other)."""
+        """Whether ``contract`` makes the rows of another reading.
+
+        The other reading has fewer deviations and makes the same rows, whatever the source
+        (``explain`` tries only the other).
+        """
         return False
 
 
 @contextmanager
 def located(row: dict):
-    """Turn a ConversationError into a SourceDataError that names the source row."""
+    """Turn a ConversationError into a SourceDataError.
+
+    The SourceDataError names the source row.
+    """
     try:
         yield
     except ConversationError as err:

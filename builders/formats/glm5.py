@@ -1,8 +1,9 @@
-"""``loss_mask: glm5``: the GLM-4.7-Flash chat format, laid out by hand from the message structure.
+"""``loss_mask: glm5``: the GLM-4.7-Flash chat format.
 
-Its pieces and token classes are ``builders.formats.glm5_layout``'s; its own-rule readings of ``mask_rule`` are
-slime's text searches (``builders.formats.slime``). Every conversation is checked: the layout joined must
-be exactly what the pinned template renders, or the conversation is refused.
+It is laid out by hand from the message structure. Its pieces and token classes are
+``builders.formats.glm5_layout``'s; its own-rule readings of ``mask_rule`` are slime's text
+searches (``builders.formats.slime``). Every conversation is checked: the layout joined must be
+exactly what the pinned template renders, or the conversation is refused.
 """
 
 from __future__ import annotations
@@ -19,11 +20,8 @@ from builders.formats.render import ChatRenderer
 from builders.formats.vocab import char_spans
 from builders.messages import normalize_messages, split_step_loss_mask
 
-STRUCTURE_ONLY = (
-    "prefill",
-    "stop",
-    "final",
-)  # readings that refine the structure rule, not the slime rules
+# readings that refine the structure rule, not the slime rules
+STRUCTURE_ONLY = ("prefill", "stop", "final")
 
 
 class Glm5Format(ChatFormat):
@@ -33,7 +31,6 @@ class Glm5Format(ChatFormat):
     def __init__(self, spec, tokenizer, vocab):
         super().__init__(spec, tokenizer, vocab)
         self.renderer = ChatRenderer(spec.chat_template)
-        self.eos_id = vocab.token_id(glm5.EOS, self.name)
         self.stop_ids = np.array(
             [vocab.token_id(t, self.name) for t in glm5.STOP_TOKENS], dtype=np.int64
         )
@@ -63,7 +60,10 @@ class Glm5Format(ChatFormat):
 
     @classmethod
     def redundant(cls, contract: Contract) -> bool:
-        """Under a slime rule, ``prefill``, ``stop`` and ``final`` change nothing: the slime reading's own rows."""
+        """Under a slime rule ``prefill``, ``stop``, ``final`` change nothing.
+
+        Such a reading makes the slime reading's own rows.
+        """
         return not contract.structure_rule and any(
             getattr(contract, key) != READINGS[key][0] for key in STRUCTURE_ONLY
         )
@@ -80,18 +80,21 @@ class Glm5Format(ChatFormat):
                 raise
         annotated = [
             Annotated(ids, placement.classes, placement.message_text, lay.ends_with_answer, check)
-            for lay, ids, placement, check in zip(layouts, tokens, placements, checked)
+            for lay, ids, placement, check in zip(layouts, tokens, placements, checked, strict=True)
         ]
         rules = [rule for rule in rules if rule in SLIME_RULES]
         if rules:
             offsets = self._offsets(texts, [a.ids for a in annotated])
-            for lay, a, spans in zip(layouts, annotated, offsets):
+            for lay, a, spans in zip(layouts, annotated, offsets, strict=True):
                 for rule in rules:
                     a.rules[rule] = self._slime(rule, lay, spans)
         return annotated
 
     def layout(self, messages, untrained: frozenset[int] = frozenset()) -> glm5.Layout:
-        """The glm5 layout of ``messages``, checked against what the chat template renders."""
+        """The glm5 layout of ``messages``, checked against the template.
+
+        The layout's text must be what the chat template renders.
+        """
         messages = normalize_messages(messages)
         lay = glm5.layout(messages, untrained)
         try:
@@ -102,7 +105,10 @@ class Glm5Format(ChatFormat):
         return lay
 
     def _layouts(self, rows: list[dict]) -> list[glm5.Layout]:
-        """``layout`` of each row's messages, rendered in one call (a row at a time to find a template error)."""
+        """``layout`` of each row's messages, rendered in one call.
+
+        Where the template fails, the rows are rendered a row at a time to find the error.
+        """
         conversations, layouts = [], []
         for row in rows:
             with located(row):
@@ -116,20 +122,29 @@ class Glm5Format(ChatFormat):
                 with located(row):
                     self.layout(*split_step_loss_mask(row["messages"]))
             raise
-        for row, text, lay in zip(rows, rendered, layouts):
+        for row, text, lay in zip(rows, rendered, layouts, strict=True):
             with located(row):
                 _same(text, lay.text)
         return layouts
 
     def placements(self, layouts: list[glm5.Layout], ids: list[np.ndarray]) -> list[glm5.Placement]:
-        """Where each of the conversations' tokens falls in its layout (its class, whether it is message text)."""
+        """Where each of the conversations' tokens falls in its layout.
+
+        It gives each token's class, and whether it is message text.
+        """
         measure = self.vocab.measure if self.vocab.normalizes else _utf8_length
         return glm5.place(layouts, ids, self.vocab.token_bytes, self.stop_ids, measure)
 
     def _offsets(self, texts: list[str], ids: list[np.ndarray]) -> list[np.ndarray]:
-        """Each token's character offsets: its own span where the encoding's offsets are those, else the encoding's."""
+        """Each token's character offsets.
+
+        They are its own span where the encoding's offsets are those, else the encoding's.
+        """
         if self._offsets_from_bytes:
-            return [char_spans(text, self.vocab.token_bytes[i]) for text, i in zip(texts, ids)]
+            return [
+                char_spans(text, self.vocab.token_bytes[i])
+                for text, i in zip(texts, ids, strict=True)
+            ]
         encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
         return [np.array(e.offsets, dtype=np.int64).reshape(-1, 2) for e in encodings]
 
@@ -141,21 +156,21 @@ class Glm5Format(ChatFormat):
             return None
         if stop:
             offsets = np.vstack([offsets, [[len(text), len(text) + len(stop)]]])
-        return (self.vocab.token_id(stop, self.name) if stop else None), slime.token_mask(
-            characters, offsets
-        )
+        stop_id = self.vocab.token_id(stop, self.name) if stop else None
+        return stop_id, slime.token_mask(characters, offsets)
 
 
 def _same(rendered: str, text: str) -> None:
     """Refuse a rendering that is not the glm5 layout's text."""
     if rendered != text:
         at = next(
-            (i for i, (a, b) in enumerate(zip(rendered, text)) if a != b),
+            (i for i, (a, b) in enumerate(zip(rendered, text, strict=False)) if a != b),
             min(len(rendered), len(text)),
         )
         raise ConversationError(
-            f"the chat template renders this conversation differently from the glm5 piece layout (first "
-            f"difference at character {at}: template {rendered[at : at + 40]!r}, glm5 {text[at : at + 40]!r}); "
+            f"the chat template renders this conversation differently from the glm5 piece layout "
+            f"(first difference at character {at}: template {rendered[at : at + 40]!r}, "
+            f"glm5 {text[at : at + 40]!r}); "
             f"the glm5 mask is only defined for the GLM-4.7-Flash chat format"
         )
 

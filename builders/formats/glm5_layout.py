@@ -1,4 +1,4 @@
-"""The glm5 loss mask: the model's answers and the stop tokens that end them.
+"""The glm5 loss mask: the answers and the stop tokens that end them.
 
 The rendered text is one piece per message (the GLM-4.7-Flash template, no tools), each made
 of parts: the template's markup (role tokens, think tags, tool-response tags) and the
@@ -17,6 +17,7 @@ tokenizer with a normalizer), so they are exact whatever offsets a tokenizer wou
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -37,11 +38,16 @@ ROLE_TOKENS = {
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 # token classes under the structure rule
-OTHER = 0  # not part of an answer: prefix, system, user and tool pieces, untrained answers
-ROLE = 1  # an answer's <|assistant|>
-PREFILL_THINK = 2  # the </think> or <think> right after it: with the role token, the prefill
-ANSWER = 3  # the rest of an answer: reasoning and its </think>, the stripped content
-STOP_AFTER = 4  # the token right after an answer when it is <|user|> or <|observation|>
+# not part of an answer: prefix, system, user and tool pieces, untrained answers
+OTHER = 0
+# an answer's <|assistant|>
+ROLE = 1
+# the </think> or <think> right after it: with the role token, the prefill
+PREFILL_THINK = 2
+# the rest of an answer: reasoning and its </think>, the stripped content
+ANSWER = 3
+# the token right after an answer when it is <|user|> or <|observation|>
+STOP_AFTER = 4
 CLASSES = 5
 
 
@@ -57,10 +63,14 @@ class Layout:
     """The rendered conversation as pieces of parts."""
 
     parts: tuple[Part, ...]
-    text: str  # the parts joined: what the chat template must render
-    roles: tuple[str, ...]  # each message's role
-    answers: tuple[int, ...]  # the pieces that are trained answers
-    ends_with_answer: bool  # the last piece is a trained answer: the EOS after it is its stop token
+    # the parts joined: what the chat template must render
+    text: str
+    # each message's role
+    roles: tuple[str, ...]
+    # the pieces that are trained answers
+    answers: tuple[int, ...]
+    # the last piece is a trained answer: the EOS after it is its stop token
+    ends_with_answer: bool
 
     @property
     def pieces(self) -> int:
@@ -145,21 +155,23 @@ def place(
     stop_ids: np.ndarray,
     measure: Callable[[str], int],
 ) -> list[Placement]:
-    """Give each token of each conversation its class, from the byte spans of its layout's parts.
+    """Give each token of each conversation its class.
 
-    ``token_bytes`` holds each token id's length in bytes of the text as the tokenizer sees it,
-    and ``measure(text)`` a part's length in the same bytes. A token must lie inside one part,
-    or inside parts of one class of one piece; anything else leaves the mask undefined: a
-    ConversationError whose ``conversation`` is the position of the conversation in the batch.
-    The batch is placed with a few array operations, its conversations laid end to end.
+    The class comes from the byte spans of its layout's parts. ``token_bytes`` holds each token
+    id's length in bytes of the text as the tokenizer sees it, and ``measure(text)`` a part's
+    length in the same bytes. A token must lie inside one part, or inside parts of one class of one
+    piece; anything else leaves the mask undefined: a ConversationError whose ``conversation`` is
+    the position of the conversation in the batch. The batch is placed with a few array
+    operations, its conversations laid end to end.
     """
     if not layouts:
         return []
-    texts, part_class, part_text, part_piece = zip(*(part for lay in layouts for part in lay.parts))
+    texts, part_class, part_text, part_piece = zip(
+        *(part for lay in layouts for part in lay.parts), strict=True
+    )
     lengths = np.fromiter(map(measure, texts), np.int64, len(texts))
-    piece_base = np.cumsum(
-        [0] + [lay.pieces for lay in layouts]
-    )  # pieces numbered across the batch
+    # pieces numbered across the batch
+    piece_base = np.cumsum([0] + [lay.pieces for lay in layouts])
     part_piece = np.array(part_piece, dtype=np.int64) + np.repeat(
         piece_base[:-1], [len(lay.parts) for lay in layouts]
     )
@@ -168,9 +180,8 @@ def place(
     part_end = np.cumsum(lengths)
     piece_end = np.zeros(piece_base[-1], dtype=np.int64)
     np.maximum.at(piece_end, part_piece, part_end)
-    rendering_end = piece_end[
-        piece_base[1:] - 1
-    ]  # each conversation's bytes end with its last piece
+    # each conversation's bytes end with its last piece
+    rendering_end = piece_end[piece_base[1:] - 1]
     keep = lengths > 0
     part_end, part_piece, part_class, part_text = (
         part_end[keep],
@@ -184,7 +195,8 @@ def place(
     sizes = token_bytes[flat]
     ends = np.cumsum(sizes)
     starts = ends - sizes
-    last_token = np.cumsum(counts) - 1  # of each conversation
+    # of each conversation
+    last_token = np.cumsum(counts) - 1
     covered = np.diff(np.where(last_token >= 0, ends[np.maximum(last_token, 0)], 0), prepend=0)
     rendered = np.diff(rendering_end, prepend=0)
     wrong = np.flatnonzero(covered != rendered)
@@ -192,8 +204,9 @@ def place(
         c = int(wrong[0])
         raise ConversationError.at(
             c,
-            f"the tokens cover {int(covered[c])} bytes of a {int(rendered[c])}-byte rendering; the tokenizer "
-            f"does not encode the text losslessly, byte for byte, so the glm5 mask cannot be placed",
+            f"the tokens cover {int(covered[c])} bytes of a {int(rendered[c])}-byte rendering; "
+            f"the tokenizer does not encode the text losslessly, byte for byte, "
+            f"so the glm5 mask cannot be placed",
         )
     # the tokens that start in each part: a token belongs to the part its first byte is in
     started = np.searchsorted(starts, part_end, side="left")
@@ -212,13 +225,14 @@ def place(
             token, base = t - int(counts[:c].sum()), int(rendering_end[c] - rendered[c])
             raise ConversationError.at(
                 c,
-                f"token {token} (bytes {int(starts[t]) - base}..{int(ends[t]) - base}) straddles the end of "
-                f"message piece {int(part_piece[p] - piece_base[c])} or of its prefill; the glm5 mask is "
-                f"undefined for this tokenizer",
+                f"token {token} (bytes {int(starts[t]) - base}..{int(ends[t]) - base}) "
+                f"straddles the end of message piece {int(part_piece[p] - piece_base[c])} "
+                f"or of its prefill; the glm5 mask is undefined for this tokenizer",
             )
     classes = np.repeat(part_class, per_part)
     message_text = np.repeat(part_text, per_part)
-    # the token right after each answer, within its conversation: the stop token that ends it, when it is one
+    # the token right after each answer, within its conversation: the stop token that ends it,
+    # when it is one
     answers = np.array([k for lay in layouts for k in lay.answers], dtype=np.int64) + np.repeat(
         piece_base[:-1], [len(lay.answers) for lay in layouts]
     )
@@ -229,4 +243,4 @@ def place(
     after = after[inside]
     classes[after[np.isin(flat[after], stop_ids)]] = STOP_AFTER
     bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
-    return [Placement(classes[a:b], message_text[a:b]) for a, b in zip(bounds, bounds[1:])]
+    return [Placement(classes[a:b], message_text[a:b]) for a, b in itertools.pairwise(bounds)]

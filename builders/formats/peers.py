@@ -1,4 +1,6 @@
-"""Peer formats: the token ids and loss masks that another training tool makes of a conversation.
+"""Peer formats: the ids and loss masks another training tool makes.
+
+Each reproduces what that tool makes of a conversation.
 
 - ``miles-qwen``, ``miles-qwen3``: miles 78527b91 ``MultiTurnLossMaskGenerator(tokenizer,
   "qwen" | "qwen3").get_loss_mask(messages)`` (``miles/utils/mask_utils.py``), with the tokenizer a
@@ -16,7 +18,8 @@
     its ``step_loss_mask`` is not 1; everything else is 0; the pieces are concatenated;
   * ``qwen`` becomes ``distill_qwen`` when the vocabulary has the added token ``<｜Assistant｜>``:
     the first message rendered with the generation prompt (0), then the last message's content
-    tokenized alone (1, or 0 when its ``step_loss_mask`` is not 1); the messages between are dropped.
+    tokenized alone (1, or 0 when its ``step_loss_mask`` is not 1); the messages between are
+    dropped.
 
 - ``hf-generation``: transformers' ``apply_chat_template(messages, tokenize=True, return_dict=True,
   return_assistant_tokens_mask=True)``: ``input_ids`` and ``assistant_masks``: the render's
@@ -34,6 +37,7 @@ unsupervised, so no conversation "ends with an answer"; ``stop`` and ``prefills`
 from __future__ import annotations
 
 import re
+from typing import ClassVar
 
 import jinja2
 import numpy as np
@@ -54,10 +58,13 @@ FIXED = ("encode", "mask_rule", "final", "prefill", "stop")
 
 
 class PeerFormat(ChatFormat):
-    """A peer tool's ids and mask (classes ``UNSUPERVISED``, ``SUPERVISED``), rendered as transformers renders."""
+    """A peer tool's ids and mask, rendered as transformers renders.
+
+    Its classes are ``UNSUPERVISED`` and ``SUPERVISED``.
+    """
 
     classes = 2
-    readings = {key: (READINGS[key][0],) for key in FIXED}
+    readings: ClassVar[dict[str, tuple[str, ...]]] = {key: (READINGS[key][0],) for key in FIXED}
 
     def __init__(self, spec, tokenizer, vocab):
         super().__init__(spec, tokenizer, vocab)
@@ -76,9 +83,8 @@ class PeerFormat(ChatFormat):
             with located(row):
                 conversations.append(peer_messages(row["messages"]))
         try:
-            encoded = self.encode_all(
-                conversations
-            )  # the pinned tokenizer's own ids, as the peer has them
+            # the pinned tokenizer's own ids, as the peer has them
+            encoded = self.encode_all(conversations)
         except ConversationError as err:
             with located(rows[err.conversation]):
                 raise
@@ -87,12 +93,17 @@ class PeerFormat(ChatFormat):
         ]
 
     def encode_all(self, conversations: list[list[dict]]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Each conversation's int32 ids and uint8 mask; a ConversationError with ``.conversation`` where the
-        peer fails on one."""
+        """Each conversation's int32 ids and uint8 mask.
+
+        Where the peer fails on one: a ConversationError with ``.conversation``.
+        """
         raise NotImplementedError
 
     def _ids(self, texts: list[str]) -> list[np.ndarray]:
-        """The texts' ids from the pinned tokenizer, as ``PreTrainedTokenizerFast`` encodes them."""
+        """The texts' ids from the pinned tokenizer.
+
+        They are the ids ``PreTrainedTokenizerFast`` gives.
+        """
         return [
             np.array(e.ids, dtype=np.int32)
             for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)
@@ -105,8 +116,11 @@ class PeerFormat(ChatFormat):
         add_generation_prompt: bool = False,
         **variables,
     ):
-        """The renders (with ``spans``: and their generation spans), with the format's variables and ``variables``;
-        a template error names the conversation."""
+        """The renders (with ``spans``: and their generation spans).
+
+        They are rendered with the format's variables and ``variables``; a template error names
+        the conversation.
+        """
         variables = {**self.variables, **variables}
 
         def render(batch):
@@ -128,15 +142,21 @@ class PeerFormat(ChatFormat):
 
 
 def peer_messages(messages) -> list[dict]:
-    """The messages as a peer passes them to the template: checked as every format checks them, None-valued
-    keys dropped, miles' ``step_loss_mask`` kept."""
+    """The messages as a peer passes them to the template.
+
+    They are checked as every format checks them, None-valued keys dropped, miles'
+    ``step_loss_mask`` kept.
+    """
     plain, _ = split_step_loss_mask(messages)
     normalize_messages(plain)
     return [{key: value for key, value in m.items() if value is not None} for m in messages]
 
 
 class MilesFormat(PeerFormat):
-    """miles' ``MultiTurnLossMaskGenerator(tokenizer, kind).get_loss_mask(messages)``."""
+    """miles' ``MultiTurnLossMaskGenerator``.
+
+    That is ``MultiTurnLossMaskGenerator(tokenizer, kind).get_loss_mask(messages)``.
+    """
 
     kind: str  # qwen or qwen3
 
@@ -155,14 +175,18 @@ class MilesFormat(PeerFormat):
         }
 
     def _measure(self) -> tuple[int, int]:
-        """``get_system_message_length``: miles' arithmetic on two rendered test messages."""
+        """``get_system_message_length``: miles' arithmetic.
+
+        It measures two rendered test messages.
+        """
         test = [{"role": "user", "content": MILES_TEST_STRING}] * 2
         try:
             (text,) = self._render([test], add_special_tokens=False)
             (prompted,) = self._render([test], add_special_tokens=False, add_generation_prompt=True)
         except ConversationError as err:
             raise UsageError(
-                f"loss_mask {self.name}: miles measures the template on two user messages, and {err}"
+                f"loss_mask {self.name}: miles measures the template on two user messages, "
+                f"and {err}"
             ) from err
         raw, ids, prompted_ids = self._ids([MILES_TEST_STRING, text, prompted])
         found = [
@@ -170,9 +194,9 @@ class MilesFormat(PeerFormat):
         ]
         if len(found) != 2:
             raise UsageError(
-                f"loss_mask {self.name}: miles cannot measure this template's system message length: "
-                f"the tokens of {MILES_TEST_STRING!r} occur {len(found)} times (not 2) in its render of "
-                f"two user messages {text!r}, where miles raises"
+                f"loss_mask {self.name}: miles cannot measure this template's system message "
+                f"length: the tokens of {MILES_TEST_STRING!r} occur {len(found)} times (not 2) "
+                f"in its render of two user messages {text!r}, where miles raises"
             )
         first, second = found
         end_interval = len(ids) - len(raw) - second
@@ -183,10 +207,12 @@ class MilesFormat(PeerFormat):
             return self._distill(conversations)
         keys = [[self._piece_key(i, m) for i, m in enumerate(c)] for c in conversations]
         distinct = list(dict.fromkeys(key for conversation in keys for key in conversation))
-        pieces = dict(zip(distinct, self._pieces(distinct, keys)))
+        pieces = dict(zip(distinct, self._pieces(distinct, keys), strict=True))
         return [
             self._join(position, messages, [pieces[key] for key in conversation])
-            for position, (messages, conversation) in enumerate(zip(conversations, keys))
+            for position, (messages, conversation) in enumerate(
+                zip(conversations, keys, strict=True)
+            )
         ]
 
     def _piece_key(self, position: int, message: dict) -> tuple:
@@ -195,7 +221,10 @@ class MilesFormat(PeerFormat):
         return self.rule == "qwen3" and position == 0, tuple(message.items())
 
     def _pieces(self, distinct: list[tuple], keys: list[list[tuple]]) -> list[np.ndarray]:
-        """Every distinct message's tokens as miles cuts them out of its render (before the system cut)."""
+        """Each distinct message's tokens as miles cuts them from its render.
+
+        They are the tokens before the system cut.
+        """
         renders = []
         for first, items in distinct:
             message = dict(items)
@@ -208,7 +237,8 @@ class MilesFormat(PeerFormat):
             )
         try:
             texts = self._render(renders + ([[MILES_DUMMY]] if self.rule == "qwen3" else []))
-        except ConversationError as err:  # name the first conversation that holds the message
+        except ConversationError as err:
+            # name the first conversation that holds the message
             key = distinct[err.conversation]
             raise ConversationError.at(
                 next(p for p, c in enumerate(keys) if key in c), str(err)
@@ -218,14 +248,15 @@ class MilesFormat(PeerFormat):
             return ids
         dummy = len(ids.pop())
         return [
-            piece[:-dummy] if first else piece[dummy:] for (first, _), piece in zip(distinct, ids)
+            piece[:-dummy] if first else piece[dummy:]
+            for (first, _), piece in zip(distinct, ids, strict=True)
         ]
 
     def _join(
         self, position: int, messages: list[dict], pieces: list[np.ndarray]
     ) -> tuple[np.ndarray, np.ndarray]:
         all_ids, all_masks = [], []
-        for i, (message, ids) in enumerate(zip(messages, pieces)):
+        for i, (message, ids) in enumerate(zip(messages, pieces, strict=True)):
             if message["role"] != "system" and i > 0:
                 ids = ids[self.system_message_length :]
             mask = np.zeros(len(ids), np.uint8)
@@ -243,11 +274,16 @@ class MilesFormat(PeerFormat):
         return np.concatenate(all_ids).astype(np.int32), np.concatenate(all_masks)
 
     def _distill(self, conversations):
-        """miles' distill_qwen: the first message as a prompt, then the last message's content alone."""
+        """miles' distill_qwen: the first message as a prompt, then the last.
+
+        The last message's content is tokenized alone.
+        """
         prompts = self._render([c[:1] for c in conversations], add_generation_prompt=True)
         ids = self._ids(prompts + [c[-1]["content"] for c in conversations])
         out = []
-        for conversation, prompt, response in zip(conversations, ids, ids[len(prompts) :]):
+        for conversation, prompt, response in zip(
+            conversations, ids[: len(prompts)], ids[len(prompts) :], strict=True
+        ):
             trained = conversation[-1].get("step_loss_mask", 1) == 1
             mask = np.concatenate(
                 [np.zeros(len(prompt), np.uint8), np.full(len(response), trained, np.uint8)]
@@ -265,36 +301,41 @@ class MilesQwen3Format(MilesFormat):
 
 
 class HFGenerationFormat(PeerFormat):
-    """transformers' ``apply_chat_template(..., return_assistant_tokens_mask=True)``: ids and ``assistant_masks``."""
+    """transformers' ids and ``assistant_masks``.
+
+    They are what ``apply_chat_template(..., return_assistant_tokens_mask=True)`` gives.
+    """
 
     name = "hf-generation"
 
     def __init__(self, spec, tokenizer, vocab):
         if not GENERATION_TAG.search(spec.chat_template):
             raise UsageError(
-                f"loss_mask hf-generation needs a chat template with {{% generation %}} blocks (the "
-                f"text transformers' return_assistant_tokens_mask supervises); {spec.template_source} "
-                f"has none, so every mask would be 0"
+                f"loss_mask hf-generation needs a chat template with {{% generation %}} blocks "
+                f"(the text transformers' return_assistant_tokens_mask supervises); "
+                f"{spec.template_source} has none, so every mask would be 0"
             )
         super().__init__(spec, tokenizer, vocab)
 
     def encode_all(self, conversations):
         texts, spans = self._render(conversations, spans=True)
-        encodings = self.tokenizer.encode_batch(
-            texts, add_special_tokens=False
-        )  # the offsets are needed
+        # the offsets are needed
+        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
         return [
             (
                 np.array(e.ids, dtype=np.int32),
                 overlap_mask(np.array(e.offsets, dtype=np.int64).reshape(-1, 2), span),
             )
-            for e, span in zip(encodings, spans)
+            for e, span in zip(encodings, spans, strict=True)
         ]
 
 
 def overlap_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
-    """transformers' pass: for each token in order, skip the spans that end at or before its start; stop when
-    none is left; mark it when it ends after the current span's start."""
+    """transformers' pass over the tokens, marking those in a span.
+
+    For each token in order, skip the spans that end at or before its start; stop when none is
+    left; mark it when it ends after the current span's start.
+    """
     mask = np.zeros(len(offsets), np.uint8)
     if not spans or not len(offsets):
         return mask

@@ -1,4 +1,4 @@
-"""Rendering conversations with a pinned chat template, as transformers renders them.
+"""Rendering conversations with a pinned chat template.
 
 Rendering is transformers' own (the steps of ``render_jinja_template``: sandboxed Jinja with
 ``trim_blocks`` and ``lstrip_blocks``), as ``apply_chat_template(messages, tokenize=False)``
@@ -17,9 +17,11 @@ from transformers.utils.chat_template_utils import (
     _render_with_assistant_indices,
 )
 
-try:  # the message normalization of transformers 5.23 and later (the lock's)
+try:
+    # the message normalization of transformers 5.23 and later (the lock's)
     from transformers.utils.chat_template_utils import _alias_reasoning_fields, _plain_template_data
-except ImportError:  # earlier releases (miles' pinned 5.12.1) render the messages as they are given
+except ImportError:
+    # earlier releases (miles' pinned 5.12.1) render the messages as they are given
 
     def _alias_reasoning_fields(messages):
         return messages
@@ -29,12 +31,12 @@ except ImportError:  # earlier releases (miles' pinned 5.12.1) render the messag
 
 
 class ChatRenderer:
-    """Renders conversations with one chat template, as ``apply_chat_template`` does.
+    """Renders conversations with one chat template.
 
-    The template is compiled by transformers into an environment of its own, so that
-    ``strftime_now`` can print ``render_date`` (ISO text) instead of the clock; without one it
-    is transformers' own. Variables (special-token strings, a manifest's ``template_vars``)
-    reach the template as ``apply_chat_template``'s keyword arguments do.
+    It renders as ``apply_chat_template`` does. The template is compiled by transformers into an
+    environment of its own, so that ``strftime_now`` can print ``render_date`` (ISO text) instead of
+    the clock; without one it is transformers' own. Variables (special-token strings, a manifest's
+    ``template_vars``) reach the template as ``apply_chat_template``'s keyword arguments do.
     """
 
     def __init__(self, chat_template: str, render_date: str | None = None):
@@ -47,9 +49,8 @@ class ChatRenderer:
 
     def _template(self):
         if self._compiled is None:
-            compiled = _cached_compile_jinja_template(
-                self.chat_template
-            )  # uncached: a fresh environment
+            # uncached: a fresh environment
+            compiled = _cached_compile_jinja_template(self.chat_template)
             if self.render_date is not None:
                 compiled.globals["strftime_now"] = datetime.fromisoformat(self.render_date).strftime
             self._compiled = compiled
@@ -64,7 +65,10 @@ class ChatRenderer:
         variables: dict | None = None,
         add_generation_prompt: bool = False,
     ) -> list[str]:
-        """Several conversations, each as ``render_jinja_template`` renders it with no tools or documents."""
+        """Several conversations, each as ``render_jinja_template`` renders it.
+
+        They are rendered with no tools or documents.
+        """
         template = self._template()
         kwargs = _plain_template_data(variables or {})
         return [
@@ -81,8 +85,11 @@ class ChatRenderer:
     def render_with_spans(
         self, conversations: list[list[dict]], variables: dict | None = None
     ) -> tuple[list[str], list[list[tuple[int, int]]]]:
-        """``render_all``, with each conversation's ``{% generation %}`` spans (character start, end) as
-        ``apply_chat_template(..., return_assistant_tokens_mask=True)`` records them."""
+        """``render_all``, with each conversation's ``{% generation %}`` spans.
+
+        The spans are (character start, end), as
+        ``apply_chat_template(..., return_assistant_tokens_mask=True)`` records them.
+        """
         template = self._template()
         kwargs = _plain_template_data(variables or {})
         rendered = [

@@ -1,9 +1,10 @@
-"""The glm5 masks of THUDM/slime's open pull requests, as data/ROWS.md describes them (readings of ``mask_rule``).
+"""The glm5 masks of THUDM/slime's open pull requests.
 
-Both find each answer by searching the rendered text, not from the message structure, and mark
-characters; a token is supervised when any of its characters is (by the offsets of the
-encoding). They differ from the structure rule on two answers in a row and on role-token text
-inside a message. Written from data/ROWS.md and the PRs' ``gen_multi_turn_loss_mask_glm5``:
+They are readings of ``mask_rule``, as data/ROWS.md describes them. Both find each answer by
+searching the rendered text, not from the message structure, and mark characters; a token is
+supervised when any of its characters is (by the offsets of the encoding). They differ from the
+structure rule on two answers in a row and on role-token text inside a message. Written from
+data/ROWS.md and the PRs' ``gen_multi_turn_loss_mask_glm5``:
 
 - ``slime-pr1844`` (commit 471265d): when the last message is an answer and the text does not end
   with a stop token, ``<|user|>`` is appended (``<|observation|>`` after tool calls, which the
@@ -38,9 +39,10 @@ def appended_stop(rule: str, text: str, last_role: str) -> str:
 
 
 def character_mask(rule: str, text: str, answers: int) -> np.ndarray | None:
-    """Which characters of ``text`` (with the appended stop) are supervised; None if a header is missing.
+    """Which characters of ``text`` (with the appended stop) are supervised.
 
-    ``answers`` is the number of assistant messages: each is searched for in turn.
+    None if a header is missing. ``answers`` is the number of assistant messages: each is searched
+    for in turn.
     """
     mask = np.zeros(len(text), dtype=bool)
     cursor = 0
@@ -79,7 +81,10 @@ def character_mask(rule: str, text: str, answers: int) -> np.ndarray | None:
 
 
 def token_mask(characters: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """A token is supervised when any character in its ``[start, end)`` offsets is; an empty span never is."""
+    """A token is supervised when any character in its offsets is.
+
+    The offsets are ``[start, end)``; a token whose span is empty never is.
+    """
     prefix = np.concatenate([[0], np.cumsum(characters, dtype=np.int64)])
     start, end = offsets[:, 0], offsets[:, 1]
     return ((end > start) & (prefix[np.maximum(end, start)] - prefix[start] > 0)).astype(np.uint8)

@@ -1,5 +1,7 @@
-"""``loss_mask: turns``: any chat template's answers, from where generation starts through the stop
-token that ends them (data/ROWS.md, "Any chat model: the turns loss mask").
+"""``loss_mask: turns``: any chat template's answers.
+
+They run from where generation starts through the stop token that ends them (data/ROWS.md,
+"`turns`: any chat template").
 
 A conversation is rendered twice: as it is (``R``), and with every text replaced by its
 placeholder (runs of text between the template's markup literals become markers; blank runs
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import ClassVar
 
 import jinja2
 import numpy as np
@@ -32,7 +35,8 @@ from builders.messages import TEXT_FIELDS, normalize_messages, split_step_loss_m
 OTHER, ANSWER, STOP = 0, 1, 2
 CUTTING_METHODS = frozenset({"split", "rsplit", "startswith", "endswith", "replace", "find"})
 PROBE = [{"role": "user", "content": "probe"}]
-# markers are made of private-use characters: ``MARK_OPEN``, the run's number in hex digits, ``MARK_CLOSE``
+# markers are made of private-use characters: ``MARK_OPEN``, the run's number in hex digits,
+# ``MARK_CLOSE``
 MARK_OPEN, MARK_CLOSE, MARK_DIGITS = "\ue000", "\ue001", "\ue010"
 _MARKER = re.compile(f"{MARK_OPEN}[{MARK_DIGITS}-{chr(ord(MARK_DIGITS) + 15)}]+{MARK_CLOSE}")
 
@@ -40,7 +44,11 @@ _MARKER = re.compile(f"{MARK_OPEN}[{MARK_DIGITS}-{chr(ord(MARK_DIGITS) + 15)}]+{
 class TurnsFormat(ChatFormat):
     name = "turns"
     classes = 3
-    readings = {"mask_rule": ("structure",), "final": ("eos",), "prefill": ("after-prefill",)}
+    readings: ClassVar[dict[str, tuple[str, ...]]] = {
+        "mask_rule": ("structure",),
+        "final": ("eos",),
+        "prefill": ("after-prefill",),
+    }
 
     def __init__(self, spec, tokenizer, vocab):
         super().__init__(spec, tokenizer, vocab)
@@ -84,7 +92,10 @@ class TurnsFormat(ChatFormat):
         }
 
     def _generation_prompts(self) -> tuple[str, ...]:
-        """``G(v)`` for each prefill ``v``: the generation prompt the template renders after the probe, longest first."""
+        """``G(v)`` for each prefill ``v``, longest first.
+
+        ``G(v)`` is the generation prompt the template renders after the probe.
+        """
         prompts = []
         for prefill in self.spec.prefills:
             variables = {**self.variables, **prefill}
@@ -119,12 +130,13 @@ class TurnsFormat(ChatFormat):
         shapes = self._render(rows, [p[0] for p in placeheld])
         marks = []
         for row, messages, text, shape, (_, runs), skipped in zip(
-            rows, conversations, rendered, shapes, placeheld, untrained
+            rows, conversations, rendered, shapes, placeheld, untrained, strict=True
         ):
             with located(row):
                 marks.append(self._characters(messages, text, shape, runs, skipped))
-        # a byte-level BPE tokenizer's tokens are placed by their byte lengths (any engine encodes them), where
-        # its normalizer leaves the text as it is; any other text is placed by the encoding's character offsets
+        # a byte-level BPE tokenizer's tokens are placed by their byte lengths (any engine encodes
+        # them), where its normalizer leaves the text as it is; any other text is placed by the
+        # encoding's character offsets
         by_bytes = [self._byte_level and self.vocab.keeps(text) for text in rendered]
         tokens, spans, checked = [None] * len(rows), [None] * len(rows), [False] * len(rows)
         chosen = [k for k, b in enumerate(by_bytes) if b]
@@ -132,21 +144,19 @@ class TurnsFormat(ChatFormat):
             texts = [rendered[k] for k in chosen]
             encoded = engine.encode(texts)
             agreed = engine.cross_check(texts, encoded, [rows[k]["index"] for k in chosen])
-            for k, ids, check in zip(chosen, encoded, agreed):
+            for k, ids, check in zip(chosen, encoded, agreed, strict=True):
                 tokens[k], checked[k] = ids, check
         others = [k for k, b in enumerate(by_bytes) if not b]
         if others:
-            for k, e in zip(
-                others,
-                self.tokenizer.encode_batch(
-                    [rendered[k] for k in others], add_special_tokens=False
-                ),
-            ):
+            encodings = self.tokenizer.encode_batch(
+                [rendered[k] for k in others], add_special_tokens=False
+            )
+            for k, e in zip(others, encodings, strict=True):
                 tokens[k] = np.array(e.ids, dtype=np.int32)
                 spans[k] = np.array(e.offsets, dtype=np.int64).reshape(-1, 2)
         out = []
         for k, (row, text, ids, (classes, text_chars, ends)) in enumerate(
-            zip(rows, rendered, tokens, marks)
+            zip(rows, rendered, tokens, marks, strict=True)
         ):
             with located(row):
                 char_span = (
@@ -164,7 +174,7 @@ class TurnsFormat(ChatFormat):
         try:
             return self.renderer.render_all(conversations, self.variables)
         except jinja2.TemplateError:
-            for row, messages in zip(rows, conversations):
+            for row, messages in zip(rows, conversations, strict=True):
                 with located(row):
                     try:
                         self.renderer.render_all([messages], self.variables)
@@ -173,7 +183,10 @@ class TurnsFormat(ChatFormat):
             raise
 
     def _placeholders(self, messages: list[dict]) -> tuple[list[dict], list[tuple[int, str]]]:
-        """``messages`` with every text replaced by its placeholder, and each marker's (message, run), by number."""
+        """``messages`` with every text replaced by its placeholder.
+
+        The second value is each marker's (message, run), by number.
+        """
         runs: list[tuple[int, str]] = []
         out = []
         for position, message in enumerate(messages):
@@ -201,8 +214,12 @@ class TurnsFormat(ChatFormat):
     def _characters(
         self, messages, text: str, shape: str, runs, untrained
     ) -> tuple[np.ndarray, np.ndarray, bool]:
-        """Each character's class, whether it is printed text, and whether the EOS after ``text`` is a stop."""
-        printed = align(text, shape, runs, messages)  # (start, end, message), in order
+        """Each character's class, and whether it is printed text.
+
+        The third value says whether the EOS after ``text`` is a stop.
+        """
+        # (start, end, message), in order
+        printed = align(text, shape, runs, messages)
         classes = np.zeros(len(text), dtype=np.uint8)
         text_chars = np.zeros(len(text), dtype=bool)
         for start, end, _ in printed:
@@ -219,7 +236,8 @@ class TurnsFormat(ChatFormat):
             stop_end = len(text) if following is None else following[0]
             markup = text[last:stop_end]
             found = [(at, -len(s)) for s in self.stops if (at := markup.find(s)) >= 0]
-            if found:  # the first stop token (the longest, where two start at one character)
+            if found:
+                # the first stop token (the longest, where two start at one character)
                 at, length = min(found)
                 length = -length
                 classes[last : last + at] = ANSWER
@@ -232,20 +250,25 @@ class TurnsFormat(ChatFormat):
         return classes, text_chars, ends_with_answer
 
     def _headers(self, messages, text: str, printed) -> dict[int, tuple[int, int]]:
-        """Each assistant message's header (``[start, end)`` of the generation prompt found before it)."""
+        """Each assistant message's header.
+
+        That is the ``[start, end)`` of the generation prompt found before it.
+        """
         headers, previous = {}, 0
         for j, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
             own = [p for p in printed if p[2] == j]
-            # printing nothing, j ends at the next printed text: the first of a later message after what came
-            # before j (a template may move a later text to the front, as DeepSeek's does a system message)
+            # printing nothing, j ends at the next printed text: the first of a later message after
+            # what came before j (a template may move a later text to the front, as DeepSeek's
+            # does a system message)
             floor = max([previous, *(p[1] for p in printed if p[2] < j)])
             later = next((p for p in printed if p[2] > j and p[0] >= floor), None)
             end = own[0][0] if own else (later[0] if later else len(text))
             start = max([previous, *(p[1] for p in printed if p[1] <= end and p[2] != j)])
             region = text[start:end]
-            # the longest prompt that occurs, at its first occurrence (among prompts as long: the earliest)
+            # the longest prompt that occurs, at its first occurrence
+            # (among prompts as long: the earliest)
             found = next(
                 (
                     min((region.find(g), g) for g in self.prompts if len(g) == size and g in region)
@@ -257,8 +280,9 @@ class TurnsFormat(ChatFormat):
             if found is None:
                 raise ConversationError(
                     f"message {j} (assistant): none of the template's generation prompts "
-                    f"({', '.join(map(repr, self.prompts))}) occurs before it (characters {start}..{end} of the "
-                    f"render: {region[-60:]!r}); the turns mask is undefined for this conversation"
+                    f"({', '.join(map(repr, self.prompts))}) occurs before it "
+                    f"(characters {start}..{end} of the render: {region[-60:]!r}); "
+                    f"the turns mask is undefined for this conversation"
                 )
             at = start + found[0]
             headers[j] = (at, at + len(found[1]))
@@ -266,7 +290,10 @@ class TurnsFormat(ChatFormat):
         return headers
 
     def _byte_spans(self, text: str, ids: np.ndarray) -> np.ndarray:
-        """Each token's character span, from its length in bytes (a byte-level BPE tokenizer)."""
+        """Each token's character span, from its length in bytes.
+
+        The tokenizer is a byte-level BPE tokenizer.
+        """
         lengths = self.vocab.token_bytes[ids]
         data_length = len(text) if text.isascii() else len(text.encode("utf-8"))
         if int(lengths.sum()) != data_length:
@@ -283,19 +310,19 @@ class TurnsFormat(ChatFormat):
 def align(
     text: str, shape: str, runs: list[tuple[int, str]], messages
 ) -> list[tuple[int, int, int]]:
-    """Where each marker of the placeholder render ``shape`` is printed in the real render ``text``.
+    """Where each marker of ``shape`` is printed in ``text``.
 
-    Each marker stands for its run, printed as the run itself, less some leading and/or trailing
-    whitespace, or not at all; the first assignment that reproduces ``text`` is taken, trying each
-    marker's prints earliest and longest first. Returns the non-empty prints as ``(start, end,
-    message)``; when no assignment reproduces ``text``, raises ConversationError at the furthest
-    character any assignment reached.
+    ``shape`` is the placeholder render, ``text`` the real render. Each marker stands for its run,
+    printed as the run itself, less some leading and/or trailing whitespace, or not at all; the
+    first assignment that reproduces ``text`` is taken, trying each marker's prints earliest and
+    longest first. Returns the non-empty prints as ``(start, end, message)``; when no assignment
+    reproduces ``text``, raises ConversationError at the furthest character any assignment reached.
     """
     pieces = _MARKER.split(shape)
     markers = [_marker_number(m) for m in _MARKER.findall(shape)]
     if not text.startswith(pieces[0]):
         at = next(
-            (k for k, (a, b) in enumerate(zip(text, pieces[0])) if a != b),
+            (k for k, (a, b) in enumerate(zip(text, pieces[0], strict=False)) if a != b),
             min(len(text), len(pieces[0])),
         )
         _refuse(text, at, markers[0] if markers else None, messages, runs)
@@ -310,7 +337,9 @@ def align(
         i, position, candidates = stack[-1]
         if i == n and position == len(text):
             return [
-                (start, end, runs[m][0]) for m, (start, end) in zip(markers, spans) if end > start
+                (start, end, runs[m][0])
+                for m, (start, end) in zip(markers, spans, strict=True)
+                if end > start
             ]
         for printed in candidates:
             after = position + len(printed)
@@ -334,7 +363,10 @@ def align(
 
 
 def _prints(run: str):
-    """The ways a template may print ``run``: earliest and longest first, then not at all."""
+    """The ways a template may print ``run``.
+
+    They come earliest and longest first, then not at all.
+    """
     lead = len(run) - len(run.lstrip())
     trail = len(run) - len(run.rstrip())
     for a in range(lead + 1):
@@ -350,8 +382,10 @@ def _refuse(text: str, at: int, marker, messages, runs):
         else "the markup"
     )
     raise ConversationError(
-        f"the turns mask is undefined for this conversation: the template's markup depends on the text of {where} "
-        f"(the real render and the placeholder render differ from character {at}: real {text[at : at + 40]!r})"
+        f"the turns mask is undefined for this conversation: "
+        f"the template's markup depends on the text of {where} "
+        f"(the real render and the placeholder render differ from character {at}: "
+        f"real {text[at : at + 40]!r})"
     )
 
 
@@ -365,8 +399,11 @@ def _marker_number(marker: str) -> int:
 
 
 def _tiled(spans: np.ndarray, length: int) -> np.ndarray:
-    """Offsets made a tiling of the text: a character no token's offsets cover goes to the next token (the
-    last one for trailing characters). Offsets that go backwards are refused."""
+    """Offsets made a tiling of the text.
+
+    A character no token's offsets cover goes to the next token (the last one for trailing
+    characters). Offsets that go backwards are refused.
+    """
     if not len(spans):
         return spans
     starts, ends = spans[:, 0].copy(), spans[:, 1].copy()
@@ -383,8 +420,11 @@ def _tiled(spans: np.ndarray, length: int) -> np.ndarray:
 def _token_classes(
     classes: np.ndarray, text_chars: np.ndarray, spans: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A token's class: ANSWER if any character it covers is, else STOP if any is, else OTHER; it is message
-    text when its first character is."""
+    """A token's class, and whether it is message text.
+
+    The class is ANSWER if any character it covers is, else STOP if any is, else OTHER; the token is
+    message text when its first character is.
+    """
     if not len(spans):
         return np.zeros(0, np.uint8), np.zeros(0, bool)
     answer = np.concatenate([[0], np.cumsum(classes == ANSWER, dtype=np.int64)])
@@ -399,23 +439,26 @@ def _token_classes(
 
 
 def markup_literals(template: str) -> tuple[str, ...]:
-    """The string constants the template tests a value against or cuts it by: the left side of ``in`` /
-    ``not in``, the first argument of ``split``, ``rsplit``, ``startswith``, ``endswith`` (a string or a
-    tuple of them), ``replace`` (the method or the filter), ``find``."""
+    """The string constants a template tests a value against or cuts it by.
+
+    They are the left side of ``in`` / ``not in``, the first argument of ``split``, ``rsplit``,
+    ``startswith``, ``endswith`` (a string or a tuple of them), ``replace`` (the method or the
+    filter), ``find``.
+    """
     found = set()
     for node in _parse(template).find_all((nodes.Compare, nodes.Call, nodes.Filter)):
         if isinstance(node, nodes.Compare):
             if any(op.op in ("in", "notin") for op in node.ops[:1]):
                 found.update(_strings(node.expr))
         elif isinstance(node, nodes.Filter):
-            if node.name == "replace" and node.args:  # the filter cuts text as the method does
+            # the filter cuts text as the method does
+            if node.name == "replace" and node.args:
                 found.update(_strings(node.args[0]))
         elif (
             isinstance(node.node, nodes.Getattr) and node.node.attr in CUTTING_METHODS and node.args
         ):
-            found.update(
-                _strings(node.args[0])
-            )  # the separator, prefix, suffix or needle: what the text is cut by
+            # the separator, prefix, suffix or needle: what the text is cut by
+            found.update(_strings(node.args[0]))
     return tuple(sorted(s for s in found if s))
 
 
@@ -437,8 +480,11 @@ def _parse(template: str) -> nodes.Template:
 
 
 def check_spec(spec, tokenizer) -> None:
-    """Refuse, before any work, inputs the turns mask cannot use: ``eos``/``stop`` that are not single
-    special tokens, a template that reads the clock with no ``render_date``, markers the template could see."""
+    """Refuse, before any work, inputs the turns mask cannot use.
+
+    They are ``eos``/``stop`` that are not single special tokens, a template that reads the clock
+    with no ``render_date``, markers the template could see.
+    """
     special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
     for name, tokens in (("tokenizer.eos", [spec.eos]), ("tokenizer.stop", list(spec.stop))):
         for token in tokens:
@@ -455,8 +501,9 @@ def check_spec(spec, tokenizer) -> None:
         ) from err
     if clock and spec.render_date is None:
         raise ManifestError(
-            "tokenizer.render_date: the chat template calls strftime_now (it prints a date); pin the "
-            "date it sees with render_date: YYYY-MM-DD, so the build never depends on the clock"
+            "tokenizer.render_date: the chat template calls strftime_now (it prints a date); "
+            "pin the date it sees with render_date: YYYY-MM-DD, "
+            "so the build never depends on the clock"
         )
     for literal in markup_literals(spec.chat_template):
         if all(MARK_OPEN <= c <= chr(ord(MARK_DIGITS) + 15) for c in literal):

@@ -1,5 +1,8 @@
-"""What a mask needs to know of a tokenizer: token ids, token byte lengths, normalized lengths,
-what its post-processor adds, and whether its offsets are the tokens' own character spans."""
+"""What a mask needs to know of a tokenizer.
+
+It needs the token ids, token byte lengths, normalized lengths, what the post-processor adds, and
+whether the offsets are the tokens' own character spans.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +18,10 @@ OFFSET_PROBES = ("a  b   c", "  lead", "trail  ", "x\n\n  y", "é ü 東京 😀
 
 
 class Vocab:
-    """A tokenizer seen from a mask (token byte lengths: of a byte-level BPE tokenizer)."""
+    """A tokenizer seen from a mask.
+
+    Its token byte lengths hold for a byte-level BPE tokenizer.
+    """
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
@@ -38,9 +44,12 @@ class Vocab:
         return token_id
 
     def byte_level(self) -> bool:
-        """Whether each token's byte length is exact (of the text as the tokenizer sees it: ``keeps``): a
-        byte-level BPE tokenizer (its pre-tokenizer and decoder ByteLevel) whose regular tokens are all spelled
-        in the byte-level alphabet."""
+        """Whether each token's byte length is exact.
+
+        It is, of the text as the tokenizer sees it (``keeps``), for a byte-level BPE tokenizer (its
+        pre-tokenizer and decoder ByteLevel) whose regular tokens are all spelled in the byte-level
+        alphabet.
+        """
         config = json.loads(self.tokenizer.to_str())
         if "ByteLevel" not in json.dumps(
             config.get("pre_tokenizer")
@@ -50,7 +59,10 @@ class Vocab:
         return bool(regular) and bool(np.all(self.token_bytes[list(regular)] > 0))
 
     def keeps(self, text: str) -> bool:
-        """Whether the tokenizer sees ``text`` as it is (no normalizer, or one that leaves it unchanged)."""
+        """Whether the tokenizer sees ``text`` as it is.
+
+        It does where there is no normalizer, or one that leaves the text unchanged.
+        """
         return self._normalizer is None or self._normalizer.normalize_str(text) == text
 
     @property
@@ -58,8 +70,11 @@ class Vocab:
         return self._normalizer is not None
 
     def measure(self, text: str) -> int:
-        """The length in bytes of ``text`` as the tokenizer sees it: added tokens as they are, the
-        text between them through the tokenizer's normalizer (NFC, for example)."""
+        """The length in bytes of ``text`` as the tokenizer sees it.
+
+        Added tokens count as they are, the text between them through the tokenizer's normalizer
+        (NFC, for example).
+        """
         if self._normalizer is None or not text:
             return len(text.encode("utf-8"))
         if self._added is None:
@@ -72,10 +87,10 @@ class Vocab:
         return total + len(self._normalizer.normalize_str(text[at:]).encode("utf-8"))
 
     def post_processor_wrap(self) -> tuple[np.ndarray, np.ndarray]:
-        """The ids the post-processor puts before and after a text's own (``add_special_tokens=True``).
+        """The ids the post-processor puts before and after a text's own.
 
-        Found on probes and required to be the same for each: a post-processor that adds
-        something else for another text is refused.
+        These are what ``add_special_tokens=True`` adds. Found on probes and required to be the same
+        for each: a post-processor that adds something else for another text is refused.
         """
         if self._wrap is None:
             wraps = set()
@@ -106,8 +121,11 @@ class Vocab:
         return self._wrap
 
     def offsets_are_spans(self) -> bool:
-        """Whether the encoding's character offsets are the tokens' own spans (no normalizer moving
-        characters, no post-processor trimming whitespace off them), checked on probes."""
+        """Whether the encoding's character offsets are the tokens' own spans.
+
+        They are where no normalizer moves characters and no post-processor trims whitespace off
+        them; checked on probes.
+        """
         if self.normalizes:
             return False
         for probe in OFFSET_PROBES:
@@ -120,10 +138,14 @@ class Vocab:
 
 
 def char_spans(text: str, token_bytes: np.ndarray) -> np.ndarray:
-    """Each token's ``[start, end)`` character span in ``text``, from its byte length (a token that
-    covers part of a character covers that character)."""
+    """Each token's ``[start, end)`` character span in ``text``.
+
+    The spans come from the tokens' byte lengths (a token that covers part of a character covers
+    that character).
+    """
     data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
-    char_of_byte = np.cumsum((data & 0xC0) != 0x80) - 1  # continuation bytes are 10xxxxxx
+    # continuation bytes are 10xxxxxx
+    char_of_byte = np.cumsum((data & 0xC0) != 0x80) - 1
     ends = np.cumsum(token_bytes)
     starts = ends - token_bytes
     spans = np.zeros((len(token_bytes), 2), dtype=np.int64)
@@ -134,11 +156,12 @@ def char_spans(text: str, token_bytes: np.ndarray) -> np.ndarray:
 
 
 def token_byte_lengths(tokenizer: Tokenizer) -> np.ndarray:
-    """Each token id's length in bytes of the text it encodes, for a byte-level BPE tokenizer.
+    """Each token id's length in bytes of the text it encodes.
 
-    A regular token is spelled in the byte-level alphabet, one character per byte; an added
-    token matches its content literally. Ids that are neither get 0, which the mask's
-    coverage check turns into a clear error if such a token is ever produced.
+    The tokenizer is a byte-level BPE tokenizer. A regular token is spelled in the byte-level
+    alphabet, one character per byte; an added token matches its content literally. Ids that are
+    neither get 0, which the mask's coverage check turns into a clear error if such a token is ever
+    produced.
     """
     alphabet = set(pre_tokenizers.ByteLevel.alphabet())
     lengths = np.zeros(tokenizer.get_vocab_size(with_added_tokens=True), dtype=np.int64)

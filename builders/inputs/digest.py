@@ -1,4 +1,4 @@
-"""The sha256 of files, and a process of its own that hashes a build's source files beside it.
+"""The sha256 of files, and a process that hashes a build's sources.
 
 A build hashes every source file's bytes (gigabytes) while it builds. That work runs in a process
 of its own, ``HashingProcess``, so that it takes none of the build's own process, whose CPU is
@@ -23,9 +23,8 @@ from pathlib import Path
 
 from builders.errors import WorkerError
 
-ROOT = (
-    Path(__file__).resolve().parents[2]
-)  # the folder that holds this package: the process runs the same code
+# the folder that holds this package: the process runs the same code
+ROOT = Path(__file__).resolve().parents[2]
 BOOTSTRAP = (
     "import sys; sys.path.insert(0, sys.argv[1]); from builders.inputs.digest import serve; serve()"
 )
@@ -42,8 +41,11 @@ def file_digest(path: Path | str) -> tuple[str, int]:
 
 
 class HashingProcess:
-    """Hashes ``paths`` in a process of its own; ``digests[k]`` is the Future of path k's
-    ``(sha256, size)`` (an OSError where it cannot be read, a WorkerError where the process died)."""
+    """Hashes ``paths`` in a process of its own.
+
+    ``digests[k]`` is the Future of path k's ``(sha256, size)`` (an OSError where it cannot be read,
+    a WorkerError where the process died).
+    """
 
     def __init__(self, paths: list[Path]):
         self.digests: list[Future] = [Future() for _ in paths]
@@ -59,8 +61,10 @@ class HashingProcess:
             self.process.stdin.write(json.dumps([str(p) for p in paths]).encode("utf-8"))
             self.process.stdin.close()
         except OSError:
-            pass  # it died at once: its digests say so
-        except BaseException:  # interrupted (Ctrl-C) while it starts: it goes with the build
+            # it died at once: its digests say so
+            pass
+        except BaseException:
+            # interrupted (Ctrl-C) while it starts: it goes with the build
             self.stop()
             raise
 
@@ -101,7 +105,8 @@ def serve() -> None:
     """The hashing process: the paths from stdin, a line for each on stdout."""
     try:
         paths = json.loads(sys.stdin.read())
-    except ValueError:  # the build stopped before it had said which files: nothing to hash
+    except ValueError:
+        # the build stopped before it had said which files: nothing to hash
         return
     for path in paths:
         try:

@@ -1,4 +1,7 @@
-"""Fetch into the HF cache exactly the files a build reads, for a build that then runs offline."""
+"""Fetch into the HF cache exactly the files a build reads.
+
+A build then runs offline from the cache.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +25,8 @@ from builders.manifest import Manifest, cli_command
 @dataclass(frozen=True)
 class Fetched:
     repo: PinnedRepo
-    files: list[Path]  # the matched files in the snapshot folder
+    # the matched files in the snapshot folder
+    files: list[Path]
 
     @property
     def bytes(self) -> int:
@@ -30,7 +34,10 @@ class Fetched:
 
 
 def download(manifest: Manifest, hub: Hub) -> list[Fetched]:
-    """Resolve every pinned repo online (the cache answers for what it already holds)."""
+    """Resolve every pinned repo online.
+
+    The cache answers for what it already holds.
+    """
     snapshots = resolve(manifest, hub)
     tokenizer = tokenizer_repo(manifest.tokenizer)
     fetched = [
@@ -43,7 +50,7 @@ def download(manifest: Manifest, hub: Hub) -> list[Fetched]:
             ],
         )
     ]
-    for pin, folder in zip(manifest.datasets, snapshots.datasets):
+    for pin, folder in zip(manifest.datasets, snapshots.datasets, strict=True):
         fetched.append(
             Fetched(dataset_repo(pin), [path for _, path in matching_files(pin.pattern, folder)])
         )
@@ -59,12 +66,13 @@ def describe(fetched: list[Fetched], manifest: Manifest, hub: Hub) -> str:
         names = ", ".join(path.name for path in f.files[:3])
         names += f", … ({len(f.files)} files)" if len(f.files) > 3 else ""
         lines.append(
-            f"  {f.repo.repo_type} {f.repo.repo} at {f.repo.revision[:12]}: {names} ({_size(f.bytes)})"
+            f"  {f.repo.repo_type} {f.repo.repo} at {f.repo.revision[:12]}: "
+            f"{names} ({_size(f.bytes)})"
         )
     home = shlex.quote(str(hub.cache_dir.parent if hub.cache_dir else constants.HF_HOME))
     lines.append(
-        f"build offline from it, here or where this cache is copied to (as HF_HOME/hub), with fixed-sft "
-        f"(or python -m builders in a checkout):\n"
+        "build offline from it, here or where this cache is copied to (as HF_HOME/hub), "
+        "with fixed-sft (or python -m builders in a checkout):\n"
         f"  HF_HUB_OFFLINE=1 HF_HOME={home} {cli_command('build', manifest, portable=True)}"
     )
     return "\n".join(lines)

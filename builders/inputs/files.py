@@ -1,19 +1,21 @@
-"""The files a dataset may be stored in, each read a block of rows at a time: parquet, JSON Lines, one JSON list.
+"""The files a dataset may be stored in, each read a block at a time.
 
-A reader knows, once opened, how many rows each of its blocks holds (``block_rows``), and reads
-one block as an Arrow table of the fields a layout names (``Fields``): the conversation, the
-id and ``source`` where the file has them. A parquet block is a row group. JSON is read by
-pyarrow's own JSON reader, a block of whole rows (about ``BLOCK_BYTES``) at a time, so memory
-stays bounded for every format: JSON Lines is cut at line ends; a single JSON list is scanned
-once (vectorized, a chunk at a time) for the commas between its top-level objects, and a block
-of objects is handed to the reader as concatenated objects. A JSON reader reads only the named
-fields (a field whose type varies from row to row has no Arrow type); a JSON block that does not
-parse is read again with Python's ``json`` to name the row and the field at fault.
+They are parquet, JSON Lines, or one JSON list, each read a block of rows at a time. A reader knows,
+once opened, how many rows each of its blocks holds (``block_rows``), and reads one block as an
+Arrow table of the fields a layout names (``Fields``): the conversation, the id and ``source`` where
+the file has them. A parquet block is a row group. JSON is read by pyarrow's own JSON reader, a
+block of whole rows (about ``BLOCK_BYTES``) at a time, so memory stays bounded for every format:
+JSON Lines is cut at line ends; a single JSON list is scanned once (vectorized, a chunk at a time)
+for the commas between its top-level objects, and a block of objects is handed to the reader as
+concatenated objects. A JSON reader reads only the named fields (a field whose type varies from row
+to row has no Arrow type); a JSON block that does not parse is read again with Python's ``json`` to
+name the row and the field at fault.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,14 +28,18 @@ import pyarrow.parquet as pq
 from builders.errors import PinnedInputError
 from builders.messages import OPTIONAL_TEXT_FIELDS
 
-BLOCK_BYTES = 4 << 20  # JSON read at a time
-SCAN_BYTES = 1 << 20  # a JSON list scanned at a time for its top-level commas
+# JSON read at a time
+BLOCK_BYTES = 4 << 20
+# a JSON list scanned at a time for its top-level commas
+SCAN_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
 class Fields:
-    """What a layout reads from a row: the conversation's field, a message's role and content fields,
-    the id's field (None: none)."""
+    """What a layout reads from a row.
+
+    The conversation's field, a message's role and content fields, the id's field (None: none).
+    """
 
     messages: str
     role: str
@@ -47,7 +53,10 @@ class Fields:
 
 
 def open_file(path: Path, name: str, fields: Fields):
-    """The reader of ``path`` (``name``: its path in the snapshot), by its extension."""
+    """The reader of ``path``, by its extension.
+
+    ``name`` is its path in the snapshot.
+    """
     if name.endswith(".parquet"):
         return ParquetFile(path, name, fields)
     if name.endswith(".jsonl"):
@@ -86,8 +95,9 @@ class ParquetFile:
 
     def read(self, block: int) -> pa.Table:
         try:
-            # a file handle of its own: reads of one ParquetFile from several threads are not safe; no
-            # threads of its own: the caller decodes several blocks at once (nested threads cost twice the CPU)
+            # a file handle of its own: reads of one ParquetFile from several threads are not
+            # safe; no threads of its own: the caller decodes several blocks at once (nested
+            # threads cost twice the CPU)
             return pq.ParquetFile(self.path).read_row_group(
                 block, columns=self.columns, use_threads=False
             )
@@ -96,7 +106,10 @@ class ParquetFile:
 
 
 class _JsonFile:
-    """What both JSON readers share: the schema of the named fields, a block's parse, its diagnosis."""
+    """What both JSON readers share.
+
+    The schema of the named fields, a block's parse, its diagnosis.
+    """
 
     def __init__(self, path: Path, name: str, fields: Fields):
         self.path, self.name, self.fields = path, name, fields
@@ -110,12 +123,13 @@ class _JsonFile:
         return pa.schema(columns)
 
     def _parse(self, data: bytes, rows: int, first_row: int, multiline: bool) -> pa.Table:
-        """The named fields of ``rows`` JSON objects in ``data`` (rows ``first_row``… of the file)."""
+        """The named fields of ``rows`` JSON objects in ``data``.
+
+        They are rows ``first_row``… of the file.
+        """
         error: pa.ArrowInvalid | None = None
-        for id_type in (
-            pa.string(),
-            pa.int64(),
-        ):  # ids are strings, or whole numbers (read as their text)
+        # ids are strings, or whole numbers (read as their text)
+        for id_type in (pa.string(), pa.int64()):
             options = pj.ParseOptions(
                 explicit_schema=self._schema(id_type),
                 unexpected_field_behavior="ignore",
@@ -146,12 +160,16 @@ class _JsonFile:
         problem = (
             self._diagnose(data, first_row, multiline)
             or error
-            or f"{rows} objects counted from row {first_row}, but the JSON reader read another number (a stray comma?)"
+            or f"{rows} objects counted from row {first_row}, but the JSON reader read another "
+            "number (a stray comma?)"
         )
         raise PinnedInputError(f"{self.name}: {problem}") from error
 
     def _diagnose(self, data: bytes, first_row: int, multiline: bool) -> str | None:
-        """The first row of ``data`` that is not a JSON object with the named fields in their types."""
+        """The first row of ``data`` that the layout cannot read.
+
+        That is, the first that is not a JSON object with the named fields in their types.
+        """
         decoder, at, row = json.JSONDecoder(), 0, first_row
         text = data.decode("utf-8", errors="replace")
         while True:
@@ -162,7 +180,10 @@ class _JsonFile:
             try:
                 value, at = decoder.raw_decode(text, at)
             except json.JSONDecodeError as err:
-                return f"row {row} is not valid JSON ({err.msg}){'' if multiline else ': not JSON Lines'}"
+                return (
+                    f"row {row} is not valid JSON ({err.msg})"
+                    f"{'' if multiline else ': not JSON Lines'}"
+                )
             problem = self._problem(value)
             if problem:
                 return f"row {row}: {problem}"
@@ -179,13 +200,19 @@ class _JsonFile:
             and value.get(f.id) is not None
             and (isinstance(value[f.id], bool) or not isinstance(value[f.id], (str, int)))
         ):
-            return f"field {f.id!r} (the id) is a {_json_kind(value[f.id])}, not a string or a whole number"
+            return (
+                f"field {f.id!r} (the id) is a {_json_kind(value[f.id])}, not a string or a "
+                "whole number"
+            )
         messages = value.get(f.messages)
         if messages is not None and not isinstance(messages, list):
             return f"field {f.messages!r} is a {_json_kind(messages)}, not a list of messages"
         for position, message in enumerate(messages or []):
             if message is not None and not isinstance(message, dict):
-                return f"field {f.messages!r}: message {position} is a {_json_kind(message)}, not an object"
+                return (
+                    f"field {f.messages!r}: message {position} is a {_json_kind(message)}, "
+                    "not an object"
+                )
             for key in (f.role, f.content, *OPTIONAL_TEXT_FIELDS):
                 if (
                     message is not None
@@ -200,7 +227,10 @@ class _JsonFile:
 
 
 class JsonLinesFile(_JsonFile):
-    """JSON Lines: one object per line (blank lines are skipped); a block is a run of whole lines."""
+    """JSON Lines: one object per line; a block is a run of whole lines.
+
+    Blank lines are skipped.
+    """
 
     def __init__(self, path: Path, name: str, fields: Fields):
         super().__init__(path, name, fields)
@@ -211,7 +241,8 @@ class JsonLinesFile(_JsonFile):
                 data = rest + chunk
                 end = data.rfind(b"\n") + 1
                 if end == 0:
-                    rest = data  # a line longer than a block: read on
+                    # a line longer than a block: read on
+                    rest = data
                     continue
                 row = self._add_block(data[:end], at, row)
                 at, rest = at + end, data[end:]
@@ -247,18 +278,23 @@ class JsonLinesFile(_JsonFile):
 
 
 class JsonListFile(_JsonFile):
-    """One JSON list of objects (``[{...}, {...}]``, pretty-printed or not); a block is a run of its objects."""
+    """One JSON list of objects; a block is a run of its objects.
+
+    The list is ``[{...}, {...}]``, pretty-printed or not.
+    """
 
     def __init__(self, path: Path, name: str, fields: Fields):
         super().__init__(path, name, fields)
-        self.bounds = _top_level_commas(path, name)  # the '[', the commas between objects, the ']'
+        # the '[', the commas between objects, the ']'
+        self.bounds = _top_level_commas(path, name)
         rows = len(self.bounds) - 1
-        self.first = [0]  # the first object of each block, and the end
+        # the first object of each block, and the end
+        self.first = [0]
         for k in range(1, rows):
             if self.bounds[k] - self.bounds[self.first[-1]] >= BLOCK_BYTES:
                 self.first.append(k)
-        self.first = self.first + [rows] if rows else []
-        self.block_rows = [b - a for a, b in zip(self.first, self.first[1:])]
+        self.first = [*self.first, rows] if rows else []
+        self.block_rows = [b - a for a, b in itertools.pairwise(self.first)]
 
     def read(self, block: int) -> pa.Table:
         first, end = self.first[block], self.first[block + 1]
@@ -267,12 +303,16 @@ class JsonListFile(_JsonFile):
             file.seek(start)
             data = bytearray(file.read(int(self.bounds[end]) - start))
         for comma in self.bounds[first + 1 : end]:
-            data[int(comma) - start] = ord(" ")  # the objects, concatenated
+            # the objects, concatenated
+            data[int(comma) - start] = ord(" ")
         return self._parse(bytes(data), end - first, first, multiline=True)
 
 
 def _top_level_commas(path: Path, name: str) -> np.ndarray:
-    """Byte offsets of a JSON list's opening ``[``, the commas between its elements and its closing ``]``.
+    """Byte offsets of a JSON list's brackets and top-level commas.
+
+    They are the offsets of its opening ``[``, the commas between its elements and its closing
+    ``]``.
 
     The scan is vectorized over chunks: a quote counts unless an odd run of backslashes precedes
     it; characters between an odd and an even quote are inside a string; depth counts brackets
@@ -303,7 +343,8 @@ def _top_level_commas(path: Path, name: str) -> np.ndarray:
             )
             if (len(where) and closed) or (not len(where) and closed and chunk.strip()):
                 fail(
-                    f"more after the list's closing ']' (byte {offset + (int(where[0]) if len(where) else 0)})"
+                    "more after the list's closing ']' "
+                    f"(byte {offset + (int(where[0]) if len(where) else 0)})"
                 )
             top = (chars == 44) & (depth_after == 1)
             if len(where) and not opened:
@@ -314,7 +355,8 @@ def _top_level_commas(path: Path, name: str) -> np.ndarray:
                 fail("it does not start with '['")
             if (depth_after < 0).any():
                 fail(
-                    f"an unmatched closing bracket at byte {offset + int(where[np.argmax(depth_after < 0)])}"
+                    "an unmatched closing bracket at byte "
+                    f"{offset + int(where[np.argmax(depth_after < 0)])}"
                 )
             closing = np.flatnonzero(depth_after == 0)
             if closing.size:
@@ -325,14 +367,16 @@ def _top_level_commas(path: Path, name: str) -> np.ndarray:
             marks.append(offset + where[top])
             depth = int(depth_after[-1]) if len(where) else depth
             in_string = (in_string + len(real)) % 2
-            tail = len(chunk) - len(chunk.rstrip(b"\\"))  # the run of backslashes it ends with
+            # the run of backslashes it ends with
+            tail = len(chunk) - len(chunk.rstrip(b"\\"))
             backslashes = backslashes + tail if tail == len(chunk) else tail
             offset += len(b)
     if not closed:
         fail("it ends before its closing ']'" if opened else "it is empty")
     bounds = np.concatenate(marks)
     if len(bounds) == 2 and _blank_between(path, int(bounds[0]), int(bounds[1])):
-        return bounds[:1]  # [] : no rows
+        # [] : no rows
+        return bounds[:1]
     return bounds
 
 
@@ -341,8 +385,11 @@ _STRUCTURAL[[ord(c) for c in "[]{},"]] = True
 
 
 def _real_quotes(b: np.ndarray, carried: int) -> np.ndarray:
-    """Positions of the quotes in ``b`` that are not escaped: not after an odd run of backslashes
-    (``carried``: the run that ended the previous chunk)."""
+    """Positions of the quotes in ``b`` that are not escaped.
+
+    A quote is escaped after an odd run of backslashes (``carried``: the run that ended the previous
+    chunk).
+    """
     quotes = np.flatnonzero(b == 34)
     slashes = np.flatnonzero(b == 92)
     if not slashes.size and not (carried % 2 and quotes.size and quotes[0] == 0):
@@ -355,12 +402,16 @@ def _real_quotes(b: np.ndarray, carried: int) -> np.ndarray:
     escaped = run_end[length % 2 == 1] + 1
     is_escaped = np.zeros(len(b) + 1, dtype=bool)
     is_escaped[escaped] = True
-    is_escaped[0] |= carried % 2 == 1  # a chunk that starts with the escaped character
+    # a chunk that starts with the escaped character
+    is_escaped[0] |= carried % 2 == 1
     return quotes[~is_escaped[quotes]]
 
 
 def _blank_between(path: Path, start: int, end: int) -> bool:
-    """Whether the bytes strictly between ``start`` and ``end`` are all whitespace."""
+    """Whether the bytes between ``start`` and ``end`` are all whitespace.
+
+    Both ends excluded.
+    """
     with open(path, "rb") as file:
         file.seek(start + 1)
         while start + 1 < end:
@@ -374,7 +425,8 @@ def _blank_between(path: Path, start: int, end: int) -> bool:
 def _check_schema(name: str, schema: pa.Schema, fields: Fields) -> None:
     """A parquet file's columns as the layout names them."""
     expected = (
-        f"expected {fields.id or '(no id)'}: string, {fields.messages}: list<struct<{fields.role}: string, "
+        f"expected {fields.id or '(no id)'}: string, "
+        f"{fields.messages}: list<struct<{fields.role}: string, "
         f"{fields.content}: string, ...>>, source: string (optional)"
     )
 

@@ -1,12 +1,13 @@
-"""Resolve the pinned inputs of a manifest: Hub snapshots at fixed commits, checked by sha256.
+"""Resolve the pinned inputs of a manifest.
 
-``huggingface_hub.snapshot_download`` downloads when online and reads the HF cache
-(``HF_HOME``, ``HF_HUB_OFFLINE=1``) when not, so a pre-filled cache builds with no network.
-Each repo is asked for exactly the files a build reads (``PinnedRepo.patterns``), so online a
-build fetches nothing else, and ``download`` fetches the same. The tokenizer files are read
-once, as bytes, and hashed before anything parses them: what is parsed is exactly what was
-checked. The source files, too large to read twice before a build, are hashed in a process beside
-it (``hashed_files``) and checked against the sha256 that names them before its output is kept.
+They are Hub snapshots at fixed commits, checked by sha256. ``huggingface_hub.snapshot_download``
+downloads when online and reads the HF cache (``HF_HOME``, ``HF_HUB_OFFLINE=1``) when not, so a
+pre-filled cache builds with no network. Each repo is asked for exactly the files a build reads
+(``PinnedRepo.patterns``), so online a build fetches nothing else, and ``download`` fetches the
+same. The tokenizer files are read once, as bytes, and hashed before anything parses them: what is
+parsed is exactly what was checked. The source files, too large to read twice before a build, are
+hashed in a process beside it (``hashed_files``) and checked against the sha256 that names them
+before its output is kept.
 """
 
 from __future__ import annotations
@@ -37,14 +38,16 @@ from builders.manifest import DatasetPin, Manifest, TokenizerPin, cli_command
 
 @dataclass(frozen=True)
 class Hub:
-    """Where snapshots come from: ``cache_dir`` (default: the HF cache that ``HF_HOME`` names),
-    and whether to stay offline (also implied by ``HF_HUB_OFFLINE=1``)."""
+    """Where snapshots come from, and whether to stay offline.
+
+    ``cache_dir`` defaults to the HF cache that ``HF_HOME`` names; ``HF_HUB_OFFLINE=1`` also implies
+    ``offline``.
+    """
 
     cache_dir: Path | None = None
     offline: bool = False
-    fixture_repos: frozenset[str] = (
-        frozenset()
-    )  # repos this project's fixture cache lays out: never on the Hub
+    # repos this project's fixture cache lays out: never on the Hub
+    fixture_repos: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,10 @@ class PinnedRepo:
     patterns: tuple[str, ...]
 
     def hf_download_command(self) -> str:
-        """The ``hf download`` line (huggingface_hub's command) that fetches exactly these files, on any machine."""
+        """The ``hf download`` line that fetches exactly these files.
+
+        ``hf`` is huggingface_hub's command; the line works on any machine.
+        """
         type_option = f" --repo-type {self.repo_type}" if self.repo_type != "model" else ""
         include = " ".join(shlex.quote(p) for p in self.patterns)
         return (
@@ -70,18 +76,17 @@ class Snapshots:
     """The local folders of a manifest's pinned repos."""
 
     tokenizer: Path
-    datasets: list[
-        Path
-    ]  # one per dataset pin, in manifest order (none where only the tokenizer was asked for)
+    # one per dataset pin, in manifest order (none where only the tokenizer was asked for)
+    datasets: list[Path]
 
 
 @dataclass(frozen=True)
 class PinnedTokenizer:
     tokenizer: Tokenizer
-    tokenizer_json: str  # the checked text it was parsed from (another engine loads the same)
-    spec: (
-        FormatSpec  # the chat format: the manifest's loss_mask and its inputs, the pinned template
-    )
+    # the checked text it was parsed from (another engine loads the same)
+    tokenizer_json: str
+    # the chat format: the manifest's loss_mask and its inputs, the pinned template
+    spec: FormatSpec
     snapshot: Path
 
     @property
@@ -101,12 +106,13 @@ HUB_PROBE_TIMEOUT_S = 10
 
 
 def resolve(manifest: Manifest, hub: Hub, dataset: bool = True) -> Snapshots:
-    """Resolve (online: download) every pinned repo of ``manifest`` (``dataset=False``: the tokenizer's only).
+    """Resolve (online: download) every pinned repo of ``manifest``.
 
-    Online, the Hub is asked once, without retries, whether it answers; when it does not, the
-    repos are read from the cache alone (huggingface_hub would retry each request for about
-    23 s before it fell back to the cache). A repo that is neither in the cache nor reachable is
-    an error that lists every such repo of the manifest at once, with the commands that fetch them.
+    With ``dataset=False``, the tokenizer's only. Online, the Hub is asked once, without retries,
+    whether it answers; when it does not, the repos are read from the cache alone (huggingface_hub
+    would retry each request for about 23 s before it fell back to the cache). A repo that is
+    neither in the cache nor reachable is an error that lists every such repo of the manifest at
+    once, with the commands that fetch them.
     """
     unreachable = hub_unreachable(hub)
     if unreachable:
@@ -143,10 +149,11 @@ def resolve(manifest: Manifest, hub: Hub, dataset: bool = True) -> Snapshots:
         )
         commands = [f"  {repo.hf_download_command()}" for repo, _ in missing]
         raise PinnedInputError(
-            f"these pinned inputs are not in the HF cache{where} and cannot be downloaded here: {why}\n"
+            f"these pinned inputs are not in the HF cache{where} and cannot be downloaded here: "
+            f"{why}\n"
             + "\n".join(lines)
-            + "\nfetch them into an HF cache on a machine that reaches the Hub, with fixed-sft (or python -m builders "
-            "in a checkout):\n  "
+            + "\nfetch them into an HF cache on a machine that reaches the Hub, with fixed-sft "
+            "(or python -m builders in a checkout):\n  "
             + cli_command("download", manifest, portable=True)
             + "\nor with huggingface_hub's hf command:\n"
             + "\n".join(commands)
@@ -156,11 +163,15 @@ def resolve(manifest: Manifest, hub: Hub, dataset: bool = True) -> Snapshots:
 
 
 def hub_unreachable(hub: Hub) -> str | None:
-    """Why the Hub does not answer (one request, no retries), or None: it answers, or the build is offline."""
+    """Why the Hub does not answer (one request, no retries), or None.
+
+    None: it answers, or the build is offline.
+    """
     if hub.offline or constants.HF_HUB_OFFLINE:
         return None
     session = get_session()
-    # huggingface_hub's HTTP library (httpx2 in the lock, httpx in older releases such as miles' pin)
+    # huggingface_hub's HTTP library (httpx2 in the lock, httpx in older releases such as
+    # miles' pin)
     transport_error = importlib.import_module(type(session).__module__.split(".")[0]).TransportError
     try:
         session.head(constants.ENDPOINT, timeout=HUB_PROBE_TIMEOUT_S)
@@ -170,12 +181,17 @@ def hub_unreachable(hub: Hub) -> str | None:
 
 
 class _NotInCache(PinnedInputError):
-    """A pinned repo that the cache does not hold and that cannot be downloaded here."""
+    """A pinned repo that is not in the cache and cannot be downloaded here."""
 
 
 def resolve_snapshot(repo: PinnedRepo, hub: Hub) -> Path:
-    """Return the local folder of ``repo`` at its revision, downloading its files if online."""
-    try:  # offline, local files only: huggingface_hub before 2 would ask the Hub's API, and fail, not read the cache
+    """Return the local folder of ``repo`` at its revision.
+
+    Online, its files are downloaded first.
+    """
+    # offline, local files only: huggingface_hub before 2 would ask the Hub's API, and fail, not
+    # read the cache
+    try:
         folder = snapshot_download(
             repo.repo,
             repo_type=repo.repo_type,
@@ -191,15 +207,16 @@ def resolve_snapshot(repo: PinnedRepo, hub: Hub) -> Path:
     except (HfHubHTTPError, OSError, ValueError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise PinnedInputError(
-            f"{repo.repo_type} repo {repo.repo} at revision {repo.revision}: cannot resolve the pinned snapshot "
-            f"({type(err).__name__}: {reason}). Offline (HF_HUB_OFFLINE=1), the snapshot must already be in "
-            f"the HF cache (HF_HOME); online, the repo and commit must exist on the Hub."
+            f"{repo.repo_type} repo {repo.repo} at revision {repo.revision}: cannot resolve the "
+            f"pinned snapshot ({type(err).__name__}: {reason}). Offline (HF_HUB_OFFLINE=1), the "
+            "snapshot must already be in the HF cache (HF_HOME); online, the repo and commit must "
+            "exist on the Hub."
         ) from err
     return Path(folder)
 
 
 def load_pinned_tokenizer(pin: TokenizerPin, snapshot: Path, loss_mask: str) -> PinnedTokenizer:
-    """Check the tokenizer files of the resolved snapshot against their sha256, then parse them."""
+    """Check the snapshot's tokenizer files by sha256, then parse them."""
     contents = {name: read_checked(snapshot / name, pin.sha256[name]) for name in pin.files}
     try:
         tokenizer_json = contents["tokenizer.json"].decode("utf-8")
@@ -218,9 +235,8 @@ def load_pinned_tokenizer(pin: TokenizerPin, snapshot: Path, loss_mask: str) -> 
             chat_template, source = config_template(config, pin.chat_template_name)
     except PinnedInputError:
         raise
-    except (
-        Exception
-    ) as err:  # the bytes matched their pin, so this is a bad pin, not a tampered file
+    except Exception as err:
+        # the bytes matched their pin, so this is a bad pin, not a tampered file
         raise PinnedInputError(
             f"{snapshot}: the pinned tokenizer files cannot be parsed: {err}"
         ) from err
@@ -240,8 +256,11 @@ def load_pinned_tokenizer(pin: TokenizerPin, snapshot: Path, loss_mask: str) -> 
 
 
 def config_template(config, name: str | None) -> tuple[str, str]:
-    """The chat template of a ``tokenizer_config.json`` (a string, or a list of ``{name, template}`` from which
-    ``name`` picks, ``default`` when not given), and where it came from."""
+    """A ``tokenizer_config.json``'s chat template, and where it came from.
+
+    The config holds a string, or a list of ``{name, template}`` from which ``name`` picks
+    (``default`` when not given).
+    """
     if not isinstance(config, dict) or "chat_template" not in config:
         raise PinnedInputError(
             "the pinned tokenizer_config.json has no chat_template (and no chat_template.jinja "
@@ -281,8 +300,11 @@ SPECIAL_TOKENS = (
 
 
 def special_tokens(config: dict) -> dict:
-    """The special-token strings ``apply_chat_template`` gives a template, as transformers' ``special_tokens_map``
-    has them: each a string, or an AddedToken mapping's ``content``; ``additional_special_tokens`` a list."""
+    """The special-token strings ``apply_chat_template`` gives a template.
+
+    They are as transformers' ``special_tokens_map`` has them: each a string, or an AddedToken
+    mapping's ``content``; ``additional_special_tokens`` a list.
+    """
 
     def text(value):
         return value.get("content") if isinstance(value, dict) else value
@@ -304,7 +326,10 @@ def pinned_inputs(manifest: Manifest, hub: Hub) -> tuple[PinnedTokenizer, Source
 
 
 def pinned_tokenizer(manifest: Manifest, hub: Hub) -> PinnedTokenizer:
-    """The manifest's tokenizer alone, resolved and checked (what decodes a built file's ids)."""
+    """The manifest's tokenizer alone, resolved and checked.
+
+    It is what decodes a built file's ids.
+    """
     return load_pinned_tokenizer(
         manifest.tokenizer, resolve(manifest, hub, dataset=False).tokenizer, manifest.loss_mask
     )
@@ -315,14 +340,16 @@ def open_source(manifest: Manifest, snapshots: Snapshots) -> Source:
     return Source(
         [
             (pin, dataset_files(pin, folder))
-            for pin, folder in zip(manifest.datasets, snapshots.datasets)
+            for pin, folder in zip(manifest.datasets, snapshots.datasets, strict=True)
         ]
     )
 
 
 def dataset_files(pin: DatasetPin, snapshot: Path) -> list[tuple[str, Path]]:
-    """The files the pin's glob names in the resolved snapshot, as (path in the snapshot, local path), in
-    sorted path order; none is an error."""
+    """The files the pin's glob names in the resolved snapshot.
+
+    Each is (path in the snapshot, local path), in sorted path order; none is an error.
+    """
     files = matching_files(pin.pattern, snapshot)
     if not files:
         raise PinnedInputError(
@@ -333,8 +360,11 @@ def dataset_files(pin: DatasetPin, snapshot: Path) -> list[tuple[str, Path]]:
 
 
 def matching_files(pattern: str, snapshot: Path) -> list[tuple[str, Path]]:
-    """The files of ``snapshot`` that ``pattern`` names, matched as the Hub's download filter matches
-    (``*`` crosses ``/``), so they are exactly those ``snapshot_download`` fetched for it; sorted by path."""
+    """The files of ``snapshot`` that ``pattern`` names, sorted by path.
+
+    They are matched as the Hub's download filter matches (``*`` crosses ``/``), so they are exactly
+    those ``snapshot_download`` fetched for it.
+    """
     names = sorted(
         filter_repo_objects(
             (
@@ -350,18 +380,25 @@ def matching_files(pattern: str, snapshot: Path) -> list[tuple[str, Path]]:
 
 @dataclass(frozen=True)
 class PinnedFile:
-    """An input file, and the sha256 its bytes must have where something names it (else None: recorded only)."""
+    """An input file, and the sha256 its bytes must have.
+
+    The sha256 is None where nothing names it: it is then recorded only.
+    """
 
     name: str  # its path in the repo
     path: Path  # where it is read
     expected_sha256: str | None
-    expected_from: str | None  # what names that sha256, as messages and the report say it
+    # what names that sha256, as messages and the report say it
+    expected_from: str | None
 
 
 def pinned_files(files: Iterable[tuple[str, Path]]) -> list[PinnedFile]:
-    """Snapshot files (repo path, local path), each expected to hash to the name of the HF cache blob it
-    links to where that name is a sha256: a Git LFS file's object id. A file stored in git itself has a
-    blob named by its git object id (a sha1 of a header and the bytes): its sha256 is recorded, not checked."""
+    """Snapshot files (repo path, local path), with the sha256 each must have.
+
+    Each is expected to hash to the name of the HF cache blob it links to where that name is a
+    sha256: a Git LFS file's object id. A file stored in git itself has a blob named by its git
+    object id (a sha1 of a header and the bytes): its sha256 is recorded, not checked.
+    """
     pins = []
     for name, path in files:
         blob = Path(os.path.realpath(path)).name
@@ -378,19 +415,23 @@ def pinned_files(files: Iterable[tuple[str, Path]]) -> list[PinnedFile]:
 
 
 class FileHashes:
-    """The sha256 of files' bytes, each read by a process beside the build (see ``hashed_files``)."""
+    """The sha256 of files' bytes, each read by a process beside the build.
+
+    See ``hashed_files``.
+    """
 
     def __init__(self, files: list[PinnedFile], digests: list[Future]):
         self._files = files
         self._digests = digests
 
     def checked(self) -> list[dict]:
-        """Wait for every file's sha256; refuse a file whose bytes are not the ones that name them.
+        """Wait for every file's sha256; refuse a file whose bytes differ.
 
-        Returns, per file: its repo path, size, the sha256 of the bytes read, and what it was checked against.
+        A file's bytes must be the ones that name them. Returns, per file: its repo path, size, the
+        sha256 of the bytes read, and what it was checked against.
         """
         recorded = []
-        for file, digest in zip(self._files, self._digests):
+        for file, digest in zip(self._files, self._digests, strict=True):
             try:
                 sha256, size = digest.result()
             except OSError as err:
@@ -399,9 +440,9 @@ class FileHashes:
                 ) from err
             if file.expected_sha256 is not None and sha256 != file.expected_sha256:
                 raise PinnedInputError(
-                    f"{file.path}: the sha256 of its bytes is {sha256}, but {file.expected_from} is "
-                    f"{file.expected_sha256}: the file was changed after it was downloaded; remove "
-                    f"{os.path.realpath(file.path)} and download it again"
+                    f"{file.path}: the sha256 of its bytes is {sha256}, but {file.expected_from} "
+                    f"is {file.expected_sha256}: the file was changed after it was downloaded; "
+                    f"remove {os.path.realpath(file.path)} and download it again"
                 )
             recorded.append(
                 {
@@ -416,11 +457,11 @@ class FileHashes:
 
 @contextmanager
 def hashed_files(files: list[PinnedFile]) -> Iterator[FileHashes]:
-    """Hash ``files`` in a process of their own while the block runs (``builders.inputs.digest``).
+    """Hash ``files`` in a process of their own while the block runs.
 
-    A build that fails otherwise (a conversation it cannot render, say) first waits for the hashes:
-    a file that is not what names it is the cause to report. Otherwise the block's end does not wait:
-    the process is ended.
+    The process is ``builders.inputs.digest``'s. A build that fails otherwise (a conversation it
+    cannot render, say) first waits for the hashes: a file that is not what names it is the cause
+    to report. Otherwise the block's end does not wait: the process is ended.
     """
     hashing = HashingProcess([file.path for file in files])
     hashes = FileHashes(files, hashing.digests)
@@ -435,7 +476,7 @@ def hashed_files(files: list[PinnedFile]) -> Iterator[FileHashes]:
 
 
 def read_checked(path: Path, expected_sha256: str) -> bytes:
-    """Read ``path`` and return its bytes if their sha256 is ``expected_sha256``."""
+    """Return ``path``'s bytes if their sha256 is ``expected_sha256``."""
     try:
         data = path.read_bytes()
     except OSError as err:

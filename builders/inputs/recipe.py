@@ -1,4 +1,6 @@
-"""Recipe cards: the rows an OpenRecipes recipe publishes, read as the fields of a manifest.
+"""Recipe cards: the rows an OpenRecipes recipe publishes.
+
+They are read as the fields of a manifest.
 
 An OpenRecipes recipe is YAML with ``schema_version: 1``. The OpenRecipes schema
 (``schema/recipe.schema.yaml``) was not available to this project, so the parser keeps to the
@@ -39,14 +41,13 @@ from builders.manifest import (
 )
 from builders.rows.figures import PINNED_FIGURES
 
-CARD_FILES = (
-    "tokenizer.json",
-    "chat_template.jinja",
-)  # the tokenizer files a card's manifest pins (glm5's)
+# the tokenizer files a card's manifest pins (glm5's)
+CARD_FILES = ("tokenizer.json", "chat_template.jinja")
 MAX_CARD_BYTES = 1 << 20  # the seed card is 10 KB
 MAX_DEPTH = 16
 MAX_NODES = 50_000
-DEFAULT_SPLIT = "train"  # the card names no split: the Tulu 3 layout's only one
+# the card names no split: the Tulu 3 layout's only one
+DEFAULT_SPLIT = "train"
 
 # The mappings the parser reads, each with the keys it knows there.
 SECTIONS = {
@@ -102,7 +103,10 @@ SECTIONS = {
 }
 DATASET, BUILD = "workload.dataset", "workload.dataset.build"
 TOKENIZER_LINE = f"{BUILD}.tokenizer"
-_LINE_FORM = "'NAME (revision <40 hex>; tokenizer.json sha256 <64 hex>; chat_template.jinja sha256 <64 hex>)'"
+_LINE_FORM = (
+    "'NAME (revision <40 hex>; tokenizer.json sha256 <64 hex>; "
+    "chat_template.jinja sha256 <64 hex>)'"
+)
 _LINE = re.compile(r"(?P<name>[^()]*[^()\s]) \((?P<pins>[^()]*)\)")
 _REVISION_PIN = re.compile(r"revision (?P<value>\S+)")
 _FILE_PIN = re.compile(r"(?P<file>\S+) sha256 (?P<value>\S+)")
@@ -113,9 +117,12 @@ _HUB = "https://huggingface.co/"
 class Figure:
     """One manifest field as a card gives it."""
 
-    field: str  # the manifest field: "expect.parquet_sha256"
-    where: str  # where the card gives it: "workload.dataset.build.parquet_sha256"
-    value: object  # None: the card does not give it
+    # the manifest field: "expect.parquet_sha256"
+    field: str
+    # where the card gives it: "workload.dataset.build.parquet_sha256"
+    where: str
+    # None: the card does not give it
+    value: object
 
 
 @dataclass(frozen=True)
@@ -125,7 +132,10 @@ class Card:
     notes: tuple[str, ...]
 
     def value(self, field: str):
-        """The card's value for a manifest field (None where the card does not give it)."""
+        """The card's value for a manifest field.
+
+        None where the card does not give it.
+        """
         return next(
             (f.value for f in self.figures if f.field == field and f.value is not None), None
         )
@@ -142,7 +152,8 @@ class FieldCheck:
     where: str
     card: object
     manifest: object
-    status: str  # "ok", "differs", "not on the card" or "not in the manifest"
+    # "ok", "differs", "not on the card" or "not in the manifest"
+    status: str
 
     def as_dict(self) -> dict:
         return {
@@ -156,7 +167,8 @@ class FieldCheck:
 
 @dataclass(frozen=True)
 class ImpliedManifest:
-    text: str  # YAML, with comments on what the card does not carry
+    # YAML, with comments on what the card does not carry
+    text: str
     manifest: Manifest
     notes: tuple[str, ...]
 
@@ -224,11 +236,12 @@ def read_card(path: str | Path) -> Card:
 
 
 def implied_manifest(card: Card) -> ImpliedManifest:
-    """The manifest the card implies: YAML text (loadable by ``load_manifest``) and its parse.
+    """The manifest the card implies: YAML text and its parse.
 
-    The card names no split (``train`` is assumed), no source row count or permutation hash, no
-    writer and no reading of the row contract (ROWS.md's defaults): those are left out, and the
-    text's opening comment says so. A field a manifest needs that the card lacks is an error.
+    The text is loadable by ``load_manifest``. The card names no split (``train`` is assumed), no
+    source row count or permutation hash, no writer and no reading of the row contract (ROWS.md's
+    defaults): those are left out, and the text's opening comment says so. A field a manifest needs
+    that the card lacks is an error.
     """
     check = FieldChecker(card.source)
     row_tokens = {
@@ -275,8 +288,10 @@ def implied_manifest(card: Card) -> ImpliedManifest:
         f"  dataset.split: {DEFAULT_SPLIT}, assumed (the card names no split)",
         "  dataset.rows, dataset.permutation_sha256: left out (optional checks of the source)",
         "  contract: left out, so the readings are ROWS.md's defaults",
-        "  expect.writer: left out (the card does not say which pyarrow wrote its file: a rebuild whose",
-        "    rows_sha256 matches has the card's rows even where parquet_sha256 and parquet_bytes differ)",
+        "  expect.writer: left out (the card does not say which pyarrow wrote its file: "
+        "a rebuild whose",
+        "    rows_sha256 matches has the card's rows even where parquet_sha256 and "
+        "parquet_bytes differ)",
         *(f"  {f.field}: left out, not verified ({f.where} is not on the card)" for f in absent),
     ]
     text = "".join(f"# {line}\n" for line in comments) + yaml.dump(
@@ -339,7 +354,10 @@ class _TokenizerLine:
 
 
 def _tokenizer_line(value, check: FieldChecker, notes: list[str]) -> _TokenizerLine | None:
-    """``NAME (revision <40 hex>; FILE sha256 <64 hex>; ...)``, read; None where the card has none."""
+    """The tokenizer line, read; None where the card has none.
+
+    The line reads ``NAME (revision <40 hex>; FILE sha256 <64 hex>; ...)``.
+    """
     if value is None:
         return None
     text = " ".join(check.string(value, TOKENIZER_LINE).split())
@@ -366,7 +384,8 @@ def _tokenizer_line(value, check: FieldChecker, notes: list[str]) -> _TokenizerL
     extra = [name for name in sha256 if name not in CARD_FILES]
     if extra:
         notes.append(
-            f"{TOKENIZER_LINE} pins {', '.join(extra)}, which a manifest does not carry: not compared"
+            f"{TOKENIZER_LINE} pins {', '.join(extra)}, which a manifest does not carry: "
+            "not compared"
         )
     return _TokenizerLine(match["name"], revision, sha256)
 
@@ -374,29 +393,35 @@ def _tokenizer_line(value, check: FieldChecker, notes: list[str]) -> _TokenizerL
 def _tokenizer_repo(
     line: _TokenizerLine | None, params: dict, check: FieldChecker, notes: list[str]
 ) -> str | None:
-    """The tokenizer's Hub repo: the line's NAME where it is a repo id, else the model repo of that name."""
+    """The tokenizer's Hub repo.
+
+    The line's NAME where it is a repo id, else the model repo of that name.
+    """
     if line is None:
         return None
     if "/" in line.name:
         return check.repo_id(line.name, f"{TOKENIZER_LINE} (NAME)")
     if params.get("source") is None:
         notes.append(
-            f"{TOKENIZER_LINE} names {line.name!r}, not a Hub repo, and result.active_params.source is "
-            f"not on the card: the tokenizer's repo is unknown"
+            f"{TOKENIZER_LINE} names {line.name!r}, not a Hub repo, and "
+            "result.active_params.source is not on the card: the tokenizer's repo is unknown"
         )
         return None
     model = _hub_repo(check, params["source"], "result.active_params.source", "")
     if model.split("/")[1] != line.name:
         notes.append(
-            f"{TOKENIZER_LINE} names {line.name!r}, not a Hub repo, and result.active_params.source is "
-            f"{model}, another repo: the tokenizer's repo is unknown"
+            f"{TOKENIZER_LINE} names {line.name!r}, not a Hub repo, and "
+            f"result.active_params.source is {model}, another repo: the tokenizer's repo is unknown"
         )
         return None
     return model
 
 
 def _hub_repo(check: FieldChecker, value, field: str, kind: str) -> str:
-    """A Hub repo id, given as ``owner/name`` or as its address (``https://huggingface.co/{kind}owner/name``)."""
+    """A Hub repo id, given as ``owner/name`` or as its address.
+
+    The address is ``https://huggingface.co/{kind}owner/name``.
+    """
     text = check.string(value, field).strip()
     if text.startswith(_HUB + kind):
         text = text[len(_HUB + kind) :].removesuffix("/")
@@ -408,7 +433,10 @@ def _dataset_repo(check: FieldChecker, value, field: str) -> str:
 
 
 def _section(doc: dict, path: str, check: FieldChecker) -> dict:
-    """The mapping at ``path`` (``{}`` where the card has none); anything but a mapping is an error."""
+    """The mapping at ``path`` (``{}`` where the card has none).
+
+    Anything but a mapping is an error.
+    """
     node = doc
     for depth, key in enumerate(path.split(".") if path else []):
         node = node.get(key)
@@ -419,7 +447,10 @@ def _section(doc: dict, path: str, check: FieldChecker) -> dict:
 
 
 class _CardLoader(YamlLoader):
-    """The manifest loader, refusing duplicate keys (which one would count?) and merge keys."""
+    """The manifest loader, refusing duplicate keys and merge keys.
+
+    Of duplicate keys, which one would count?
+    """
 
     def construct_mapping(self, node, deep=False):
         seen = set()
@@ -468,15 +499,18 @@ def _load(path: Path):
 
 
 def _check_shape(text: str, path: Path) -> None:
-    """Bound nesting and node count on the parser's events, before anything is built."""
+    """Bound nesting and node count on the parser's events.
+
+    This runs before anything is built.
+    """
     depth = nodes = 0
     for event in yaml.parse(text, Loader=yaml.SafeLoader):
         if isinstance(event, yaml.NodeEvent):
             nodes += 1
             if nodes > MAX_NODES:
                 raise ManifestError(
-                    f"{path}: line {event.start_mark.line + 1}: more than {MAX_NODES:,} YAML nodes, "
-                    f"too many for a recipe card"
+                    f"{path}: line {event.start_mark.line + 1}: more than {MAX_NODES:,} YAML "
+                    "nodes, too many for a recipe card"
                 )
         if isinstance(event, yaml.CollectionStartEvent):
             depth += 1
@@ -490,7 +524,10 @@ def _check_shape(text: str, path: Path) -> None:
 
 
 class _Dumper(yaml.SafeDumper):
-    """Writes a ratio as it was written on the card (``0.670`` keeps its three decimals)."""
+    """Writes a ratio as it was written on the card.
+
+    ``0.670`` keeps its three decimals.
+    """
 
 
 _Dumper.add_representer(

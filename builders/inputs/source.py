@@ -1,15 +1,15 @@
-"""A build's source: the conversations of its datasets, readable by source index, a block at a time.
+"""A build's source: the conversations of its datasets.
 
-Source index ``i`` counts from 0 over the datasets in manifest order, each one's files in
-sorted path order, rows in file order. A block (a parquet row group, a run of JSON rows:
-``builders.formats``) is read as an Arrow table with the columns ``index`` (the source index),
-``id`` (the layout's id field, or the source index where the layout says ``id: null``),
-``source`` (null where a file has none), ``messages`` (each ``{role, content, ...}`` as the chat
-template names them: the layout's ``keys`` and ``roles`` applied) and ``layout_error`` (null, or
-why the row cannot be read as its layout says, naming the file, the row and the field; the
-encoder raises it when the stream reaches the row). Every block has one schema (a message field
-one file lacks is null), so tables of several files concatenate as they are. Only the rows a
-caller converts become Python objects.
+They are readable by source index, a block at a time. Source index ``i`` counts from 0 over the
+datasets in manifest order, each one's files in sorted path order, rows in file order. A block (a
+parquet row group, a run of JSON rows: ``builders.inputs.files``) is read as an Arrow table with the
+columns ``index`` (the source index), ``id`` (the layout's id field, or the source index where the
+layout says ``id: null``), ``source`` (null where a file has none), ``messages`` (each
+``{role, content, ...}`` as the chat template names them: the layout's ``keys`` and ``roles``
+applied) and ``layout_error`` (null, or why the row cannot be read as its layout says, naming the
+file, the row and the field; the encoder raises it when the stream reaches the row). Every block has
+one schema (a message field one file lacks is null), so tables of several files concatenate as they
+are. Only the rows a caller converts become Python objects.
 """
 
 from __future__ import annotations
@@ -27,13 +27,18 @@ from builders.manifest import DatasetPin
 
 @dataclass(frozen=True)
 class SourceFile:
-    dataset: int  # which of the manifest's datasets
-    name: str  # its path in the dataset's snapshot
+    # which of the manifest's datasets
+    dataset: int
+    # its path in the dataset's snapshot
+    name: str
     path: Path
 
 
 class Source:
-    """The concatenation of ``datasets`` (each a pin and its files as ``(name in the snapshot, local path)``)."""
+    """The concatenation of ``datasets``.
+
+    Each is a pin and its files as ``(name in the snapshot, local path)``.
+    """
 
     def __init__(self, datasets: list[tuple[DatasetPin, list[tuple[str, Path]]]]):
         self.pins = [pin for pin, _ in datasets]
@@ -52,26 +57,29 @@ class Source:
         ]
         self._group_file = np.array([f for f, _, _ in groups], dtype=np.int64)
         self._group_block = np.array([b for _, b, _ in groups], dtype=np.int64)
-        self._group_start = np.cumsum([0] + [rows for _, _, rows in groups], dtype=np.int64)
+        self._group_start = np.cumsum([0, *(rows for _, _, rows in groups)], dtype=np.int64)
         file_rows = [sum(reader.block_rows) for reader in self._readers]
-        self._file_start = np.cumsum([0] + file_rows, dtype=np.int64)
+        self._file_start = np.cumsum([0, *file_rows], dtype=np.int64)
         self.dataset_rows = [
-            sum(rows for f, rows in zip(self.files, file_rows) if f.dataset == j)
+            sum(rows for f, rows in zip(self.files, file_rows, strict=True) if f.dataset == j)
             for j in range(len(self.pins))
         ]
-        self.dataset_start = np.cumsum([0] + self.dataset_rows, dtype=np.int64)
+        self.dataset_start = np.cumsum([0, *self.dataset_rows], dtype=np.int64)
         self._message_bytes = sum(reader.message_bytes for reader in self._readers)
         self.num_rows = int(self._group_start[-1])
         self.num_groups = len(groups)
         self.message_type = _message_type(
             [
                 _renamed(reader.message_type, self.pins[f.dataset])
-                for f, reader in zip(self.files, self._readers)
+                for f, reader in zip(self.files, self._readers, strict=True)
             ]
         )
 
     def bytes_per_row(self) -> float:
-        """The mean size of a row's messages (uncompressed parquet, or JSON text), from the files."""
+        """The mean size of a row's messages, from the files.
+
+        The size is that of uncompressed parquet, or of JSON text.
+        """
         return self._message_bytes / max(1, self.num_rows)
 
     def group_rows(self, group: int) -> tuple[int, int]:
@@ -128,7 +136,10 @@ class Source:
         return self.read_group(group).take(pa.array(np.asarray(members) - self._group_start[group]))
 
     def take(self, indices) -> pa.Table:
-        """The rows at ``indices`` (any order, repeats allowed), in that order, each block decoded once."""
+        """The rows at ``indices``, in that order, each block decoded once.
+
+        The indices may come in any order, with repeats.
+        """
         indices = np.asarray(indices, dtype=np.int64)
         groups = self.group_of(indices)
         parts = [self.read(int(g), np.unique(indices[groups == g])) for g in np.unique(groups)]
@@ -143,7 +154,10 @@ def _fields(pin: DatasetPin) -> Fields:
 
 
 def _renamed(message: pa.StructType, pin: DatasetPin) -> pa.StructType:
-    """A file's message type as the template names the fields (``keys`` → role, content)."""
+    """A file's message type as the template names the fields.
+
+    The layout's ``keys`` are renamed to role and content.
+    """
     if pin.keys == ("role", "content"):
         return message
     fields = [message.field(i) for i in range(message.num_fields)]
@@ -158,7 +172,10 @@ def _renamed(message: pa.StructType, pin: DatasetPin) -> pa.StructType:
 
 
 def _message_type(types: list[pa.StructType]) -> pa.DataType:
-    """One ``list<struct>`` type holding every message field of every file (first seen first)."""
+    """One ``list<struct>`` type holding every file's message fields.
+
+    The fields are in the order first seen.
+    """
     fields: dict[str, pa.Field] = {}
     for struct in types:
         for field in struct:
@@ -167,8 +184,11 @@ def _message_type(types: list[pa.StructType]) -> pa.DataType:
 
 
 def _messages(messages: pa.Array, pin: DatasetPin, target: pa.DataType, name: str, first_row: int):
-    """The conversations of a block as the template names them, in the ``target`` type, and each row's
-    layout error (null where there is none)."""
+    """A block's conversations in the ``target`` type, and its layout errors.
+
+    The conversations as the template names them, and each row's layout error (null where there is
+    none).
+    """
     offsets = np.asarray(messages.offsets, dtype=np.int64)
     values = messages.values.slice(offsets[0], offsets[-1] - offsets[0])
     offsets = offsets - offsets[0]
@@ -217,12 +237,15 @@ def _problem(messages, pin: DatasetPin) -> str:
             return f"field {pin.messages!r}: message {position} is null"
         for key, what in ((role_key, "keys.role"), (content_key, "keys.content")):
             if message.get(key) is None:
-                return f"field {pin.messages!r}: message {position} has no field {key!r} (the layout's {what})"
+                return (
+                    f"field {pin.messages!r}: message {position} has no field {key!r} "
+                    f"(the layout's {what})"
+                )
         mapped = dict(pin.roles or {})
         if pin.roles is not None and message[role_key] not in mapped:
             return (
-                f"field {pin.messages!r}: message {position} has role {message[role_key]!r}, which the "
-                f"layout's roles do not map (they map {', '.join(repr(k) for k in mapped)})"
+                f"field {pin.messages!r}: message {position} has role {message[role_key]!r}, which "
+                f"the layout's roles do not map (they map {', '.join(repr(k) for k in mapped)})"
             )
     raise AssertionError("a row flagged without a problem")
 

@@ -1,8 +1,9 @@
-"""Rows: the stream cut into rows, the parquet written and read back, its figures and card.
+"""Rows: the stream cut into rows, the parquet, its figures and card.
 
-``order`` (the seeded permutation), ``packing`` (conversations joined by EOS, cut into rows),
-``rowfile`` (the byte-deterministic parquet), ``figures`` (hashes, verification), ``stats`` and
-``card`` (what a build consumed, the data card), ``reader`` (``RowReader``: the file read back).
+The parquet is written and read back. ``order`` (the seeded permutation), ``packing`` (conversations
+joined by EOS, cut into rows), ``rowfile`` (the byte-deterministic parquet), ``figures`` (hashes,
+verification), ``stats`` and ``card`` (what a build consumed, the data card), ``reader``
+(``RowReader``: the file read back).
 """
 
 from builders.rows.reader import RowReader, response_start, worker_shard
@@ -11,7 +12,12 @@ __all__ = ["RowReader", "response_start", "torch_dataset", "worker_shard"]
 
 
 def __getattr__(name: str):
-    if name == "torch_dataset":  # documented here before builders.training held it
+    """``torch_dataset``, imported on first use.
+
+    It lives in builders.training.
+    """
+    # documented here before builders.training held it
+    if name == "torch_dataset":
         from builders.training.dataset import torch_dataset
 
         return torch_dataset

@@ -1,7 +1,8 @@
-"""The data card beside every build: ``NAME.md`` in the Hugging Face dataset-card format, with plots.
+"""The data card beside every build: ``NAME.md``, with plots.
 
-Everything in it is a function of the manifest, the rows and the toolchain (no timings, no
-dates), so the same build gives the same card, byte for byte, plots included.
+It is in the Hugging Face dataset-card format. Everything in it is a function of the manifest, the
+rows and the toolchain (no timings, no dates), so the same build gives the same card, byte for byte,
+plots included.
 """
 
 from __future__ import annotations
@@ -40,8 +41,11 @@ def size_category(rows: int) -> str:
 
 
 def write_card(outputs: Outputs, manifest: Manifest, report: dict, stats: BuildStats) -> None:
-    """Stage ``NAME.md`` and its PNG plots among the build's ``outputs`` (its commit puts them in place)."""
-    for plot, draw in zip(PLOTS, (_plot_sources, _plot_lengths, _plot_supervision)):
+    """Stage ``NAME.md`` and its PNG plots among the build's ``outputs``.
+
+    The outputs' commit puts them in place.
+    """
+    for plot, draw in zip(PLOTS, (_plot_sources, _plot_lengths, _plot_supervision), strict=True):
         outputs.write(f"{manifest.name}.{plot}.png", draw(stats, manifest))
     outputs.write(f"{manifest.name}.md", card_text(manifest, report, stats).encode("utf-8"))
 
@@ -52,7 +56,10 @@ def _workers(report: dict) -> str:
 
 
 def front_matter(manifest: Manifest) -> str:
-    """The card's YAML metadata block, emitted by a YAML writer so any manifest text stays valid YAML."""
+    """The card's YAML metadata block.
+
+    A YAML writer emits it, so any manifest text stays valid YAML.
+    """
     licenses = list(dict.fromkeys(pin.license or "" for pin in manifest.datasets))
     ids = {LICENSE_IDS.get(name.lower(), "other") for name in licenses}
     license_id = ids.pop() if len(ids) == 1 else "other"
@@ -70,7 +77,10 @@ def front_matter(manifest: Manifest) -> str:
 
 
 def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
-    """The card's text, from the build's report (nothing that varies from run to run: no timings)."""
+    """The card's text, from the build's report.
+
+    Nothing in it varies from run to run: no timings.
+    """
     figures, engine = report["figures"], report["engine"]
     tok, name = manifest.tokenizer, manifest.name
     origin = (
@@ -84,12 +94,12 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         front_matter(manifest),
         f"# {name}",
         "",
-        f"{manifest.rows:,} rows of {manifest.row_tokens:,} tokens for supervised fine-tuning, built by fixed-SFT "
-        f"from {origin} with the tokenizer and chat template of `{tok.repo}` at "
-        f"`{tok.revision}`. Conversations are taken in a seeded permutation (seed {manifest.seed}), rendered with "
-        f"the chat template, joined by EOS and cut into rows; rows with no supervised token are skipped. "
-        f"`loss_mask` marks the {manifest.loss_mask} training targets: the assistant's answers and the stop "
-        f"tokens that end them.",
+        f"{manifest.rows:,} rows of {manifest.row_tokens:,} tokens for supervised fine-tuning, "
+        f"built by fixed-SFT from {origin} with the tokenizer and chat template of `{tok.repo}` at "
+        f"`{tok.revision}`. Conversations are taken in a seeded permutation (seed "
+        f"{manifest.seed}), rendered with the chat template, joined by EOS and cut into rows; rows "
+        f"with no supervised token are skipped. `loss_mask` marks the {manifest.loss_mask} "
+        "training targets: the assistant's answers and the stop tokens that end them.",
         "",
         f"**{'Verified' if verified else 'NOT verified'}** against "
         + (
@@ -103,20 +113,22 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         "| figure | expected | got | status |",
         "|---|---|---|---|",
         *[
-            f"| {c['figure']} | {'' if c['expected'] is None else c['expected']} | {_fmt(c['got'])} | {c['status']} |"
+            f"| {c['figure']} | {'' if c['expected'] is None else c['expected']} | "
+            f"{_fmt(c['got'])} | {c['status']} |"
             for c in report["checks"]
         ],
         "",
-        "`rows_sha256` names the rows themselves (token ids as little-endian uint32, then the mask as uint8, "
-        "row by row); `parquet_sha256` names this file, whose bytes also depend on the writer's version.",
+        "`rows_sha256` names the rows themselves (token ids as little-endian uint32, then the mask "
+        "as uint8, row by row); `parquet_sha256` names this file, whose bytes also depend on the "
+        "writer's version.",
         "",
         "## Pinned inputs",
         "",
         "| input | repo | revision | sha256 |",
         "|---|---|---|---|",
         *[
-            f"| dataset: `{f['name']}` ({f['bytes']:,} bytes) | `{f['repo']}` | `{f['revision']}` | "
-            f"`{f['sha256']}`{' (its LFS object id)' if f['checked_against'] else ''} |"
+            f"| dataset: `{f['name']}` ({f['bytes']:,} bytes) | `{f['repo']}` | `{f['revision']}` "
+            f"| `{f['sha256']}`{' (its LFS object id)' if f['checked_against'] else ''} |"
             for f in report["source_files"]
         ],
         *[
@@ -126,7 +138,8 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         "",
         "## Chat format",
         "",
-        f"`loss_mask: {manifest.loss_mask}` (data/ROWS.md): the chat format's mask rule and its inputs.",
+        f"`loss_mask: {manifest.loss_mask}` (data/ROWS.md): "
+        "the chat format's mask rule and its inputs.",
         "",
         "| field | value |",
         "|---|---|",
@@ -134,31 +147,34 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         "",
         "## Contract",
         "",
-        'The readings of the row contract this build used (data/ROWS.md, "Readings the recipe card leaves open"):',
+        "The readings of the row contract this build used (data/ROWS.md, "
+        '"Readings the recipe card leaves open"):',
         "",
         "| key | reading | |",
         "|---|---|---|",
         *[
-            f"| `{key}` | `{value}` | {'' if key not in manifest.contract.deviations() else 'not the default'} |"
+            f"| `{key}` | `{value}` | "
+            f"{'' if key not in manifest.contract.deviations() else 'not the default'} |"
             for key, value in manifest.contract.as_dict().items()
         ],
         "",
         "## Contents",
         "",
         f"- supervised tokens: {figures['supervised_token_ratio']:.4f} of all tokens",
-        f"- trained tokens: {figures['trained_token_ratio']:.4f} of all tokens (the supervised ones after each "
-        f"row's token 0, which a next-token loss cannot predict)",
+        f"- trained tokens: {figures['trained_token_ratio']:.4f} of all tokens (the supervised "
+        "ones after each row's token 0, which a next-token loss cannot predict)",
         f"- source conversations consumed: {summary['conversations_consumed']:,} "
         f"({summary['stream_tokens_consumed']:,} tokens with their EOS; the last one may be cut)",
-        f"- windows skipped for having no supervised token: {summary['windows_skipped']:,} (a window is a "
-        f"row-length stretch of the stream: {manifest.row_tokens:,} tokens)",
-        f"- conversations that train nothing but the stop tokens that end their answers (every answer empty): "
-        f"{summary['conversations_training_only_stop_tokens']:,}",
+        f"- windows skipped for having no supervised token: {summary['windows_skipped']:,} (a "
+        f"window is a row-length stretch of the stream: {manifest.row_tokens:,} tokens)",
+        "- conversations that train nothing but the stop tokens that end their answers (every "
+        f"answer empty): {summary['conversations_training_only_stop_tokens']:,}",
         f"- conversations with no supervised token at all (no answer, or none trained): "
         f"{summary['conversations_unsupervised']:,}",
         *(
             [
-                f"- conversations left out by the mask rule (no answer header found): {summary['conversations_left_out']:,}"
+                "- conversations left out by the mask rule (no answer header found): "
+                f"{summary['conversations_left_out']:,}"
             ]
             if summary["conversations_left_out"]
             else []
@@ -166,14 +182,14 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         f"- padding tokens: {figures['padding_tokens']}",
         f"- encoded by {engine['name']} {engine['version']}"
         + (
-            f", {engine['conversations_cross_checked']:,} conversations also encoded by tokenizers (the reference), "
-            f"which agreed"
+            f", {engine['conversations_cross_checked']:,} conversations also encoded by tokenizers "
+            "(the reference), which agreed"
             if engine["name"] != "tokenizers"
             else " (the reference engine)"
         )
         + (f"; {engine['note']}" if engine["note"] else ""),
-        f"- encoded in {_workers(report)} (`--workers {report['workers_requested']}`, {report['cores']} cores "
-        f"available; the rows are the same for any number)",
+        f"- encoded in {_workers(report)} (`--workers {report['workers_requested']}`, "
+        f"{report['cores']} cores available; the rows are the same for any number)",
         "",
         *_datasets_table(manifest, summary),
         *_sources_table(summary, stats, name),
@@ -193,8 +209,9 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         "",
         "## Columns",
         "",
-        "`input_ids` (list<int32>), `loss_mask` (list<uint8>), and `metadata`: `row_index`, and for each "
-        "conversation with tokens in the row its `source_index`, `source_id` and `segment_start`.",
+        "`input_ids` (list<int32>), `loss_mask` (list<uint8>), and `metadata`: `row_index`, and "
+        "for each conversation with tokens in the row its `source_index`, `source_id` and "
+        "`segment_start`.",
         "",
         "## Toolchain",
         "",
@@ -207,14 +224,17 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
 
 
 def _fmt_value(value) -> str:
-    """A chat-format value in a table cell: text as it is, anything else as JSON."""
+    """A chat-format value in a table cell.
+
+    Text as it is, anything else as JSON.
+    """
     return (
         value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
     )
 
 
 def _datasets_table(manifest: Manifest, summary: dict) -> list[str]:
-    """A mixture's datasets, each with what it kept and what it contributed to the rows."""
+    """A mixture's datasets, with what each kept and gave to the rows."""
     if not manifest.mixture:
         return []
     return [
@@ -225,14 +245,17 @@ def _datasets_table(manifest: Manifest, summary: dict) -> list[str]:
         *[
             f"| `{pin.repo}` at `{pin.revision[:12]}` | `{pin.pattern}` | {pin.take or 'all'} | "
             f"{d['conversations']:,} | {d['tokens']:,} | {d['supervised_tokens']:,} |"
-            for pin, d in zip(manifest.datasets, summary["by_dataset"])
+            for pin, d in zip(manifest.datasets, summary["by_dataset"], strict=True)
         ],
         "",
     ]
 
 
 def _sources_table(summary: dict, stats: BuildStats, name: str) -> list[str]:
-    """The conversations consumed, grouped by the data's ``source`` field, where it has one."""
+    """The conversations consumed, grouped by the data's ``source`` field.
+
+    Only where the data has one.
+    """
     if not stats.has_source():
         return [
             "### Sources",
@@ -246,7 +269,8 @@ def _sources_table(summary: dict, stats: BuildStats, name: str) -> list[str]:
         "| source | conversations | tokens | supervised tokens | share of tokens |",
         "|---|---:|---:|---:|---:|",
         *[
-            f"| {s['source']} | {s['conversations']:,} | {s['tokens']:,} | {s['supervised_tokens']:,} | "
+            f"| {s['source']} | {s['conversations']:,} | {s['tokens']:,} | "
+            f"{s['supervised_tokens']:,} | "
             f"{s['tokens'] / max(1, summary['stream_tokens_consumed']):.1%} |"
             for s in summary["by_source"]
         ],
@@ -307,7 +331,8 @@ def _plot_lengths(stats: BuildStats, manifest: Manifest) -> bytes:
     bins = np.unique(np.geomspace(low, high, 40).astype(np.int64))
     ax.hist(lengths, bins=bins, color="#47a")
     ax.set_xscale("log")
-    ax.set_xlim(low, high)  # the data's range (and the row length), no empty decades
+    # the data's range (and the row length), no empty decades
+    ax.set_xlim(low, high)
     ax.axvline(
         manifest.row_tokens,
         color="#c33",

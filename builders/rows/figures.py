@@ -1,8 +1,8 @@
-"""The figures that name a build, and their comparison with a manifest's ``expect``.
+"""The figures that name a build, and their check against a manifest.
 
-``rows_sha256`` follows the row contract: per row, its token ids as little-endian uint32
-bytes, then its mask as uint8 bytes (the contract reading ``hash: u4-u1``; ``RowHash`` also
-computes the other layouts a builder might have hashed).
+They are compared with the manifest's ``expect``. ``rows_sha256`` follows the row contract: per row,
+its token ids as little-endian uint32 bytes, then its mask as uint8 bytes (the contract reading
+``hash: u4-u1``; ``RowHash`` also computes the other layouts a builder might have hashed).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ class RowHash:
     def __init__(self, layout: str = "u4-u1"):
         self.layout = layout
         self._sha = hashlib.sha256()
-        self._masks: list[bytes] = []  # u4-all-u1-all: every mask after every row's ids
+        # u4-all-u1-all: every mask after every row's ids
+        self._masks: list[bytes] = []
 
     def add(self, ids: np.ndarray, mask: np.ndarray) -> None:
         """Add a batch of rows (2-D arrays)."""
@@ -54,7 +55,10 @@ class RowHash:
 
 
 class RowFigures:
-    """Accumulates the row figures of rows given in order; ``rows_sha256`` in the ``hash`` layout given."""
+    """Accumulates the row figures of rows given in order.
+
+    ``rows_sha256`` is in the ``hash`` layout given.
+    """
 
     def __init__(self, row_tokens: int, hash_layout: str = "u4-u1"):
         self.row_tokens = row_tokens
@@ -80,7 +84,8 @@ class RowFigures:
             "row_tokens": self.row_tokens,
             "rows_sha256": self._hash.hexdigest(),
             "supervised_token_ratio": self._ratio(self.supervised_tokens),
-            # what a next-token loss trains: token 0 of a row has no token before it to be predicted from
+            # what a next-token loss trains: token 0 of a row has no token before it to be
+            # predicted from
             "trained_token_ratio": self._ratio(self.trained_tokens),
             "padding_tokens": 0,
         }
@@ -125,14 +130,20 @@ PINNED_FIGURES = (
 
 @dataclass(frozen=True)
 class Verification:
-    """The figures of a file checked against a manifest: each check, and what a reader should know."""
+    """The figures of a file checked against a manifest.
+
+    Each check, and what a reader should know.
+    """
 
     checks: list[Check]
     notes: list[str]
 
     @property
     def verified(self) -> bool:
-        """Every pinned figure matched (figures that are not pinned do not count)."""
+        """Every pinned figure matched.
+
+        Figures that are not pinned do not count.
+        """
         return not self.differing
 
     @property
@@ -141,7 +152,10 @@ class Verification:
 
     @property
     def nothing_pinned(self) -> bool:
-        """The manifest's ``expect`` pins no figure (only the row count was checked)."""
+        """The manifest's ``expect`` pins no figure.
+
+        Only the row count was checked.
+        """
         return all(check.status == "not pinned" for check in self.checks if check.figure != "rows")
 
     def summary(self) -> str:
@@ -187,7 +201,10 @@ def verify(figures: dict, manifest: Manifest, built_from: dict | None = None) ->
 
 
 def recorded_recipe(path: Path, parquet_sha256: str) -> dict | None:
-    """The recipe that the build report beside a row file records, if that report is of this very file."""
+    """The recipe that the build report beside a row file records.
+
+    None unless that report is of this very file.
+    """
     report = path.with_name(
         f"{path.name.removesuffix('.parquet').removesuffix('.unverified')}.report.json"
     )
@@ -201,14 +218,17 @@ def recorded_recipe(path: Path, parquet_sha256: str) -> dict | None:
 
 
 def _notes(checks: list[Check], manifest: Manifest, built_from: dict | None) -> list[str]:
-    """What to make of a difference: the writer's version, rows that match in a file that does not,
-    and for rows that differ, the inputs they were built from or the reading of the row contract."""
+    """What to make of a difference.
+
+    The writer's version, rows that match in a file that does not, and for rows that differ, the
+    inputs they were built from or the reading of the row contract.
+    """
     expect, out = manifest.expect, []
     running = writer_version()
     if expect.writer is not None and expect.writer != running:
         out.append(
-            f"the manifest's parquet_sha256 and parquet_bytes were made with {expect.writer}, this is "
-            f"{running}: the file's bytes may differ while its rows (rows_sha256) are the same"
+            f"the manifest's parquet_sha256 and parquet_bytes were made with {expect.writer}, this "
+            f"is {running}: the file's bytes may differ while its rows (rows_sha256) are the same"
         )
     status = {check.figure: check.status for check in checks}
     explain = cli_command("explain", manifest)
@@ -217,10 +237,10 @@ def _notes(checks: list[Check], manifest: Manifest, built_from: dict | None) -> 
     ]
     if status.get("rows_sha256") == "ok" and file_figures:
         out.append(
-            f"the rows are exactly the pinned rows (rows_sha256 matches); only the file differs "
+            "the rows are exactly the pinned rows (rows_sha256 matches); only the file differs "
             f"({' and '.join(file_figures)}). This file was written by fixed-sft's writer "
-            f"(builders/rows/rowfile.py: zstd level 3, {ROW_GROUP_ROWS} rows per row group) with {running}; "
-            f"to find how the pinned file was written, run `{explain} --writer`"
+            f"(builders/rows/rowfile.py: zstd level 3, {ROW_GROUP_ROWS} rows per row group) with "
+            f"{running}; to find how the pinned file was written, run `{explain} --writer`"
         )
     elif status.get("rows_sha256") == "differs":
         out.append(_rows_differ(manifest, built_from, explain))
@@ -228,14 +248,18 @@ def _notes(checks: list[Check], manifest: Manifest, built_from: dict | None) -> 
 
 
 def _rows_differ(manifest: Manifest, built_from: dict | None, explain: str) -> str:
-    """Why the rows may not be the pinned rows: other inputs (named), or, from the pinned inputs, a reading."""
+    """Why the rows may not be the pinned rows.
+
+    Other inputs (named), or, from the pinned inputs, a reading.
+    """
     build = cli_command("build", manifest)
     if built_from is None:
         return (
-            f"the rows are not the pinned rows, and what this file was built from is not known here (no build "
-            f"report of it beside it): rows built from other inputs than the manifest pins differ for that "
-            f"reason alone. `{build}` builds from the pinned inputs, checked; if its rows differ too, run "
-            f"`{explain}` to find which reading of the row contract (data/ROWS.md) makes the pinned rows"
+            "the rows are not the pinned rows, and what this file was built from is not known here "
+            "(no build report of it beside it): rows built from other inputs than the manifest "
+            f"pins differ for that reason alone. `{build}` builds from the pinned inputs, checked; "
+            f"if its rows differ too, run `{explain}` to find which reading of the row contract "
+            "(data/ROWS.md) makes the pinned rows"
         )
     pinned = manifest.recipe()
     other = [
@@ -245,12 +269,13 @@ def _rows_differ(manifest: Manifest, built_from: dict | None, explain: str) -> s
     ]
     if other:
         return (
-            f"the rows are not the pinned rows because they were built from something else than the manifest "
-            f"pins: {'; '.join(other)}. Build from the pinned inputs: `{build}`"
+            "the rows are not the pinned rows because they were built from something else than the "
+            f"manifest pins: {'; '.join(other)}. Build from the pinned inputs: `{build}`"
         )
     return (
-        f"the rows are not the pinned rows, though they were built from exactly what the manifest pins (the "
-        f"inputs resolved at their commits and checked, the same seed, row length and contract): a reading of "
-        f"the row contract (data/ROWS.md) differs. To find which makes the pinned rows, run `{explain}` with the same "
-        f"input options (it searches the readings the recipe card leaves open, nearest first)"
+        "the rows are not the pinned rows, though they were built from exactly what the manifest "
+        "pins (the inputs resolved at their commits and checked, the same seed, row length and "
+        "contract): a reading of the row contract (data/ROWS.md) differs. To find which makes the "
+        f"pinned rows, run `{explain}` with the same input options (it searches the readings the "
+        "recipe card leaves open, nearest first)"
     )

@@ -1,8 +1,8 @@
-"""The order in which source conversations enter the stream: a seeded permutation of the source.
+"""The order in which source conversations enter the stream.
 
-The contract's order (reading ``order: numpy-generator``) is
-``numpy.random.default_rng(seed).permutation(n)``; the other readings are the orders other
-builders reach for (``builders.contract``).
+It is a seeded permutation of the source. The contract's order (reading
+``order: numpy-generator``) is ``numpy.random.default_rng(seed).permutation(n)``; the other
+readings are the orders other builders reach for (``builders.contract``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,10 @@ from builders.errors import UsageError
 
 
 def permutation(seed: int, n: int, reading: str = "numpy-generator") -> np.ndarray:
-    """The source indices in stream order, as int64, under an ``order`` reading."""
+    """The source indices in stream order, under an ``order`` reading.
+
+    They are int64.
+    """
     if reading == "numpy-generator":
         return np.random.default_rng(seed).permutation(n)
     if reading == "numpy-legacy":
@@ -44,10 +47,13 @@ def permutation(seed: int, n: int, reading: str = "numpy-generator") -> np.ndarr
 
 
 def kept_rows(seed: int, counts: list[int], takes: list[int | None]) -> np.ndarray:
-    """The source indices a build's datasets keep, in source order: every row of dataset ``j``, or with
-    ``take: K`` the rows at ``sorted(default_rng([seed, j]).permutation(N_j)[:K])`` of it."""
+    """The source indices a build's datasets keep, in source order.
+
+    Every row of dataset ``j``, or with ``take: K`` the rows at
+    ``sorted(default_rng([seed, j]).permutation(N_j)[:K])`` of it.
+    """
     parts, start = [], 0
-    for j, (n, take) in enumerate(zip(counts, takes)):
+    for j, (n, take) in enumerate(zip(counts, takes, strict=True)):
         rows = (
             np.arange(n, dtype=np.int64)
             if take is None
@@ -59,10 +65,16 @@ def kept_rows(seed: int, counts: list[int], takes: list[int | None]) -> np.ndarr
 
 
 def torch_available() -> bool:
-    """Whether the ``order: torch`` reading can run here (without importing torch)."""
+    """Whether the ``order: torch`` reading can run here.
+
+    It finds out without importing torch.
+    """
     return importlib.util.find_spec("torch") is not None
 
 
 def permutation_sha256(order: np.ndarray) -> str:
-    """The sha256 of an order as little-endian int64 bytes, as a manifest pins it."""
+    """The sha256 of an order, as a manifest pins it.
+
+    It is taken of the order as little-endian int64 bytes.
+    """
     return hashlib.sha256(np.asarray(order).astype("<i8", copy=False).tobytes()).hexdigest()

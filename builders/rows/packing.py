@@ -1,9 +1,10 @@
-"""The token stream and its rows: conversations joined by EOS, cut into fixed-length windows.
+"""The token stream and its rows.
 
-The stream is ``ids(c_0) EOS ids(c_1) EOS ...``. The EOS after a conversation is supervised
-when the conversation ends with an answer: it is that answer's stop token. The stream is cut
-into consecutive windows of ``row_tokens`` tokens; a window with no supervised token is skipped.
-(The contract readings ``eos`` and ``skip`` choose otherwise: see ``builders.contract``.)
+Conversations are joined by EOS and cut into fixed-length windows. The stream is ``ids(c_0) EOS
+ids(c_1) EOS ...``. The EOS after a conversation is supervised when the conversation ends with an
+answer: it is that answer's stop token. The stream is cut into consecutive windows of ``row_tokens``
+tokens; a window with no supervised token is skipped. (The contract readings ``eos`` and ``skip``
+choose otherwise: see ``builders.contract``.)
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ if TYPE_CHECKING:
 class Row:
     input_ids: np.ndarray  # int32, row_tokens long
     loss_mask: np.ndarray  # uint8, row_tokens long
-    source_index: list[int]  # the conversations whose tokens the row holds, in order
+    # the conversations whose tokens the row holds, in order
+    source_index: list[int]
     source_id: list[str]
-    segment_start: list[
-        int
-    ]  # where each of them starts in the row (0 for one continued from before)
+    # where each of them starts in the row (0 for one continued from before)
+    segment_start: list[int]
 
 
 def with_eos(
@@ -38,7 +39,10 @@ def with_eos(
     eos_id: int,
     contract: Contract = DEFAULT,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A conversation's part of the stream: its tokens, then the EOS (supervised after an answer)."""
+    """A conversation's part of the stream: its tokens, then the EOS.
+
+    The EOS is supervised after an answer.
+    """
     eos = contract.eos_mask(ends_with_answer)
     if eos is None:
         return ids, mask
@@ -47,7 +51,10 @@ def with_eos(
 
 @dataclass
 class Packer:
-    """Cuts the stream, given one conversation at a time in stream order, into rows."""
+    """Cuts the stream into rows.
+
+    It is given one conversation at a time, in stream order.
+    """
 
     row_tokens: int
     eos_id: int
@@ -73,7 +80,10 @@ class Packer:
         )
 
     def cut(self, ids: np.ndarray, mask: np.ndarray, index: int, id_: str) -> Iterator[Row]:
-        """Append one conversation's part of the stream (``joined``); yield the rows it completes."""
+        """Append a conversation's part of the stream; yield the rows it completes.
+
+        The part is what ``joined`` gives.
+        """
         taken = 0
         while taken < len(ids):
             n = min(self.row_tokens - self._fill, len(ids) - taken)

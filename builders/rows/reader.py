@@ -1,8 +1,9 @@
-"""Read a built row file back: random access, disjoint shards, resuming, bounded memory.
+"""Read a built row file back.
 
-Rows come back as dicts of numpy arrays (``input_ids`` int32, ``loss_mask`` uint8) with their
-``index`` and provenance. The file is read one row group at a time, so memory depends on the
-row-group size, not on the file's size. Importing this module does not need torch.
+It offers random access, disjoint shards, resuming, and bounded memory. Rows come back as dicts of
+numpy arrays (``input_ids`` int32, ``loss_mask`` uint8) with their ``index`` and provenance. The
+file is read one row group at a time, so memory depends on the row-group size, not on the file's
+size. Importing this module does not need torch.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ COLUMNS = ("input_ids", "loss_mask", "metadata")
 
 
 def response_start(loss_mask) -> int:
-    """Where a row's trained response starts: its first supervised token, and never token 0.
+    """Where a row's trained response starts.
+
+    It starts at its first supervised token, and never at token 0.
 
     Training predicts token ``t`` from the logits at ``t - 1`` of the same row, so token 0 of a
     row can never be a target. As a sample, a row of ``L`` tokens has the prompt ``[0, s)`` and
@@ -58,7 +61,7 @@ class RowReader:
             self._parquet.metadata.row_group(g).num_rows
             for g in range(self._parquet.metadata.num_row_groups)
         ]
-        self._group_start = np.cumsum([0] + sizes, dtype=np.int64)
+        self._group_start = np.cumsum([0, *sizes], dtype=np.int64)
         self._cached: tuple[int, list[dict]] | None = None
 
     def __len__(self) -> int:
@@ -104,6 +107,8 @@ class RowReader:
 
 
 def worker_shard(rank: int, world_size: int, worker: int, workers: int) -> tuple[int, int]:
-    """The (rank, world_size) of one data-loader worker of one training rank: the workers of a
-    rank split that rank's rows (``i % world_size == rank``) among themselves."""
+    """The (rank, world_size) of one data-loader worker of one training rank.
+
+    The workers of a rank split that rank's rows (``i % world_size == rank``) among themselves.
+    """
     return rank + world_size * worker, world_size * workers

@@ -1,8 +1,8 @@
-"""The built parquet file: its schema, a byte-deterministic writer, and a streaming reader.
+"""The built parquet file: its schema, a writer and a streaming reader.
 
-The file's bytes are a pure function of the rows and the pyarrow version: every writer option
-is explicit, tables are built from numpy (no pandas), and row groups hold exactly
-``ROW_GROUP_ROWS`` rows (the last one the rest).
+The writer is byte-deterministic. The file's bytes are a pure function of the rows and the pyarrow
+version: every writer option is explicit, tables are built from numpy (no pandas), and row groups
+hold exactly ``ROW_GROUP_ROWS`` rows (the last one the rest).
 """
 
 from __future__ import annotations
@@ -55,18 +55,18 @@ WRITER_OPTIONS = dict(
 
 
 def writer_version() -> str:
-    """The writer library's version, as a manifest's ``expect.writer`` records it."""
+    """The writer's version, as a manifest's ``expect.writer`` records it."""
     return f"pyarrow {pa.__version__}"
 
 
 class RowWriter:
-    """Writes rows to ``path`` in fixed-size row groups, compressing in a thread of its own.
+    """Writes rows to ``path`` in fixed-size row groups.
 
-    Row groups are written in order by one thread (pyarrow compresses without the GIL), at most
-    ``IN_FLIGHT`` of them waiting. A write error of that thread (a full disk) is raised, as the
-    OSError it is, by a later ``write`` or by ``close``; pyarrow has then closed the file, so the
-    writer is abandoned, not closed again. As a context manager: the block's end closes the file
-    (``close``), an exception out of it abandons it (``abandon``).
+    It compresses in a thread of its own. Row groups are written in order by one thread (pyarrow
+    compresses without the GIL), at most ``IN_FLIGHT`` of them waiting. A write error of that thread
+    (a full disk) is raised, as the OSError it is, by a later ``write`` or by ``close``; pyarrow has
+    then closed the file, so the writer is abandoned, not closed again. As a context manager: the
+    block's end closes the file (``close``), an exception out of it abandons it (``abandon``).
     """
 
     IN_FLIGHT = 2
@@ -93,7 +93,10 @@ class RowWriter:
             self._flush()
 
     def close(self) -> None:
-        """Write the last row group and the footer; raise the first write error, if any."""
+        """Write the last row group and the footer.
+
+        Raise the first write error, if any.
+        """
         try:
             self._flush()
             while self._flushing:
@@ -105,9 +108,10 @@ class RowWriter:
             raise
 
     def abandon(self) -> None:
-        """Stop writing: drop the rows not yet written, let the thread finish, close the file as it is.
+        """Stop writing, and close the file as it is.
 
-        The errors of what the thread still had to write are those already raised, or their consequences.
+        The rows not yet written are dropped and the thread finishes. The errors of what the thread
+        still had to write are those already raised, or their consequences.
         """
         self._pending = []
         self._thread.shutdown(wait=True, cancel_futures=True)
@@ -154,7 +158,7 @@ def _lists(arrays: list[np.ndarray], value_type: pa.DataType) -> pa.ListArray:
 
 
 def check_row_file(path: Path) -> None:
-    """Refuse, as bad input, a path given as a row file that is missing or is not parquet."""
+    """Refuse a row file that is missing or is not parquet, as bad input."""
     if not path.is_file():
         raise UsageError(f"{path}: no such file")
     with open(path, "rb") as f:
@@ -166,7 +170,10 @@ def check_row_file(path: Path) -> None:
 
 
 def open_row_file(path: Path) -> pq.ParquetFile:
-    """Open a built row file; a file that is damaged is a VerificationError, one of another kind bad input."""
+    """Open a built row file.
+
+    A file that is damaged is a VerificationError, one of another kind bad input.
+    """
     try:
         parquet = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as err:
@@ -187,7 +194,10 @@ def read_group(
 
 
 def token_matrices(path: Path, table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    """A table's ``input_ids`` and ``loss_mask`` as 2-D arrays (rows × row length)."""
+    """A table's ``input_ids`` and ``loss_mask`` as 2-D arrays.
+
+    Each is rows × row length.
+    """
     return (
         _matrix(path, table.column("input_ids").combine_chunks(), np.int32),
         _matrix(path, table.column("loss_mask").combine_chunks(), np.uint8),
@@ -195,7 +205,10 @@ def token_matrices(path: Path, table: pa.Table) -> tuple[np.ndarray, np.ndarray]
 
 
 def iter_token_batches(path: Path) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Yield ``(input_ids, loss_mask)`` per row group, as 2-D arrays (rows × row length)."""
+    """Yield ``(input_ids, loss_mask)`` per row group, as 2-D arrays.
+
+    Each is rows × row length.
+    """
     parquet = open_row_file(path)
     for group in range(parquet.metadata.num_row_groups):
         yield token_matrices(path, read_group(path, parquet, group))

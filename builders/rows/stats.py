@@ -1,4 +1,7 @@
-"""What a build consumed: per-conversation and per-row counts, summarized for the report and card."""
+"""What a build consumed, for the report and card.
+
+Per-conversation and per-row counts, summarized.
+"""
 
 from __future__ import annotations
 
@@ -12,35 +15,40 @@ from builders.rows.packing import Row
 PERCENTILES = (0, 10, 50, 90, 99, 100)
 
 
-NO_SOURCE = "(none)"  # a conversation whose row has no ``source`` value
+# a conversation whose row has no ``source`` value
+NO_SOURCE = "(none)"
 
 
 @dataclass
 class BuildStats:
     row_tokens: int
-    dataset_names: list = field(
-        default_factory=list
-    )  # each of the manifest's datasets, named for a reader
-    datasets: list = field(default_factory=list)  # per conversation: which dataset it came from
+    # each of the manifest's datasets, named for a reader
+    dataset_names: list = field(default_factory=list)
+    # per conversation: which dataset it came from
+    datasets: list = field(default_factory=list)
     sources: list = field(default_factory=list)
     conversation_tokens: list = field(default_factory=list)  # each with its EOS
     conversation_supervised: list = field(default_factory=list)
     row_supervised: list = field(default_factory=list)
-    stop_ids: np.ndarray = field(
-        default_factory=lambda: np.zeros(0, np.int64)
-    )  # tokens that end an answer
+    # tokens that end an answer
+    stop_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     windows_skipped: int = 0
-    left_out: int = 0  # conversations a slime mask rule leaves out (no answer header found)
-    cross_checked: int = 0  # conversations the reference engine encoded too
-    only_stop_tokens: int = (
-        0  # conversations whose supervised tokens are all stop tokens: every answer empty
-    )
-    unsupervised: int = 0  # conversations with no supervised token at all
+    # conversations a slime mask rule leaves out (no answer header found)
+    left_out: int = 0
+    # conversations the reference engine encoded too
+    cross_checked: int = 0
+    # conversations whose supervised tokens are all stop tokens: every answer empty
+    only_stop_tokens: int = 0
+    # conversations with no supervised token at all
+    unsupervised: int = 0
 
     def add_conversation(
         self, source: str | None, ids: np.ndarray, mask: np.ndarray, dataset: int
     ) -> None:
-        """One conversation's part of the stream (its tokens and the EOS after them), from dataset ``dataset``."""
+        """Count one conversation's part of the stream, from ``dataset``.
+
+        The part is its tokens and the EOS after them.
+        """
         supervised = mask != 0
         count = int(np.count_nonzero(supervised))
         self.datasets.append(dataset)
@@ -53,9 +61,8 @@ class BuildStats:
             self.only_stop_tokens += 1
 
     def _only_stop_tokens(self, tokens: np.ndarray) -> bool:
-        stop = np.zeros(
-            len(tokens), dtype=bool
-        )  # a comparison per stop token (a few): np.isin costs more per call
+        # a comparison per stop token (a few): np.isin costs more per call
+        stop = np.zeros(len(tokens), dtype=bool)
         for stop_id in self.stop_ids.tolist():
             stop |= tokens == stop_id
         return bool(stop.all())
@@ -64,8 +71,10 @@ class BuildStats:
         self.row_supervised.append(int(np.count_nonzero(row.loss_mask)))
 
     def by_source(self) -> list[dict]:
-        """Per value of the data's ``source`` field: conversations, tokens and supervised tokens consumed,
-        most tokens first."""
+        """What each value of the data's ``source`` field gave, most tokens first.
+
+        For each value: the conversations, tokens and supervised tokens consumed.
+        """
         table = self._totals(self.sources)
         return [
             {"source": s, "conversations": c, "tokens": t, "supervised_tokens": u}
@@ -73,8 +82,10 @@ class BuildStats:
         ]
 
     def by_dataset(self) -> list[dict]:
-        """Per dataset of the manifest, in its order: what it contributed (nothing, for one the stream
-        did not reach)."""
+        """What each of the manifest's datasets gave, in its order.
+
+        Nothing, for one the stream did not reach.
+        """
         table = self._totals(self.datasets)
         return [
             {
@@ -93,7 +104,7 @@ class BuildStats:
     def _totals(self, keys: list) -> dict:
         table = defaultdict(lambda: [0, 0, 0])
         for key, tokens, supervised in zip(
-            keys, self.conversation_tokens, self.conversation_supervised
+            keys, self.conversation_tokens, self.conversation_supervised, strict=True
         ):
             entry = table[key]
             entry[0] += 1

@@ -25,7 +25,10 @@ _TEMPORARY = re.compile(r"\.(?P<final>.+)\.(?P<pid>[0-9]+)\.tmp")
 
 
 class Staged:
-    """A file being written under its temporary name, to be put at ``final`` (by default the path it was staged for)."""
+    """A file being written under its temporary name.
+
+    It is to be put at ``final`` (by default the path it was staged for).
+    """
 
     def __init__(self, path: Path):
         self.path = path
@@ -34,7 +37,10 @@ class Staged:
 
 
 class Outputs:
-    """The files of one build in ``folder``: staged one by one, put in place together by ``commit``."""
+    """The files of one build in ``folder``.
+
+    They are staged one by one, and put in place together by ``commit``.
+    """
 
     def __init__(self, folder: Path):
         self.folder = folder
@@ -42,7 +48,10 @@ class Outputs:
 
     @contextmanager
     def writing(self, name: str) -> Iterator[Staged]:
-        """Stage file ``name``; the block writes ``.temporary``. An OSError in it is an OutputError naming the file."""
+        """Stage file ``name``; the block writes ``.temporary``.
+
+        An OSError in the block is an OutputError naming the file.
+        """
         file = Staged(self.folder / name)
         self._staged.append(file)
         with self._naming(file.path):
@@ -55,12 +64,13 @@ class Outputs:
         return file
 
     def commit(self, last: Staged) -> None:
-        """Sync every staged file, then rename each to its final path, ``last`` last (the file the others describe).
+        """Sync every staged file, then rename each to its final path.
 
-        If any of this fails, the files already renamed are removed again: all or nothing.
+        ``last`` is renamed last (it is the file the others describe). If any of this fails, the
+        files already renamed are removed again: all or nothing.
         """
         stopping.check()
-        files = [file for file in self._staged if file is not last] + [last]
+        files = [*(file for file in self._staged if file is not last), last]
         for file in files:
             with self._naming(file.final):
                 _sync(file.temporary)
@@ -72,7 +82,8 @@ class Outputs:
                 placed.append(file.final)
             with self._naming(self.folder):
                 _sync(self.folder)
-            stopping.check()  # a stop asked for while the files were put in place
+            # a stop asked for while the files were put in place
+            stopping.check()
         except BaseException:
             for path in placed:
                 path.unlink(missing_ok=True)
@@ -96,7 +107,10 @@ class Outputs:
 
 @contextmanager
 def outputs(folder: Path) -> Iterator[Outputs]:
-    """The outputs of a build into ``folder``; whatever ends the block, no temporary outlives it."""
+    """The outputs of a build into ``folder``.
+
+    Whatever ends the block, no temporary outlives it.
+    """
     files = Outputs(folder)
     try:
         yield files
@@ -105,7 +119,10 @@ def outputs(folder: Path) -> Iterator[Outputs]:
 
 
 def write_atomic(path: Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` whole or not at all (a failure is an OutputError naming it)."""
+    """Write ``data`` to ``path`` whole or not at all.
+
+    A failure is an OutputError naming the path.
+    """
     with outputs(path.parent) as files:
         files.commit(last=files.write(path.name, data))
     return path
@@ -120,7 +137,10 @@ def _sync(path: Path) -> None:
 
 
 def remove_stale_temporaries(folder: Path, name: str) -> None:
-    """Remove the temporaries of files named ``NAME.*`` whose writing process no longer exists."""
+    """Remove the stale temporaries of files named ``NAME.*``.
+
+    A temporary is stale where the process that wrote it no longer exists.
+    """
     for path in folder.glob(f".{escape(name)}.*.tmp"):
         match = _TEMPORARY.fullmatch(path.name)
         if match and not _alive(int(match["pid"])):

@@ -1,4 +1,6 @@
-"""What a long step tells the user: progress bars on a terminal, plain log lines elsewhere.
+"""What a long step tells the user: progress bars, or log lines.
+
+Progress bars on a terminal, plain log lines elsewhere.
 
 On a terminal, a step shows a tqdm bar with counts, rate and ETA. Otherwise (CI logs, pipes)
 it logs a line every ``LOG_EVERY`` seconds of wall time and one at the end, each with the rate
@@ -14,7 +16,8 @@ from contextlib import contextmanager
 
 from tqdm import tqdm
 
-LOG_EVERY = 10.0  # seconds between log lines when not on a terminal
+# seconds between log lines when not on a terminal
+LOG_EVERY = 10.0
 
 
 class Reporter:
@@ -56,7 +59,10 @@ class _Silent:
 
 
 class _Lines:
-    """Logs ``step: done/total unit (pct), rate over wall time`` every ``every`` seconds, and at the end."""
+    """Log lines of a step's progress, every ``every`` seconds and at the end.
+
+    Each line is ``step: done/total unit (pct), rate over wall time``.
+    """
 
     def __init__(
         self,
@@ -86,8 +92,8 @@ class _Lines:
         elapsed = max(self.last - self.started, 1e-9)
         share = f" ({100 * self.done // self.total}%)" if self.total else ""
         print(
-            f"{self.step}: {self.done}/{self.total} {self.unit}{share}, {self.done / elapsed:.1f} {self.unit}/s "
-            f"over {elapsed:.0f} s",
+            f"{self.step}: {self.done}/{self.total} {self.unit}{share}, "
+            f"{self.done / elapsed:.1f} {self.unit}/s over {elapsed:.0f} s",
             file=self.stream,
             flush=True,
         )

@@ -20,6 +20,9 @@ def ask(signum, frame) -> None:
 
 
 def check() -> None:
-    """Unwind if a stop was asked for (its KeyboardInterrupt may have been swallowed)."""
+    """Unwind if a stop was asked for.
+
+    Its KeyboardInterrupt may have been swallowed.
+    """
     if _asked.is_set():
         raise KeyboardInterrupt

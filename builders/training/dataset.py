@@ -1,4 +1,7 @@
-"""The rows as a torch ``IterableDataset``, split among ranks and data-loader workers."""
+"""The rows as a torch ``IterableDataset``.
+
+They are split among ranks and data-loader workers.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +13,9 @@ from builders.rows.reader import RowReader, worker_shard
 
 
 def torch_dataset(path: str | Path, rank: int = 0, world_size: int = 1, start: int = 0):
-    """A ``torch.utils.data.IterableDataset`` of this rank's rows, split among loader workers.
+    """A torch ``IterableDataset`` of this rank's rows.
+
+    A ``torch.utils.data.IterableDataset`` of this rank's rows, split among loader workers.
 
     Rows are dicts of tensors (``input_ids`` int64, ``loss_mask`` int64) with their ``index``.
     torch is not a dependency of this project; this needs it installed.

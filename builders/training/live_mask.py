@@ -1,4 +1,4 @@
-"""The glm5 mask for a training job that tokenizes conversations on the fly.
+"""The glm5 mask for a job that tokenizes conversations on the fly.
 
 This is what ``patches/patch_glm5_mask.py`` plugs into miles' ``MultiTurnLossMaskGenerator``:
 the builder's own encoder (template rendering, layout check, tokens, mask), given the job's
@@ -25,7 +25,9 @@ from builders.rows.packing import with_eos
 def glm5_loss_mask(
     tokenizer, messages: list[dict], tools: list[dict] | None = None
 ) -> tuple[list[int], list[int]]:
-    """Token ids and glm5 mask of one conversation, ending with the EOS a build puts after it.
+    """Token ids and glm5 mask of one conversation.
+
+    They end with the EOS a build puts after the conversation.
 
     ``tokenizer`` is a transformers fast tokenizer whose ``chat_template`` is the GLM one.
     Tools are not part of the glm5 contract and are refused.
@@ -54,7 +56,6 @@ def _encoder(tokenizer) -> ConversationEncoder:
         raise ValueError(
             f"the tokenizer's chat_template is {type(template).__name__}, not one template string"
         )
-    backend = Tokenizer.from_str(
-        tokenizer.backend_tokenizer.to_str()
-    )  # a copy: the encoder owns its tokenizer
+    # a copy: the encoder owns its tokenizer
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
     return ConversationEncoder(backend, glm5_spec(template))

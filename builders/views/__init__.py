@@ -1,1 +1,4 @@
-"""Views of built files: inspect, diff, and explain (which reading of the contract made a file)."""
+"""Views of built files: inspect, diff, and explain.
+
+``explain`` finds which reading of the contract made a file.
+"""

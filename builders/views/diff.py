@@ -1,4 +1,6 @@
-"""Compare two built row files: where they first differ, in what, and from which conversation.
+"""Compare two built row files.
+
+Find where they first differ, in what, and from which conversation.
 
 This is what to run when ``rows_sha256`` does not match a published value: it names the first
 row and token that differ, whether the tokens or the mask differ there, the source
@@ -47,7 +49,10 @@ class Diff:
 
 
 def diff_files(a: Path, b: Path, decode: Decode | None = None) -> Diff:
-    """Compare two row files; ``decode`` (token ids → text) adds the text around the first difference."""
+    """Compare two row files.
+
+    ``decode`` (token ids → text) adds the text around the first difference.
+    """
     reader_a, reader_b = RowReader(a), RowReader(b)
     width_a, width_b = (len(r[0]["input_ids"]) if len(r) else 0 for r in (reader_a, reader_b))
     if width_a != width_b:
@@ -113,8 +118,9 @@ def describe(diff: Diff, a: Path, b: Path) -> str:
     files = f"(A: {a}, {diff.rows_a} rows; B: {b}, {diff.rows_b} rows)"
     if diff.row_tokens_a != diff.row_tokens_b:
         return (
-            f"the rows differ in length: {diff.row_tokens_a} tokens in A, {diff.row_tokens_b} in B; these are "
-            f"builds of different manifests, so no token is compared {files}"
+            f"the rows differ in length: "
+            f"{diff.row_tokens_a} tokens in A, {diff.row_tokens_b} in B; "
+            f"these are builds of different manifests, so no token is compared {files}"
         )
     lines = [f"{diff.differing_rows} of {max(diff.rows_a, diff.rows_b)} rows differ {files}"]
     if diff.rows_a != diff.rows_b:
@@ -132,18 +138,19 @@ def describe(diff: Diff, a: Path, b: Path) -> str:
         if side:
             lines.append(
                 f"  {name}: token id {side['token_id']}, mask {side['mask']}, from source row "
-                f"{side['source_index']} (id {side['source_id']}), {side['token_in_segment']} tokens into "
-                f"its part of the row"
+                f"{side['source_index']} (id {side['source_id']}), "
+                f"{side['token_in_segment']} tokens into its part of the row"
             )
             if "text" in side:
                 text = side["text"]
                 lines.append(
-                    f"     text: {_shown(text['before'])}⟨{_shown(text['token'])}⟩{_shown(text['after'])}"
+                    f"     text: {_shown(text['before'])}"
+                    f"⟨{_shown(text['token'])}⟩{_shown(text['after'])}"
                 )
     if any("text" in side for side in (f.a, f.b)):
         lines.append(
-            f"  (⟨…⟩ is the first differing token, with {CONTEXT_TOKENS} tokens decoded on each side; "
-            f"\\n is a line break)"
+            f"  (⟨…⟩ is the first differing token, with {CONTEXT_TOKENS} tokens decoded "
+            f"on each side; \\n is a line break)"
         )
     return "\n".join(lines)
 

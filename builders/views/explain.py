@@ -1,4 +1,6 @@
-"""explain: which readings of the row contract reproduce a manifest's pinned figures.
+"""explain: which readings of the row contract reproduce a manifest.
+
+A reading reproduces a manifest when it gives the manifest's pinned figures.
 
 data/ROWS.md names the choices the recipe card leaves open (``builders.contract``). A build whose
 ``rows_sha256`` differs from the published one was made under some other reading; ``explain``
@@ -45,16 +47,19 @@ from builders.rows.rowfile import writer_version
 from builders.views.writers import VARIANTS as WRITER_VARIANTS
 from builders.views.writers import Written, try_writers
 
-ROW_KEYS = tuple(
-    key for key in KEYS if key != "hash"
-)  # the readings that change the rows; hash only names them
+# the readings that change the rows; hash only names them
+ROW_KEYS = tuple(key for key in KEYS if key != "hash")
 HASHES = (READINGS["hash"][0], *READINGS["hash"][1])
-PEERS_AFTER = 1  # the peer formats are tried once the readings with this many deviations are
+# the peer formats are tried once the readings with this many deviations are
+PEERS_AFTER = 1
 
 
 @dataclass
 class Outcome:
-    """A reading's figures: its rows' hash in every layout, and their supervised-token ratio."""
+    """A reading's figures.
+
+    They are its rows' hash in every layout, and their supervised-token ratio.
+    """
 
     contract: Contract  # with the default hash
     hashes: dict[str, str]
@@ -65,14 +70,14 @@ class Outcome:
 class Explanation:
     """What the search found, and what it tried."""
 
-    matches: list[Contract] = field(
-        default_factory=list
-    )  # the search's order: fewest deviations first
-    ratio_matches: list[tuple[Contract, float]] = field(default_factory=list)  # closest first
-    peer_matches: list[tuple[str, str]] = field(
-        default_factory=list
-    )  # (loss_mask, hash layout) of a peer's rows
-    tried: int = 0  # full contracts (row readings × hash layouts) compared
+    # the search's order: fewest deviations first
+    matches: list[Contract] = field(default_factory=list)
+    # closest first
+    ratio_matches: list[tuple[Contract, float]] = field(default_factory=list)
+    # (loss_mask, hash layout) of a peer's rows
+    peer_matches: list[tuple[str, str]] = field(default_factory=list)
+    # full contracts (row readings × hash layouts) compared
+    tried: int = 0
     readings: int = 0  # full contracts there are to try
     notes: list[str] = field(default_factory=list)
 
@@ -99,8 +104,10 @@ class Explanation:
 
 
 def row_readings(orders: list[str], encodes: list[str], chat_format) -> list[Contract]:
-    """Every reading that changes the rows and applies to ``chat_format``, from the default outward (by
-    number of deviations)."""
+    """Every reading that changes the rows and applies to ``chat_format``.
+
+    They come from the default outward (by number of deviations).
+    """
     choices = [
         orders
         if key == "order"
@@ -111,45 +118,41 @@ def row_readings(orders: list[str], encodes: list[str], chat_format) -> list[Con
     ]
     readings = []
     for values in itertools.product(*choices):
-        contract = Contract(**dict(zip(ROW_KEYS, values)))
+        contract = Contract(**dict(zip(ROW_KEYS, values, strict=True)))
         if chat_format.refusal(contract) is None and not chat_format.redundant(contract):
             readings.append(contract)
-    return sorted(
-        readings, key=lambda c: len(c.deviations())
-    )  # stable: the table's order within each count
+    # stable: the table's order within each count
+    return sorted(readings, key=lambda c: len(c.deviations()))
 
 
 class Search:
     """The readings of one manifest, evaluated against its pinned figures."""
 
     def __init__(self, manifest: Manifest, source: Source, encoder: ConversationEncoder, reporter):
-        self.manifest, self.source, self.encoder, self.reporter = (
-            manifest,
-            source,
-            encoder,
-            reporter,
-        )
+        self.manifest, self.source = manifest, source
+        self.encoder, self.reporter = encoder, reporter
         self.cache: dict[int, Annotated] = {}
         self.orders: dict[str, np.ndarray] = {}
         self.notes: list[str] = []
         self._mean_tokens: float | None = None
-        self._counts: dict[str, int] = {}  # conversations taken from each order
-        self._template: tuple[tuple[str, str, int], Template] | None = (
-            None  # the last one built, and its key
-        )
-        self._wrap = (
-            np.zeros(0, np.int32),
-            np.zeros(0, np.int32),
-        )  # encode: add-special's tokens, when tried
+        # conversations taken from each order
+        self._counts: dict[str, int] = {}
+        # the last one built, and its key
+        self._template: tuple[tuple[str, str, int], Template] | None = None
+        # encode: add-special's tokens, when tried
+        self._wrap = (np.zeros(0, np.int32), np.zeros(0, np.int32))
 
     def run(self, stop_at_first: bool = True) -> Explanation:
-        """Try the readings a level of deviations at a time; with ``stop_at_first``, stop after the
-        level where some reading reproduces rows_sha256 (so equally close readings are all named)."""
+        """Try the readings a level of deviations at a time.
+
+        With ``stop_at_first``, stop after the level where some reading reproduces rows_sha256 (so
+        equally close readings are all named).
+        """
         expect = self.manifest.expect
         if expect.rows_sha256 is None and expect.supervised_token_ratio is None:
             raise UsageError(
-                f"explain: {self.manifest.name} pins neither rows_sha256 nor supervised_token_ratio: "
-                f"nothing to explain"
+                f"explain: {self.manifest.name} pins neither rows_sha256 "
+                f"nor supervised_token_ratio: nothing to explain"
             )
         chat_format = self.encoder.format
         readings = row_readings(self._orders(), self._encodes(), chat_format)
@@ -163,16 +166,18 @@ class Search:
         if not_applying:
             self.notes.append(
                 f"loss_mask {chat_format.name}: {', '.join(not_applying)} "
-                f"{'does' if len(not_applying) == 1 else 'do'} not apply in full (only the readings "
-                f"that mean something for it were tried)"
+                f"{'does' if len(not_applying) == 1 else 'do'} not apply in full "
+                f"(only the readings that mean something for it were tried)"
             )
         peers = [name for name in PEER_FORMATS if name != chat_format.name]
         found = Explanation(notes=self.notes, readings=(len(readings) + len(peers)) * len(HASHES))
         with self.reporter.progress(
             "readings tried", total=len(readings), unit="readings"
         ) as progress:
-            for deviations, level in itertools.groupby(readings, key=lambda c: len(c.deviations())):
-                # within a level, readings that share an order and a mask rule share a stream template
+            levels = itertools.groupby(readings, key=lambda c: len(c.deviations()))
+            for deviations, level in levels:
+                # within a level, readings that share an order and a mask rule
+                # share a stream template
                 for contract in sorted(level, key=lambda c: (c.order, c.mask_rule)):
                     outcome = self.evaluate(contract)
                     found.tried += len(HASHES)
@@ -181,8 +186,8 @@ class Search:
                         expect.supervised_token_ratio is None
                         or expect.supervised_token_ratio.matches(outcome.ratio)
                     )
-                    # the same rows have the same ratio: a pinned ratio also rules out what the hash cannot
-                    # see (hash: ids-u4 hashes no mask)
+                    # the same rows have the same ratio: a pinned ratio also rules out what the
+                    # hash cannot see (hash: ids-u4 hashes no mask)
                     if ratio_matches:
                         found.matches += [
                             Contract(**{**contract.as_dict(), "hash": layout})
@@ -210,7 +215,10 @@ class Search:
         return found
 
     def try_peers(self, names: list[str], found: Explanation) -> None:
-        """The default reading under each peer format ``names`` that applies to the pinned template and source."""
+        """Try the default reading under each peer format in ``names``.
+
+        Those that apply to the pinned template and source are tried; the others are noted.
+        """
         expect = self.manifest.expect
         for name in names:
             try:
@@ -227,11 +235,11 @@ class Search:
                     else dict(itertools.islice(self.orders.items(), 1))
                 )
                 outcome = peer.evaluate(replace(DEFAULT, order=next(iter(peer.orders))))
-            except (
-                BuildError
-            ) as err:  # the template is not the peer's, or the peer fails on a conversation
+            except BuildError as err:
+                # the template is not the peer's, or the peer fails on a conversation
                 self.notes.append(f"loss_mask {name} was not tried: {err}")
-                found.readings -= len(HASHES)  # not a reading of these inputs
+                # not a reading of these inputs
+                found.readings -= len(HASHES)
                 continue
             found.tried += len(HASHES)
             if expect.supervised_token_ratio is None or expect.supervised_token_ratio.matches(
@@ -244,7 +252,10 @@ class Search:
                 ]
 
     def evaluate(self, contract: Contract) -> Outcome:
-        """The rows of ``contract`` (any hash): their hash in every layout and their ratio."""
+        """The figures of ``contract``'s rows (any hash).
+
+        They are the rows' hash in every layout, and their supervised-token ratio.
+        """
         order = self.orders[contract.order]
         count = self._counts.get(contract.order) or min(
             len(order), self._estimate(self.manifest.rows * self.manifest.row_tokens)
@@ -256,14 +267,16 @@ class Search:
                     f"runs out before {self.manifest.rows} rows"
                 )
             count = min(len(order), 2 * count)
-        self._counts[contract.order] = (
-            count  # what one reading needed, the next ones of this order start from
-        )
+        # what one reading needed, the next ones of this order start from
+        self._counts[contract.order] = count
         ids, mask = rows
         return Outcome(contract, hash_layouts(ids, mask), float(np.count_nonzero(mask)) / mask.size)
 
     def template(self, contract: Contract, count: int) -> Template:
-        """The stream template of the first ``count`` conversations of ``contract``'s order under its mask rule."""
+        """The stream template of the first ``count`` conversations.
+
+        They are taken in ``contract``'s order, under its mask rule.
+        """
         key = (contract.order, contract.mask_rule, count)
         if self._template is None or self._template[0] != key:
             records = self._annotated(self.orders[contract.order][:count])
@@ -271,7 +284,10 @@ class Search:
         return self._template[1]
 
     def _rows(self, contract: Contract, template: Template) -> tuple[np.ndarray, np.ndarray] | None:
-        """The first ``manifest.rows`` rows of ``contract``'s stream, or None if the template holds too few."""
+        """The first ``manifest.rows`` rows of ``contract``'s stream.
+
+        None if the template holds too few.
+        """
         ids, mask = template.stream(contract, self.encoder.class_values(contract))
         width = self.manifest.row_tokens
         windows = len(ids) // width
@@ -287,7 +303,10 @@ class Search:
         return ids[: self.manifest.rows], mask[: self.manifest.rows]
 
     def _annotated(self, indices: np.ndarray) -> list[Annotated]:
-        """The cached records of ``indices``, encoding (once) those not yet seen."""
+        """The cached records of ``indices``.
+
+        Those not yet seen are encoded, once.
+        """
         missing = np.array(sorted(set(indices.tolist()) - self.cache.keys()), dtype=np.int64)
         if missing.size:
             groups = self.source.group_of(missing)
@@ -295,13 +314,18 @@ class Search:
                 rows = self.source.read(group, missing[groups == group]).to_pylist()
                 for first in range(0, len(rows), ENCODE_BATCH):
                     batch = rows[first : first + ENCODE_BATCH]
-                    for row, record in zip(batch, self.encoder.annotate(batch, SLIME_RULES)):
-                        # the mask needs only the token classes: which tokens are message text is not kept
+                    records = self.encoder.annotate(batch, SLIME_RULES)
+                    for row, record in zip(batch, records, strict=True):
+                        # the mask needs only the token classes:
+                        # which tokens are message text is not kept
                         self.cache[row["index"]] = replace(record, message_text=None)
         return [self.cache[i] for i in indices.tolist()]
 
     def _estimate(self, needed_tokens: int) -> int:
-        """Conversations to take first: the estimate from the mean length seen so far, with a margin."""
+        """Conversations to take first.
+
+        The estimate comes from the mean length seen so far, with a margin.
+        """
         if self._mean_tokens is None:
             order = next(iter(self.orders.values()))
             sample = self._annotated(order[: min(len(order), 4 * ENCODE_BATCH)])
@@ -341,15 +365,18 @@ class Search:
         return [READINGS["encode"][0], *READINGS["encode"][1]]
 
 
-HASH_BLOCK = 64  # rows hashed at a time
+# rows hashed at a time
+HASH_BLOCK = 64
 
 
 @dataclass(frozen=True)
 class Template:
-    """The stream of some conversations in one order under one mask rule, holding every token any
-    reading of the other choices may put in it (the ``encode: add-special`` wrap, the stop token
-    ``final: append-stop`` appends, the EOS), each coded (``ConversationEncoder.stream_codes``) so that a
-    reading's ids and mask are a table lookup (``Contract.table``) and a selection away.
+    """The stream of some conversations in one order under one mask rule.
+
+    It holds every token any reading of the other choices may put in it (the
+    ``encode: add-special`` wrap, the stop token ``final: append-stop`` appends, the EOS), each
+    coded (``ConversationEncoder.stream_codes``) so that a reading's ids and mask are a table lookup
+    (``Contract.table``) and a selection away.
     """
 
     ids: np.ndarray  # int32
@@ -375,7 +402,10 @@ class Template:
     def stream(
         self, contract: Contract, class_values: tuple[int, ...]
     ) -> tuple[np.ndarray, np.ndarray]:
-        """The ids and mask of the stream under ``contract`` (whose mask rule is this template's)."""
+        """The ids and mask of the stream under ``contract``.
+
+        The mask rule of ``contract`` is this template's.
+        """
         values, keep = contract.table(class_values)
         mask = values[self.codes]
         if keep.all():
@@ -385,7 +415,10 @@ class Template:
 
 
 def hash_layouts(ids: np.ndarray, mask: np.ndarray) -> dict[str, str]:
-    """The rows' sha256 in every ``hash`` layout, the layouts hashed side by side, a block of rows at a time."""
+    """The rows' sha256 in every ``hash`` layout.
+
+    The layouts are hashed side by side, a block of rows at a time.
+    """
 
     def one(layout: str) -> tuple[str, str]:
         digest = RowHash(layout)
@@ -393,29 +426,34 @@ def hash_layouts(ids: np.ndarray, mask: np.ndarray) -> dict[str, str]:
             digest.add(ids[first : first + HASH_BLOCK], mask[first : first + HASH_BLOCK])
         return layout, digest.hexdigest()
 
-    with ThreadPoolExecutor(
-        max_workers=os.cpu_count() or 1
-    ) as pool:  # hashlib and numpy let go of the GIL
+    # hashlib and numpy let go of the GIL
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         return dict(pool.map(one, HASHES))
 
 
 def explain(
     manifest: Manifest, hub, reporter, everything: bool = False, engine: str = "auto"
 ) -> Explanation:
-    """Search the readings for those that reproduce ``manifest``'s pinned figures (all of them with
-    ``everything``, else up to the first that reproduces rows_sha256)."""
+    """Find the readings that reproduce ``manifest``'s pinned figures.
+
+    With ``everything``, all of them; else up to the first that reproduces rows_sha256.
+    """
     pinned, source = pinned_inputs(manifest, hub)
     check_source_rows(manifest, source)
     chosen = engines.choose(engine, pinned.tokenizer, pinned.tokenizer_json, pinned.chat_template)
     encoder = ConversationEncoder(pinned.tokenizer, pinned.spec, engine=chosen.engine)
     reporter.info(chosen.describe())
     explanation = Search(manifest, source, encoder, reporter).run(stop_at_first=not everything)
-    encoder.engine.finish()  # a disagreement found by the guard's cross-check is raised here
+    # a disagreement found by the guard's cross-check is raised here
+    encoder.engine.finish()
     return explanation
 
 
 def writers(manifest: Manifest, contract: Contract, hub, folder: Path, reporter) -> list[Written]:
-    """Build ``manifest``'s rows under ``contract`` and write them as every writer variant does."""
+    """Build ``manifest``'s rows under ``contract``, and write them.
+
+    They are written as every writer variant does.
+    """
     built = build(
         replace(manifest, contract=contract, expect=Expect()), folder, hub, reporter, card=False
     )
@@ -446,29 +484,34 @@ def describe(explanation: Explanation, manifest: Manifest) -> Iterator[str]:
     for name, layout in explanation.peer_matches:
         hashed = "" if layout == DEFAULT.hash else f" (hash: {layout})"
         yield (
-            f"loss_mask {name} reproduces rows_sha256 {expect.rows_sha256}{hashed}: the rows another tool makes "
-            f"(ROWS.md, Peer formats); pin it with:"
+            f"loss_mask {name} reproduces rows_sha256 {expect.rows_sha256}{hashed}: "
+            f"the rows another tool makes (ROWS.md, Peer formats); pin it with:"
         )
         yield f"    loss_mask: {name}"
         yield "    (and in tokenizer: only eos, no stop or prefills)"
     if expect.rows_sha256 is None:
-        yield f"the manifest pins no rows_sha256: only supervised_token_ratio was compared ({tried})"
+        yield (
+            f"the manifest pins no rows_sha256: only supervised_token_ratio was compared ({tried})"
+        )
     elif explanation.matches:
-        yield f"{len(explanation.matches)} reading(s) reproduce rows_sha256 {expect.rows_sha256} ({tried}):"
+        yield (
+            f"{len(explanation.matches)} reading(s) reproduce rows_sha256 {expect.rows_sha256} "
+            f"({tried}):"
+        )
         for contract in explanation.matches:
             yield f"  {_named(contract)}; pin it with:"
             yield from (f"    {line}" for line in pin_lines(contract).splitlines())
         if len(explanation.matches) > 1:
             yield (
-                "  (these readings make the same rows from this source: it holds no conversation on which they "
-                "differ)"
+                "  (these readings make the same rows from this source: "
+                "it holds no conversation on which they differ)"
             )
     elif not explanation.peer_matches:
         yield f"no reading reproduces rows_sha256 {expect.rows_sha256} ({tried})"
     if explanation.ratio_matches and not explanation.reproduced:
         yield (
-            f"readings whose supervised_token_ratio matches {expect.supervised_token_ratio.text}, closest first "
-            f"({len(explanation.ratio_matches)}):"
+            f"readings whose supervised_token_ratio matches {expect.supervised_token_ratio.text}, "
+            f"closest first ({len(explanation.ratio_matches)}):"
         )
         for contract, ratio in explanation.ratio_matches[:20]:
             yield f"  {ratio:.6f}  {_named(contract)}"
@@ -487,7 +530,10 @@ def describe_writers(written: list[Written] | None, manifest: Manifest) -> Itera
     """What the writer variants say of the pinned file."""
     expect = manifest.expect
     if written is None:
-        yield "writers: not tried: no reading reproduces the pinned rows, and a file's bytes speak only of its rows"
+        yield (
+            "writers: not tried: no reading reproduces the pinned rows, "
+            "and a file's bytes speak only of its rows"
+        )
         return
     if expect.parquet_bytes is None:
         yield "writers: the manifest pins no parquet_bytes; the sizes each writer variant gives:"
@@ -498,7 +544,8 @@ def describe_writers(written: list[Written] | None, manifest: Manifest) -> Itera
     if not same_size:
         closest = sorted(written, key=lambda w: abs(w.bytes - expect.parquet_bytes))[:3]
         yield (
-            f"writers: none of the {len(written)} writer variants gives parquet_bytes {expect.parquet_bytes:,}; "
+            f"writers: none of the {len(written)} writer variants "
+            f"gives parquet_bytes {expect.parquet_bytes:,}; "
             f"closest: " + "; ".join(f"{w.variant.name} ({w.bytes:,})" for w in closest)
         )
         return
@@ -508,5 +555,6 @@ def describe_writers(written: list[Written] | None, manifest: Manifest) -> Itera
         yield f"writers: {w.variant.name} gives parquet_bytes {w.bytes:,}; parquet_sha256 " + (
             f"matches too with {running}: pin expect.writer: {running}"
             if same_file
-            else f"differs with {running} (the pinned file's pyarrow was another: expect.writer names it)"
+            else f"differs with {running} "
+            f"(the pinned file's pyarrow was another: expect.writer names it)"
         )

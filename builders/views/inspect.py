@@ -1,5 +1,7 @@
-"""Show a row, or one source conversation, decoded: supervised spans highlighted, conversation and
-EOS boundaries marked, each conversation labelled with its source index and id.
+"""Show a row, or one source conversation, decoded.
+
+Supervised spans are highlighted, conversation and EOS boundaries marked, each conversation
+labelled with its source index and id.
 
 A special token's text typed inside a message (a user writing ``<|user|>``) becomes the special
 token itself, so the ids alone cannot tell it from the template's markup. The view re-encodes
@@ -10,6 +12,7 @@ tokens there as literal.
 from __future__ import annotations
 
 import html
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,14 +20,18 @@ import numpy as np
 
 GREEN, MAGENTA, DIM, RESET = "\033[42;30m", "\033[4;35m", "\033[2m", "\033[0m"
 LEGEND = (
-    "legend: ⟦…⟧ supervised (loss_mask 1) · ⏎ the EOS after a conversation · «…» special-token text typed "
-    "inside a message (encoded as that special token) · ⋯ the conversation goes on in the next row"
+    "legend: ⟦…⟧ supervised (loss_mask 1) · ⏎ the EOS after a conversation · "
+    "«…» special-token text typed inside a message (encoded as that special token) · "
+    "⋯ the conversation goes on in the next row"
 )
 
 
 @dataclass(frozen=True)
 class Span:
-    """A run of tokens of one conversation with one mask value, and whether it is literal special-token text."""
+    """A run of tokens of one conversation with one mask value.
+
+    ``literal``: whether it is literal special-token text.
+    """
 
     conversation: int  # position in the view's segment list
     supervised: bool
@@ -37,13 +44,18 @@ class View:
     title: str
     labels: list[str]  # one per conversation segment
     spans: list[Span]
-    continues: bool  # the last conversation goes on past the end of the row
-    eos: str  # the chat format's EOS, marked where it follows a conversation
+    # the last conversation goes on past the end of the row
+    continues: bool
+    # the chat format's EOS, marked where it follows a conversation
+    eos: str
     chat_format: str  # the chat format and its inputs, in a line
 
     def as_dict(self) -> dict:
-        """The view for ``--json``: its title, conversation labels, spans (decoded text, supervised,
-        literal special-token text, which conversation) and whether the row ends inside a conversation."""
+        """The view for ``--json``.
+
+        It holds its title, conversation labels, spans (decoded text, supervised, literal
+        special-token text, which conversation) and whether the row ends inside a conversation.
+        """
         return {
             "title": self.title,
             "labels": self.labels,
@@ -60,16 +72,17 @@ class View:
         }
 
     def as_terminal(self, color: bool) -> str:
-        """Supervised text on green (or between ⟦ ⟧), literal special-token text underlined (or between « »)."""
+        """The view for a terminal.
+
+        Supervised text on green (or between ⟦ ⟧), literal special-token text underlined (or between
+        « »).
+        """
 
         def dim(text: str) -> str:
             return f"{DIM}{text}{RESET}" if color else text
 
-        out, current, inside = (
-            [self.title, "\n", dim(self.chat_format), "\n", dim(LEGEND)],
-            None,
-            False,
-        )
+        out = [self.title, "\n", dim(self.chat_format), "\n", dim(LEGEND)]
+        current, inside = None, False
         for span in self.spans:
             if span.conversation != current or span.supervised != inside:
                 if inside and not color:
@@ -107,7 +120,8 @@ class View:
             '<p><span class="sup">supervised (loss_mask = 1)</span> · plain: not supervised · '
             '<span class="eos">⏎</span> the EOS after a conversation · '
             '<span class="literal">&lt;|user|&gt;</span> special-token text typed inside a message '
-            '(encoded as that special token) · <span class="more">⋯</span> continues in the next row</p>',
+            "(encoded as that special token) · "
+            '<span class="more">⋯</span> continues in the next row</p>',
         ]
         current = None
         for span in self.spans:
@@ -115,9 +129,8 @@ class View:
                 if current is not None:
                     parts.append("</pre></div>")
                 current = span.conversation
-                parts.append(
-                    f'<div class="conv"><div class="label">{html.escape(self.labels[current])}</div><pre>'
-                )
+                label = html.escape(self.labels[current])
+                parts.append(f'<div class="conv"><div class="label">{label}</div><pre>')
             text = html.escape(span.text)
             if not span.literal:
                 text = text.replace(
@@ -133,7 +146,10 @@ class View:
 
 
 def inspect_row(manifest, hub, file: Path, row_index: int) -> View:
-    """Row ``row_index`` of a built file, its conversations re-encoded from the pinned source."""
+    """Row ``row_index`` of a built file.
+
+    Its conversations are re-encoded from the pinned source.
+    """
     from builders.errors import UsageError
     from builders.rows import RowReader
 
@@ -147,7 +163,8 @@ def inspect_row(manifest, hub, file: Path, row_index: int) -> View:
     indices = list(row.get("source_index") or [])
     literal = np.zeros(len(ids), dtype=bool)
     continued = continues = False
-    for k, (start, index) in enumerate(zip(starts, indices)):
+    # a row without metadata names no source rows: there is nothing to re-encode
+    for k, (start, index) in enumerate(zip(starts, indices, strict=False)):
         end = starts[k + 1] if k + 1 < len(starts) else len(ids)
         part, part_literal = _conversation(encoder, source, index)
         offset = _offset(part, ids[start:end], first=k == 0, last=k == len(starts) - 1)
@@ -155,11 +172,17 @@ def inspect_row(manifest, hub, file: Path, row_index: int) -> View:
         continued |= k == 0 and offset > 0
         continues |= k == len(starts) - 1 and offset + end - start < len(part)
     labels = [
-        f"source row {index} (id {id_}){' (continued from an earlier row)' if k == 0 and continued else ''}"
-        for k, (index, id_) in enumerate(zip(indices or [None], row.get("source_id") or [None]))
+        f"source row {index} (id {id_})"
+        f"{' (continued from an earlier row)' if k == 0 and continued else ''}"
+        for k, (index, id_) in enumerate(
+            zip(indices or [None], row.get("source_id") or [None], strict=True)
+        )
     ]
     supervised = int(np.count_nonzero(mask))
-    title = f"row {row['index']}: {len(ids):,} tokens, {supervised:,} supervised ({supervised / max(1, len(ids)):.1%})"
+    title = (
+        f"row {row['index']}: {len(ids):,} tokens, {supervised:,} supervised "
+        f"({supervised / max(1, len(ids)):.1%})"
+    )
     return View(
         title,
         labels,
@@ -171,7 +194,7 @@ def inspect_row(manifest, hub, file: Path, row_index: int) -> View:
 
 
 def inspect_source(manifest, hub, index: int) -> View:
-    """Source conversation ``index`` as it enters the stream (with its EOS)."""
+    """Source conversation ``index`` as it enters the stream, with EOS."""
     from builders.errors import UsageError
 
     encoder, source = _pinned(manifest, hub)
@@ -180,7 +203,10 @@ def inspect_source(manifest, hub, index: int) -> View:
     (row,) = source.take([index]).to_pylist()
     (ids, mask), literal = _conversation(encoder, source, index, with_mask=True)
     supervised = int(np.count_nonzero(mask))
-    title = f"source row {index} (id {row['id']}): {len(ids):,} tokens with EOS, {supervised:,} supervised"
+    title = (
+        f"source row {index} (id {row['id']}): {len(ids):,} tokens with EOS, "
+        f"{supervised:,} supervised"
+    )
     return View(
         title,
         [f"source row {index} (id {row['id']})"],
@@ -212,7 +238,10 @@ def _pinned(manifest, hub):
 
 
 def _conversation(encoder, source, index: int, with_mask: bool = False):
-    """A source conversation's part of the stream, and which of its tokens are special tokens inside message text."""
+    """A source conversation's part of the stream, and its literal tokens.
+
+    Those are the special tokens inside message text.
+    """
     from builders.errors import UsageError
     from builders.rows.packing import with_eos
 
@@ -232,7 +261,10 @@ def _conversation(encoder, source, index: int, with_mask: bool = False):
 
 
 def _plain_offset(encoder) -> int:
-    """Where the text's own tokens begin in a conversation's ids (after what a post-processor puts first)."""
+    """Where the text's own tokens begin in a conversation's ids.
+
+    They begin after what a post-processor puts first.
+    """
     return (
         len(encoder.vocab.post_processor_wrap()[0])
         if encoder.contract.encode == "add-special"
@@ -241,11 +273,16 @@ def _plain_offset(encoder) -> int:
 
 
 def _offset(conversation: np.ndarray, segment: np.ndarray, first: bool, last: bool) -> int:
-    """Where a row's segment starts within its conversation's part of the stream."""
+    """Where a row's segment starts in its conversation's part.
+
+    The part is what the conversation puts in the stream.
+    """
+    # a conversation that starts in this row
     if not first:
-        return 0  # a conversation that starts in this row
+        return 0
+    # one that ends in this row
     if not last:
-        return len(conversation) - len(segment)  # one that ends in this row
+        return len(conversation) - len(segment)
     matches = [
         k
         for k in range(len(conversation) - len(segment) + 1)
@@ -265,7 +302,7 @@ def _spans(
     )
     bounds = sorted(set(starts) | {len(ids)} | {int(i) for i in change})
     spans, segment = [], 0
-    for begin, end in zip(bounds, bounds[1:]):
+    for begin, end in itertools.pairwise(bounds):
         while segment + 1 < len(starts) and starts[segment + 1] <= begin:
             segment += 1
         text = tokenizer.decode(ids[begin:end].tolist(), skip_special_tokens=False)

@@ -1,11 +1,12 @@
-"""Writer variants: the ways a published row file might have been written (``explain --writer``).
+"""Writer variants: how a published row file might have been written.
 
-A parquet file's size is a fingerprint of how it was written: the writer, its column types,
-compression, encodings and row groups. It hardly depends on the pyarrow version (the version
-appears in the footer as ``parquet-cpp-arrow version X.Y.Z``, the same length for every release
-with two-digit major and one-digit minor and patch numbers), while the file's sha256 does. So a
-writer variant that gives the pinned ``parquet_bytes`` names the writer; one that also gives the
-pinned ``parquet_sha256`` names the pyarrow version too, and ``expect.writer`` can be pinned.
+``explain --writer`` tries them. A parquet file's size is a fingerprint of how it was written: the
+writer, its column types, compression, encodings and row groups. It hardly depends on the pyarrow
+version (the version appears in the footer as ``parquet-cpp-arrow version X.Y.Z``, the same length
+for every release with two-digit major and one-digit minor and patch numbers), while the file's
+sha256 does. So a writer variant that gives the pinned ``parquet_bytes`` names the writer; one that
+also gives the pinned ``parquet_sha256`` names the pyarrow version too, and ``expect.writer`` can be
+pinned.
 
 The set tried: this project's writer (``builders.rows.rowfile``: zstd level 3, no dictionary, no
 statistics, 64 rows per row group, ``input_ids`` list<int32>, ``loss_mask`` list<uint8>, a
@@ -31,9 +32,8 @@ MASK_TYPES = {"uint8": pa.uint8(), "int8": pa.int8(), "int64": pa.int64(), "bool
 
 @dataclass(frozen=True)
 class WriterVariant:
-    writer: (
-        str  # "fixed-sft", "pyarrow" (write_table's defaults) or "datasets" (Dataset.to_parquet)
-    )
+    # "fixed-sft", "pyarrow" (write_table's defaults) or "datasets" (Dataset.to_parquet)
+    writer: str
     ids: str
     mask: str
     metadata: bool
@@ -62,7 +62,10 @@ class Written:
     sha256: str
 
     def as_dict(self, expect) -> dict:
-        """For --json: the variant, the file's figures, and whether they are ``expect``'s (None: not pinned)."""
+        """For --json: the variant, the file's figures, and whether they match.
+
+        A match is with ``expect``'s figures (None: not pinned).
+        """
         pinned_bytes, pinned_sha = expect.parquet_bytes, expect.parquet_sha256
         return {
             "writer": self.variant.writer,
@@ -77,7 +80,10 @@ class Written:
 
 
 def try_writers(built: Path, folder: Path) -> Iterator[Written]:
-    """Write the rows of ``built`` (a file this project wrote) as each writer variant does, one at a time."""
+    """Write the rows of ``built`` as each writer variant does.
+
+    ``built`` is a file this project wrote; the variants write one at a time.
+    """
     table = pq.read_table(built)
     sha256, size = file_digest(built)
     yield Written(VARIANTS[0], size, sha256)
@@ -104,7 +110,10 @@ def _written_table(table: pa.Table, variant: WriterVariant) -> pa.Table:
 
 
 def _datasets_to_parquet(table: pa.Table, path: Path) -> None:
-    """``datasets.Dataset.to_parquet`` with its defaults, its progress bars off."""
+    """``datasets.Dataset.to_parquet`` with its defaults.
+
+    Its progress bars are off.
+    """
     import datasets
 
     was_off = datasets.are_progress_bars_disabled()

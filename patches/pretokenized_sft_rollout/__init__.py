@@ -1,6 +1,6 @@
-"""miles rollout function for rows built by fixed-SFT: ``pretokenized_sft_rollout.generate_rollout``.
+"""miles rollout function for rows built by fixed-SFT.
 
-The recipe trains with::
+The function is ``pretokenized_sft_rollout.generate_rollout``; the recipe trains with::
 
     --prompt-data out/glm47flash-tulu3-fixed8192-v1.parquet --input-key messages
     --metadata-key metadata --rollout-function-path pretokenized_sft_rollout.generate_rollout
@@ -33,7 +33,10 @@ _READERS: dict[str, RowReader] = {}
 
 
 def generate_rollout(args, rollout_id, data_buffer, evaluation=False):
-    """Fill ``args.rollout_batch_size`` samples from the data buffer with their built rows."""
+    """Fill samples from the data buffer with their built rows.
+
+    It takes ``args.rollout_batch_size`` samples from the buffer.
+    """
     if evaluation:
         raise ValueError("pretokenized_sft_rollout has no evaluation rollouts")
     reader = _reader(args.prompt_data)
@@ -50,7 +53,8 @@ def generate_rollout(args, rollout_id, data_buffer, evaluation=False):
 
 
 def _reader(prompt_data: str) -> RowReader:
-    path = re.sub(r"@\[-?\d*:-?\d*\]$", "", prompt_data)  # miles' "path@[start:end]" row slice
+    # miles' "path@[start:end]" row slice
+    path = re.sub(r"@\[-?\d*:-?\d*\]$", "", prompt_data)
     if path not in _READERS:
         _READERS[path] = RowReader(path)
     return _READERS[path]
