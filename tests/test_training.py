@@ -22,7 +22,7 @@ from builders.fixture.conversations import hard_cases
 from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows, tokenizer_json
 from builders.formats.glm5_layout import EOS
 from builders.manifest import load_manifest
-from builders.rows import RowReader, worker_shard
+from builders.rows import RowReader
 from builders.rows.figures import RowFigures
 from helpers import MANIFESTS, REPO, SELF_CONTAINED, encoder, manifest_names, with_its_eos
 from miles_emulation import MilesWouldCrash, Target, trained_targets
@@ -58,16 +58,28 @@ def test_iterating_gives_back_exactly_the_built_rows(rows_file):
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 5, 8])
-def test_shards_are_disjoint_and_cover_every_row(rows_file, world_size):
+@pytest.mark.parametrize("remainder", ["drop", "wrap"])
+def test_shards_are_disjoint_equal_and_cover_the_kept_rows(rows_file, world_size, remainder):
     reader = RowReader(rows_file)
     shards = [
-        [row["index"] for row in reader.rows(rank=r, world_size=world_size)]
+        [row["index"] for row in reader.rows(rank=r, world_size=world_size, remainder=remainder)]
         for r in range(world_size)
     ]
+    assert len({len(shard) for shard in shards}) == 1
     flat = sorted(i for shard in shards for i in shard)
-    assert flat == list(range(len(reader)))
+    whole = len(reader) - len(reader) % world_size
+    if remainder == "drop":
+        assert flat == list(range(whole))
+    else:
+        # the first rows again, to fill the last step
+        assert flat == sorted([*range(len(reader)), *range((-len(reader)) % world_size)])
     again = [
-        [row["index"] for row in RowReader(rows_file).rows(rank=r, world_size=world_size)]
+        [
+            row["index"]
+            for row in RowReader(rows_file).rows(
+                rank=r, world_size=world_size, remainder=remainder
+            )
+        ]
         for r in range(world_size)
     ]
     assert again == shards
@@ -83,18 +95,6 @@ def test_resuming_continues_where_it_stopped(rows_file, world_size, consumed):
             for row in reader.rows(start=consumed * world_size, rank=rank, world_size=world_size)
         ]
         assert resumed == whole[consumed:]
-
-
-@pytest.mark.parametrize("world_size, workers", [(1, 2), (2, 3), (4, 2)])
-def test_loader_workers_split_their_ranks_rows(rows_file, world_size, workers):
-    reader = RowReader(rows_file)
-    for rank in range(world_size):
-        mine = [row["index"] for row in reader.rows(rank=rank, world_size=world_size)]
-        split = [
-            [row["index"] for row in reader.rows(7, *worker_shard(rank, world_size, w, workers))]
-            for w in range(workers)
-        ]
-        assert sorted(i for part in split for i in part) == [i for i in mine if i >= 7]
 
 
 def test_reads_one_row_group_at_a_time(rows_file, monkeypatch):
