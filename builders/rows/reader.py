@@ -42,10 +42,17 @@ class RowReader:
     """The rows of one built parquet file.
 
     With ``manifest`` and ``verify=True`` the whole file is checked against the manifest's
-    pinned figures first, and a file that differs is refused.
+    pinned figures first, and a file that differs is refused. ``reader[i]`` holds up to
+    ``cache_groups`` decoded row groups (a window's, to read an epoch order at random).
     """
 
-    def __init__(self, path: str | Path, manifest: Manifest | None = None, verify: bool = False):
+    def __init__(
+        self,
+        path: str | Path,
+        manifest: Manifest | None = None,
+        verify: bool = False,
+        cache_groups: int = 1,
+    ):
         self.path = Path(path)
         if verify:
             if manifest is None:
@@ -66,7 +73,8 @@ class RowReader:
             for g in range(self._parquet.metadata.num_row_groups)
         ]
         self._group_start = np.cumsum([0, *self.group_sizes], dtype=np.int64)
-        self._groups = GroupCache(self, 1)
+        # random access holds this many decoded groups
+        self._groups = GroupCache(self, cache_groups)
 
     def __len__(self) -> int:
         return int(self._group_start[-1])
