@@ -76,9 +76,7 @@ def test_shards_are_disjoint_equal_and_cover_the_kept_rows(rows_file, world_size
     again = [
         [
             row["index"]
-            for row in RowReader(rows_file).rows(
-                rank=r, world_size=world_size, remainder=remainder
-            )
+            for row in RowReader(rows_file).rows(rank=r, world_size=world_size, remainder=remainder)
         ]
         for r in range(world_size)
     ]
