@@ -24,7 +24,15 @@ from builders.formats.glm5_layout import EOS
 from builders.manifest import load_manifest
 from builders.rows import RowReader
 from builders.rows.figures import RowFigures
-from helpers import MANIFESTS, REPO, SELF_CONTAINED, encoder, manifest_names, with_its_eos
+from helpers import (
+    EDITED,
+    MANIFESTS,
+    REPO,
+    SELF_CONTAINED,
+    encoder,
+    manifest_names,
+    with_its_eos,
+)
 from miles_emulation import MilesWouldCrash, Target, trained_targets
 from reference import Reference
 
@@ -296,6 +304,33 @@ def test_a_response_from_token_0_breaks_miles(edge_rows_file):
         trained_targets([first, second])
     targets, _ = trained_targets([filled[1], first])
     assert Target(row=0, position=0, logit_row=1, logit_position=7) in targets
+
+
+@pytest.mark.parametrize("seed, epochs", [(None, 1), (42, 2)])
+def test_a_prompt_file_gives_the_rows_in_its_training_order(rows_file, tmp_path, seed, epochs):
+    """``fixed-sft export --to miles``: miles reads only each sample's metadata."""
+    from builders.training.exports import export
+
+    prompt = export(rows_file, "miles", tmp_path, seed, epochs)
+    assert pq.ParquetFile(prompt).schema_arrow.names == ["metadata"]
+    filled = fill(prompt)
+    reader = RowReader(rows_file)
+    order = [(int(i), e) for e in range(epochs) for i in reader.order(seed, e)]
+    assert [(s.metadata["row_index"], s.metadata["epoch"]) for s in filled] == order
+    ids, masks = built_rows(rows_file)
+    assert all(sample.tokens == ids[row] for sample, (row, _) in zip(filled, order, strict=True))
+    assert_trains_exactly_the_supervised_tokens(filled, masks, 2)
+
+
+def test_a_prompt_file_refuses_other_rows(row_file, tmp_path):
+    from builders.training.exports import export
+
+    rows = tmp_path / "rows.parquet"
+    rows.write_bytes(row_file(SELF_CONTAINED).read_bytes())
+    prompt = export(rows, "miles")
+    rows.write_bytes(row_file(EDITED).read_bytes())
+    with pytest.raises(ValueError, match="export the prompt file again from this row file"):
+        fill(prompt)
 
 
 def test_rollout_reads_a_sliced_prompt_path(rows_file):
