@@ -19,7 +19,7 @@ from transformers import PreTrainedTokenizerFast
 import pretokenized_sft_rollout
 from builders.errors import VerificationError
 from builders.fixture.conversations import hard_cases
-from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows, tokenizer_json
+from builders.fixture.make import FIXTURE_TEMPLATE, shared_dir, synthetic_rows, tokenizer_json
 from builders.formats.glm5_layout import EOS
 from builders.manifest import load_manifest
 from builders.rows import RowReader
@@ -27,6 +27,7 @@ from builders.rows.figures import RowFigures
 from helpers import (
     EDITED,
     MANIFESTS,
+    NEEDS_SHARED,
     REPO,
     SELF_CONTAINED,
     encoder,
@@ -145,6 +146,38 @@ def test_the_docs_reader_snippet_runs_from_any_folder(rows_file, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["48", "3"]
+
+
+def docs_miles_command() -> list[str]:
+    text = (REPO / "docs" / "training.md").read_text(encoding="utf-8")
+    (block,) = [b.split("```")[0] for b in text.split("```bash\n")[1:] if "generate_rollout" in b][
+        :1
+    ]
+    return block.replace("\\\n", " ").split()
+
+
+def test_the_docs_miles_command_has_what_miles_requires():
+    words = docs_miles_command()
+    for flag in ("--debug-train-only", "--disable-compute-advantages-and-returns"):
+        assert flag in words
+    assert "--num-rollout" in words or "--num-epoch" in words
+    assert "--rollout-shuffle" not in words
+    assert words[words.index("--prompt-data") + 1].endswith(".miles.parquet")
+
+
+@NEEDS_SHARED
+def test_the_docs_miles_command_passes_the_recipes_training_flags():
+    """Each flag of the recipe's SFT and data lines, with its value, is in the docs' command."""
+    recipe = (shared_dir() / "spec" / "recipe-glm47flash-h200-attune.txt").read_text()
+    lines = recipe.split("--loss-type", 1)[1].split("--tensor-model-parallel-size", 1)[0]
+    flags = ("--loss-type" + lines).replace("\\\n", " ").split()
+    words = docs_miles_command()
+    for k, word in enumerate(flags):
+        if word.startswith("--"):
+            assert word in words, word
+            value = flags[k + 1] if k + 1 < len(flags) else "--"
+            if not value.startswith(("--", '"')):
+                assert words[words.index(word) + 1] == value, word
 
 
 def test_torch_dataset(rows_file):
