@@ -230,14 +230,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _export_options(p: argparse.ArgumentParser) -> None:
-    from builders.training.exports import SUFFIXES
+    from builders.training import EXPORT_SUFFIXES
 
     p.add_argument("file", type=Path, help="the built parquet row file")
     p.add_argument(
         "--to",
         action="append",
         required=True,
-        choices=tuple(SUFFIXES),
+        choices=tuple(EXPORT_SUFFIXES),
         help="the export, repeatable: trl (NAME.trl.parquet), megatron-bridge "
         "(NAME.idx.parquet), miles (NAME.miles.parquet)",
     )

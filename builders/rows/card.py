@@ -15,7 +15,7 @@ import numpy as np
 import yaml
 
 from builders.manifest import Manifest, is_shipped
-from builders.rows.hub import README, readme_text
+from builders.rows.hub import write_readme
 from builders.rows.stats import BuildStats
 from builders.runtime.atomic import Outputs
 
@@ -51,9 +51,9 @@ def write_card(outputs: Outputs, manifest: Manifest, report: dict, stats: BuildS
         outputs.write(f"{manifest.name}.{plot}.png", draw(stats, manifest))
     text = card_text(manifest, report, stats)
     outputs.write(f"{manifest.name}.md", text.encode("utf-8"))
-    body = text.removeprefix(front_matter(manifest))
-    readme = readme_text(outputs.folder, card_metadata(manifest), report, body)
-    outputs.write(README, readme.encode("utf-8"))
+    write_readme(
+        outputs, card_metadata(manifest), report, text.removeprefix(front_matter(manifest))
+    )
 
 
 def _workers(report: dict) -> str:

@@ -17,8 +17,19 @@ import yaml
 
 from builders.manifest import safe_load_yaml
 from builders.rows.rowfile import SCHEMA
+from builders.runtime.atomic import Outputs, remove_stale_temporaries
 
 README = "README.md"
+
+
+def write_readme(outputs: Outputs, meta: dict, report: dict, card_body: str) -> None:
+    """Stage ``README.md`` among a build's outputs.
+
+    A killed build's temporary of it is removed first (the folder's, not one build's).
+    """
+    remove_stale_temporaries(outputs.folder, README.removesuffix(".md"))
+    text = readme_text(outputs.folder, meta, report, card_body)
+    outputs.write(README, text.encode("utf-8"))
 
 
 def readme_text(folder: Path, meta: dict, report: dict, card_body: str) -> str:

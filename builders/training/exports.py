@@ -34,11 +34,11 @@ from builders.rows.rowfile import (
 )
 from builders.rows.segments import check_starts
 from builders.runtime.atomic import outputs
+from builders.training import EXPORT_SUFFIXES
 
 # the footer keys every export carries
 ROWS_KEY, ROWS_SHA256_KEY = b"fixed_sft.rows", b"fixed_sft.rows_sha256"
 WINDOW_GROUPS_KEY = b"fixed_sft.window_groups"
-SUFFIXES = {"trl": ".trl.parquet", "megatron-bridge": ".idx.parquet", "miles": ".miles.parquet"}
 
 TRL_SCHEMA = pa.schema(
     [
@@ -73,15 +73,15 @@ def export(
     It goes in ``out_dir`` (default: beside ``rows``). ``seed``, ``epochs`` and
     ``window_groups`` give the miles prompt file's order (data/ROWS.md, "Reading order").
     """
-    if to not in SUFFIXES:
-        raise UsageError(f"unknown export {to!r} (known: {', '.join(SUFFIXES)})")
+    if to not in EXPORT_SUFFIXES:
+        raise UsageError(f"unknown export {to!r} (known: {', '.join(EXPORT_SUFFIXES)})")
     if to != "miles" and (seed is not None or epochs != 1):
         raise UsageError(f"--seed and --epochs order the miles prompt file; {to} keeps file order")
     if epochs < 1:
         raise UsageError(f"--epochs must be 1 or more, not {epochs}")
     check_row_file(rows)
     out_dir = rows.parent if out_dir is None else out_dir
-    name = rows.name.removesuffix(".parquet") + SUFFIXES[to]
+    name = rows.name.removesuffix(".parquet") + EXPORT_SUFFIXES[to]
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
