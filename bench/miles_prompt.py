@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What miles' reading of ``--prompt-data`` costs: the row file against a prompt file.
+"""miles' reading of ``--prompt-data``: the row file or a prompt file.
 
     python bench/miles_prompt.py [--rows 6400] [--row-tokens 8192] [--json PATH]
 

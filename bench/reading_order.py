@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The speed of reading an epoch in data/ROWS.md's shuffled order, against file order.
+"""The speed of an epoch in the shuffled order, against file order.
 
     python bench/reading_order.py [--rows 6400] [--row-tokens 8192] [--json PATH]
 

@@ -1,4 +1,4 @@
-"""Megatron-Bridge's own packed-parquet reader on an export: run with its interpreter.
+"""Megatron-Bridge's own packed-parquet reader on an export.
 
 ``MBRIDGE_PY=/path/to/python`` (Python >= 3.12 with megatron-bridge and megatron-core installed,
 ``--no-deps``, beside torch, numpy and pyarrow) runs it from tests/test_exports.py:

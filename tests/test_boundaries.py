@@ -1,4 +1,4 @@
-"""Document boundaries reach a real model: each conversation as if run alone.
+"""Document boundaries on a real model: conversations as if alone.
 
 A small Llama with random weights (transformers, torch, CPU, eager attention) runs a packed
 fixture row with its boundaries and each of the row's segments alone; the logits agree within

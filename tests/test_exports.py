@@ -1,4 +1,4 @@
-"""Rows other trainers load as they are: the Hub folder, TRL, Megatron-Bridge.
+"""Rows other trainers load: the Hub folder, TRL, Megatron-Bridge.
 
 Each is read by that tool's own code where it is installed: ``datasets`` (in the lock), TRL's
 ``SFTTrainer`` and its collator (trl, where installed), Megatron-Bridge's packed-parquet reader
@@ -108,7 +108,7 @@ def test_the_trl_export_holds_what_trl_reads(out, rows):
 
 
 def trl_batches(path: Path, tmp_path: Path, padding_free: bool) -> list[dict]:
-    """Batches of 4 rows as TRL's SFTTrainer gives them to its model, and which rows they hold."""
+    """Batches of 4 rows as TRL's SFTTrainer gives them to its model."""
     torch = pytest.importorskip("torch")
     trl = pytest.importorskip("trl", reason="trl is absent")
     datasets = pytest.importorskip("datasets")

@@ -1,4 +1,4 @@
-"""Reading rows for training: the epoch order, ranks' shares, segments, verify.
+"""Reading rows for training: epochs, shares, segments, verify.
 
 Expected values come from data/ROWS.md's text, computed here a second way (``rows_md_order``,
 tests/reference.py's segments), or from the file as pyarrow reads it.
@@ -180,9 +180,9 @@ def test_boundaries_of_a_damaged_row_are_refused(row_file, tmp_path):
 
 
 def only_these_packages(tmp_path: Path, names: list[str]) -> Path:
-    """A virtualenv holding ``names`` (taken from this interpreter) and this project.
+    """A virtualenv holding ``names`` and this project.
 
-    Nothing else: no pip, no transformers.
+    The packages are this interpreter's. Nothing else: no pip, no transformers.
     """
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)

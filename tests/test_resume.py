@@ -1,4 +1,4 @@
-"""torch_dataset: the loader yields each rank's share in order, and resumes exactly.
+"""torch_dataset: each rank's share in order, resumed exactly.
 
 The expected stream is ``RowReader.shard`` (checked against data/ROWS.md in test_reading.py).
 torchdata's ``StatefulDataLoader`` runs where torchdata is installed; elsewhere
@@ -181,7 +181,10 @@ def test_the_loader_yields_the_ranks_share_in_order(rows_40, workers, world_size
 
 
 def test_another_worker_count_resumes_by_start(rows_40):
-    """After k batches a rank has consumed k * batch_size rows of the order's k * B * ws."""
+    """Another worker count resumes at a position.
+
+    After k batches a rank has consumed k * B rows, the ranks k * B * ws positions.
+    """
     world_size, batch_size, steps = 2, 3, 4
     for rank in range(world_size):
         whole = expected_batches(rows_40, rank, world_size, batch_size)

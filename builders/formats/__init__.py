@@ -60,9 +60,9 @@ class FormatSpec:
 
 
 def refusal(loss_mask: str, contract: Contract) -> tuple[str, str] | None:
-    """The field of ``contract`` whose reading does not apply to ``loss_mask``, and why.
+    """The field of ``contract`` that does not apply to ``loss_mask``.
 
-    None: all of them apply.
+    With why; None: all of its readings apply.
     """
     for key, values in FORMAT_READINGS[loss_mask].items():
         if getattr(contract, key) not in values:

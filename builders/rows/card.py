@@ -131,8 +131,9 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         ],
         "",
         "`rows_sha256` names the rows themselves (token ids as little-endian uint32, then the mask "
-        "as uint8, row by row); `parquet_sha256` names this file, whose bytes also depend on the "
-        "writer's version.",
+        "as uint8, row by row); `segments_sha256` their conversations' boundaries "
+        "(`metadata.segment_start`, data/ROWS.md); `parquet_sha256` names this file, whose bytes "
+        "also depend on the writer's version.",
         "",
         "## Pinned inputs",
         "",
@@ -223,7 +224,8 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         "",
         "`input_ids` (list<int32>), `loss_mask` (list<uint8>), and `metadata`: `row_index`, and "
         "for each conversation with tokens in the row its `source_index`, `source_id` and "
-        "`segment_start`.",
+        "`segment_start` (where its segment starts: a trainer can keep the conversations apart, "
+        "see docs/training.md).",
         "",
         "## Toolchain",
         "",

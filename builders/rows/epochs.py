@@ -65,10 +65,11 @@ def check_order_options(seed: int | None, epoch: int, window_groups: int) -> Non
 def rank_share(
     order: np.ndarray, rank: int, world_size: int, start: int = 0, remainder: str = "drop"
 ) -> np.ndarray:
-    """Rank ``rank``'s rows: positions ``p >= start``, ``p ≡ rank (mod world_size)``.
+    """Rank ``rank``'s rows of ``order``.
 
-    Every rank gets as many: ``drop`` leaves out the last ``N mod world_size`` positions of the
-    order, ``wrap`` repeats its first ``(-N) mod world_size``.
+    They are the positions ``p >= start`` with ``p ≡ rank (mod world_size)``. Every rank gets
+    as many: ``drop`` leaves out the last ``N mod world_size`` positions of the order, ``wrap``
+    repeats its first ``(-N) mod world_size``.
     """
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")

@@ -235,7 +235,10 @@ def recorded_recipe(path: Path, parquet_sha256: str) -> dict | None:
 
 
 def _row_groups_note(row_groups: list[int] | None) -> str:
-    """What a file's row groups say of its writer, where they are not fixed-sft's."""
+    """What a file's row groups say of its writer.
+
+    Nothing where they are the ones fixed-sft's writer writes.
+    """
     if row_groups is None or (
         all(rows == ROW_GROUP_ROWS for rows in row_groups[:-1])
         and all(rows <= ROW_GROUP_ROWS for rows in row_groups[-1:])

@@ -61,9 +61,9 @@ def readme_text(folder: Path, meta: dict, report: dict, card_body: str) -> str:
 
 
 def other_builds(folder: Path, latest: str) -> dict[str, str]:
-    """The other builds in ``folder`` whose row file is there: name → file name.
+    """The other builds in ``folder``: name → row file name.
 
-    A build is known by its report, ``NAME.report.json``.
+    Only those whose row file is there. A build is known by its report, ``NAME.report.json``.
     """
     builds = {}
     for report in sorted(folder.glob("*.report.json")):

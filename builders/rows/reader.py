@@ -145,7 +145,10 @@ class RowReader:
     def rows_at(
         self, indices, boundaries: bool = False, cache_groups: int = WINDOW_GROUPS
     ) -> Iterator[dict]:
-        """The rows at ``indices``, in that order, holding up to ``cache_groups`` groups."""
+        """The rows at ``indices``, in that order.
+
+        Up to ``cache_groups`` decoded groups are held.
+        """
         groups = GroupCache(self, cache_groups)
         for index in indices:
             row = groups.row(int(index))
@@ -188,7 +191,10 @@ class GroupCache:
 
 
 def with_boundaries(path: Path, row: dict) -> dict:
-    """``row`` with its ``position_ids`` and ``seq_lengths``, from its ``segment_start``."""
+    """``row`` with its ``position_ids`` and ``seq_lengths``.
+
+    They come from its ``segment_start``; a damaged one is a VerificationError.
+    """
     length = len(row["input_ids"])
     if row.get("segment_start") is None:
         raise VerificationError(

@@ -1,4 +1,4 @@
-"""What a training job uses: a torch dataset, exports, the live glm5 mask.
+"""What a training job uses: torch datasets, exports, the live mask.
 
 The rows as a resumable torch dataset and batches that keep conversations apart (``dataset``,
 ``collate``: they need torch), the rows as other trainers read them (``exports``), and the glm5

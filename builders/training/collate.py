@@ -16,7 +16,7 @@ IGNORE_INDEX = -100
 
 
 def collate_boundaries(batch: list[dict]) -> dict:
-    """One ``[1, Σ]`` sequence of the rows' segments, each a sequence of its own.
+    """The rows' segments as one ``[1, Σ]`` batch, each its own sequence.
 
     ``labels`` are the supervised tokens (``IGNORE_INDEX`` elsewhere and at every segment's first
     token, which nothing in its segment predicts), ``position_ids`` restart at 0 in each segment,

@@ -119,9 +119,10 @@ class RowDataset(IterableDataset):
         return len(self._share(RowReader(self.path)))
 
     def state_dict(self) -> dict:
-        """Where this copy stands: its share of an epoch and the rows it has yielded.
+        """Where this copy stands in its share of an epoch.
 
-        JSON-able. ``worker`` and ``workers`` are None before the first row.
+        The rows it has yielded, and what names its stream; JSON-able. ``worker`` and
+        ``workers`` are None before the first row.
         """
         progress = self._progress or {
             "epoch": self.epoch,
@@ -132,9 +133,10 @@ class RowDataset(IterableDataset):
         return {"format": STATE_FORMAT, **self._stream, "start": self.start, **progress}
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume from ``state_dict()``'s state: the next ``iter()`` continues after it.
+        """Resume from a ``state_dict()``.
 
-        A state of another stream (file length, seed, ranks, batch size, ...) is refused.
+        The next ``iter()`` continues after it. A state of another stream (file length, seed,
+        ranks, batch size, ...) is refused.
         """
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise ValueError(f"not a state of a fixed-SFT row dataset: {state!r:.200}")

@@ -128,10 +128,11 @@ def _trl_columns(rows, first, ids, mask, starts) -> list:
 
 
 def _megatron_columns(rows, first, ids, mask, starts) -> list:
-    """Megatron-Bridge's loss mask: stored ``t`` weights the label at ``t + 1``.
+    """Megatron-Bridge's columns; its loss mask is shifted.
 
-    Within each segment ``[b, e)``: ``loss_mask[t + 1]`` for ``b <= t < e - 1``, and 0 at
-    ``e - 1``, as its ``fill_packing_strategy`` stores it.
+    Stored ``t`` weights the label at ``t + 1``: within each segment ``[b, e)``,
+    ``loss_mask[t + 1]`` for ``b <= t < e - 1``, and 0 at ``e - 1``, as its
+    ``fill_packing_strategy`` stores it.
     """
     width = ids.shape[1]
     shifted = np.zeros_like(mask, dtype=np.int8)
@@ -171,7 +172,10 @@ def _write_miles(rows, out_dir, path, seed, epochs, window_groups) -> None:
 
 
 def _footer(rows: Path, rows_sha256: str, out_dir: Path) -> dict:
-    """The row file (relative to the export's folder) and its ``rows_sha256``."""
+    """The row file and its ``rows_sha256``.
+
+    The file's path is relative to the export's folder.
+    """
     name = os.path.relpath(rows.resolve(), out_dir.resolve())
     return {ROWS_KEY: name.encode(), ROWS_SHA256_KEY: rows_sha256.encode()}
 
