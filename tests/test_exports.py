@@ -14,12 +14,13 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from tokenizers import Tokenizer
 
 from builders.build import build
-from builders.errors import UsageError
+from builders.errors import UsageError, VerificationError
 from builders.fixture.make import tokenizer_json
 from builders.formats.glm5_layout import EOS
 from builders.manifest import load_manifest
@@ -258,3 +259,17 @@ def test_the_export_command(out, tmp_path):
     missing = run_cli("export", str(tmp_path / "none.parquet"), "--to", "trl")
     assert missing.returncode == UsageError.exit_code and "no such file" in missing.stderr
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_an_export_names_what_is_wrong_with_its_input(out, tmp_path):
+    table = pq.read_table(out / f"{SELF_CONTAINED}.parquet")
+    pq.write_table(table.drop_columns(["metadata"]), tmp_path / "bare.parquet")
+    with pytest.raises(UsageError, match=r"bare\.parquet: no metadata\.segment_start"):
+        export(tmp_path / "bare.parquet", "trl")
+    metadata = table.column("metadata").to_pylist()
+    metadata[7]["segment_start"] = [3, 9]
+    damaged = table.set_column(2, "metadata", pa.array(metadata, type=table.schema[2].type))
+    pq.write_table(damaged, tmp_path / "damaged.parquet")
+    with pytest.raises(VerificationError, match=r"row 7: segment_start \[3, 9\] does not begin"):
+        export(tmp_path / "damaged.parquet", "megatron-bridge")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bare.parquet", "damaged.parquet"]

@@ -103,7 +103,7 @@ def _write_rows_export(rows: Path, to: str, path: Path, out_dir: Path) -> None:
     with pq.ParquetWriter(path, schema, **WRITER_OPTIONS) as writer:
         for ids, mask, starts in iter_row_batches(rows):
             if starts is None:
-                raise VerificationError(f"{rows}: no metadata.segment_start: not a built row file")
+                raise UsageError(f"{rows}: no metadata.segment_start; not a fixed-SFT row file")
             digest.add(ids, mask)
             columns = _trl_columns if to == "trl" else _megatron_columns
             writer.write_table(
