@@ -192,7 +192,13 @@ def tokenizer_folder(tokenizer_json: Path, folder: Path) -> str:
     return str(folder)
 
 
-def check_file(path: Path, tokenizer_json: Path, work: Path) -> list[dict]:
+def check_file(
+    path: Path, tokenizer_json: Path, work: Path, prompt: Path | None = None
+) -> list[dict]:
+    """miles' loss per micro-batch of one rollout of every row, against the reference.
+
+    ``--prompt-data`` is the row file, or ``prompt`` (a miles prompt file of it).
+    """
     import pyarrow.parquet as pq
     import ray
     import torch
@@ -214,8 +220,17 @@ def check_file(path: Path, tokenizer_json: Path, work: Path) -> list[dict]:
     table = pq.read_table(path)
     ids = table.column("input_ids").to_pylist()
     masks = table.column("loss_mask").to_pylist()
+    # the row each sample of the rollout holds
+    row_of = (
+        [m["row_index"] for m in pq.read_table(prompt).column("metadata").to_pylist()]
+        if prompt
+        else list(range(len(ids)))
+    )
     args = miles_args(
-        str(path), tokenizer_folder(tokenizer_json, work / "checkpoint"), len(ids), len(ids[0])
+        str(prompt or path),
+        tokenizer_folder(tokenizer_json, work / "checkpoint"),
+        len(ids),
+        len(ids[0]),
     )
     if not ray.is_initialized():
         ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
@@ -250,7 +265,7 @@ def check_file(path: Path, tokenizer_json: Path, work: Path) -> list[dict]:
         )
         # [1, T, V]: the logit at t depends on token t
         logits = weights[batch["tokens"]]
-        row_indices = [int(i) for i in batch["sample_indices"]]
+        row_indices = [row_of[int(i)] for i in batch["sample_indices"]]
         reference_sum, reference_count = reference_loss(
             weights, [ids[i] for i in row_indices], [masks[i] for i in row_indices]
         )
@@ -304,6 +319,13 @@ def main() -> int:
     )
     parser.add_argument("--json", type=Path, help="also write the table as JSON")
     parser.add_argument(
+        "--prompt-seed",
+        type=int,
+        metavar="SEED",
+        help="pass a miles prompt file (`fixed-sft export --to miles --seed SEED`) as "
+        "--prompt-data instead of the row file",
+    )
+    parser.add_argument(
         "--response-from-token-0",
         action="store_true",
         help="a negative control: fill samples as the rollout did before the fix "
@@ -331,11 +353,15 @@ def main() -> int:
 
             tokenizer = Path(folder) / "tokenizer.json"
             tokenizer.write_bytes(tokenizer_json())
-        results = [
-            r
-            for path in args.files
-            for r in check_file(path.resolve(), tokenizer, Path(folder) / path.stem)
-        ]
+        results = []
+        for path in args.files:
+            work = Path(folder) / path.stem
+            prompt = None
+            if args.prompt_seed is not None:
+                from builders.training.exports import export
+
+                prompt = export(path.resolve(), "miles", work / "prompt", seed=args.prompt_seed)
+            results += check_file(path.resolve(), tokenizer, work, prompt)
     print(
         f"{'file':<28} {'mb':>3} {'rows':<10} {'miles loss':>12} {'reference':>12} "
         f"{'miles n':>8} {'ref n':>6}  same"

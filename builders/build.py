@@ -250,7 +250,7 @@ def _write_rows(
         for row in rows:
             stopping.check()
             writer.write(row)
-            figures.add(row.input_ids, row.loss_mask)
+            figures.add(row.input_ids, row.loss_mask, [row.segment_start])
             stats.add_row(row)
             progress.update(1)
     reporter.info(

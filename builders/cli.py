@@ -22,7 +22,17 @@ from builders import __version__
 from builders.errors import BuildError, OutputError, UsageError, VerificationError
 from builders.runtime import stopping
 
-COMMANDS = ("build", "verify", "inspect", "diff", "download", "explain", "manifest", "check-recipe")
+COMMANDS = (
+    "build",
+    "verify",
+    "inspect",
+    "diff",
+    "download",
+    "explain",
+    "manifest",
+    "check-recipe",
+    "export",
+)
 GLOBAL_FLAGS = ("-q", "--quiet", "-v", "--verbose", "--json")
 # diff: the two files' rows differ
 FILES_DIFFER = 8
@@ -40,9 +50,10 @@ examples:
   %(prog)s explain --build glm47flash-tulu3-fixed8192-v1  # which reading of data/ROWS.md makes the pinned rows
   %(prog)s manifest --from-recipe CARD.yaml -o my.yaml    # the manifest an OpenRecipes recipe card implies
   %(prog)s check-recipe CARD.yaml --rows out/NAME.parquet # CI: the card's figures = its manifest's (and the file's)
+  %(prog)s export out/NAME.parquet --to trl --to miles    # beside it: NAME.trl.parquet, NAME.miles.parquet
 
 commands (each has --help): build (the default), verify, inspect, diff, download, explain, manifest,
-check-recipe.
+check-recipe, export.
 -q, -v and --json go before or after the command.
 inputs come from the Hugging Face Hub, or offline from the HF cache (HF_HOME, HF_HUB_OFFLINE=1).
 
@@ -208,7 +219,45 @@ def parser() -> argparse.ArgumentParser:
     _manifest_options(
         c, default_help="default: the shipped manifest the card's workload.dataset.build.name names"
     )
+    _export_options(
+        command(
+            "export",
+            "write a built file's rows as another trainer reads them, beside it (the row file is "
+            "not changed): TRL, Megatron-Bridge, a miles prompt file (docs/training.md)",
+        )
+    )
     return p
+
+
+def _export_options(p: argparse.ArgumentParser) -> None:
+    from builders.training import EXPORT_SUFFIXES
+
+    p.add_argument("file", type=Path, help="the built parquet row file")
+    p.add_argument(
+        "--to",
+        action="append",
+        required=True,
+        choices=tuple(EXPORT_SUFFIXES),
+        help="the export, repeatable: trl (NAME.trl.parquet), megatron-bridge "
+        "(NAME.idx.parquet), miles (NAME.miles.parquet)",
+    )
+    p.add_argument("--out", metavar="DIR", type=Path, help="where (default: beside FILE)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        help="miles: the prompt file's epochs in data/ROWS.md's reading order with this seed "
+        "(default: file order)",
+    )
+    p.add_argument(
+        "--epochs", type=int, default=1, help="miles: epochs in the prompt file (default 1)"
+    )
+    p.add_argument(
+        "--window-groups",
+        type=int,
+        default=16,
+        metavar="W",
+        help="miles with --seed: row groups a window shuffles together (default 16)",
+    )
 
 
 def _global_options(p: argparse.ArgumentParser, suppress: bool) -> None:
@@ -296,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
             "explain": _explain,
             "manifest": _manifest_from_recipe,
             "check-recipe": _check_recipe,
+            "export": _export,
         }[args.command](args)
     except BuildError as err:
         # -v: the whole chain, with what caused it
@@ -444,6 +494,19 @@ def _verify(args) -> int:
         _print_checks(verification)
         print(f"{_outcome(verification)}: {args.file} against {manifest.path}")
     return _exit_code(verification)
+
+
+def _export(args) -> int:
+    from builders.training.exports import export
+
+    ordered = args.seed is not None or args.epochs != 1
+    if ordered and "miles" not in args.to:
+        raise UsageError("--seed and --epochs order the miles prompt file: add --to miles")
+    for to in dict.fromkeys(args.to):
+        order = (args.seed, args.epochs) if to == "miles" else (None, 1)
+        path = export(args.file, to, args.out, *order, args.window_groups)
+        print(f"exported ({to}): {path}")
+    return 0
 
 
 def _outcome(verification) -> str:

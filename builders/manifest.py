@@ -19,7 +19,7 @@ import yaml
 
 from builders.contract import DEFAULT, KEYS, Contract, valid
 from builders.errors import ManifestError
-from builders.formats import FORMATS, PEER_FORMATS, format_class
+from builders.formats import FORMATS, PEER_FORMATS, refusal
 
 LOSS_MASKS = tuple(FORMATS)
 # where the chat template may come from
@@ -148,6 +148,7 @@ class Ratio:
 @dataclass(frozen=True)
 class Expect:
     rows_sha256: str | None = None
+    segments_sha256: str | None = None
     parquet_sha256: str | None = None
     parquet_bytes: int | None = None
     supervised_token_ratio: Ratio | None = None
@@ -350,6 +351,7 @@ def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = No
         "expect",
         optional=(
             "rows_sha256",
+            "segments_sha256",
             "parquet_sha256",
             "parquet_bytes",
             "supervised_token_ratio",
@@ -361,7 +363,7 @@ def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = No
     if loss_mask not in LOSS_MASKS:
         check.fail("loss_mask", f"unknown loss mask {loss_mask!r} (known: {', '.join(LOSS_MASKS)})")
     contract = check.contract(top.get("contract"))
-    if (refused := format_class(loss_mask).refusal(contract)) is not None:
+    if (refused := refusal(loss_mask, contract)) is not None:
         check.fail(*refused)
     return Manifest(
         name=check.plain_name(top["name"], "name"),
@@ -382,6 +384,9 @@ def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = No
         rows=check.positive_int(top["rows"], "rows"),
         expect=Expect(
             rows_sha256=check.optional(exp, "rows_sha256", "expect.rows_sha256", check.sha256),
+            segments_sha256=check.optional(
+                exp, "segments_sha256", "expect.segments_sha256", check.sha256
+            ),
             parquet_sha256=check.optional(
                 exp, "parquet_sha256", "expect.parquet_sha256", check.sha256
             ),

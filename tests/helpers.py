@@ -260,6 +260,28 @@ def reference_under(hf_home: Path, manifest: Manifest, readings: dict):
     )
 
 
+def reference_for(manifest: Manifest, hub: Hub, segments: list | None = None):
+    """tests/reference.py's rows of a manifest whose inputs ``hub`` holds.
+
+    Each row's segment starts are appended to ``segments``.
+    """
+
+    def snapshot(repo: str, repo_type: str, revision: str) -> Path:
+        return hub.cache_dir / f"{repo_type}s--{repo.replace('/', '--')}" / "snapshots" / revision
+
+    data = snapshot(manifest.dataset.repo, "dataset", manifest.dataset.revision) / "data"
+    tok = snapshot(manifest.tokenizer.repo, "model", manifest.tokenizer.revision)
+    return reference_rows(
+        sorted(data.glob("train-*.parquet")),
+        tok / "tokenizer.json",
+        (tok / "chat_template.jinja").read_text(encoding="utf-8"),
+        manifest.seed,
+        manifest.row_tokens,
+        manifest.rows,
+        segments=segments,
+    )
+
+
 def file_rows(path: Path) -> list[tuple[list[int], list[int]]]:
     table = pq.read_table(path)
     return list(
@@ -269,3 +291,30 @@ def file_rows(path: Path) -> list[tuple[list[int], list[int]]]:
             strict=True,
         )
     )
+
+
+def write_random_rows(path: Path, rows: int, row_tokens: int = 16, seed: int = 0) -> Path:
+    """A row file of random tokens, masks and segments, written by the builder's writer.
+
+    Its row groups hold 64 rows each, the last one the rest.
+    """
+    import numpy as np
+
+    from builders.rows.packing import Row
+    from builders.rows.rowfile import RowWriter
+
+    rng = np.random.default_rng(seed)
+    with RowWriter(path) as writer:
+        for k in range(rows):
+            cuts = rng.choice(np.arange(1, row_tokens), size=int(rng.integers(0, 4)), replace=False)
+            starts = [0, *sorted(int(c) for c in cuts)]
+            writer.write(
+                Row(
+                    rng.integers(3, 1000, row_tokens, dtype=np.int32),
+                    rng.integers(0, 2, row_tokens).astype(np.uint8),
+                    [k * 10 + j for j in range(len(starts))],
+                    [f"c{k}-{j}" for j in range(len(starts))],
+                    starts,
+                )
+            )
+    return path

@@ -383,12 +383,13 @@ def reference_rows(
     source: list[dict] | None = None,
     kept: list[int] | None = None,
     consumed: list | None = None,
+    segments: list | None = None,
 ):
     """The contract's rows under ``readings``.
 
     A list of (ids, mask) lists. The source is ``files`` (Tulu-shaped parquet), or ``source`` rows
     of which ``kept`` enter the permutation (``mixture``); the source rows the stream consumes, in
-    order, are appended to ``consumed``.
+    order, are appended to ``consumed``, and each row's segment starts to ``segments``.
     """
     r = {**DEFAULTS, **(readings or {})}
     source = read_source(files) if source is None else source
@@ -404,29 +405,50 @@ def reference_rows(
             if conversation is not None:
                 yield conversation
 
-    return cut_rows(conversations(), row_tokens, rows, r["skip"] == "keep-all")
+    return cut_rows(conversations(), row_tokens, rows, r["skip"] == "keep-all", segments)
 
 
-def cut_rows(conversations, row_tokens: int, rows: int | None, keep_all: bool = False):
+def cut_rows(
+    conversations,
+    row_tokens: int,
+    rows: int | None,
+    keep_all: bool = False,
+    segments: list | None = None,
+):
     """The first ``rows`` windows of ``row_tokens`` of the stream.
 
     The stream is of (ids, mask) ``conversations``; all-zero windows are skipped unless
-    ``keep_all``; ``rows=None``: every window the stream fills.
+    ``keep_all``; ``rows=None``: every window the stream fills. Each row's segment starts (where
+    its tokens pass from one conversation to the next, and 0) are appended to ``segments``.
     """
-    stream_ids, stream_mask, out = [], [], []
-    for ids, mask in conversations:
+    stream_ids, stream_mask, stream_owner, out = [], [], [], []
+    for k, (ids, mask) in enumerate(conversations):
         stream_ids += ids
         stream_mask += mask
+        stream_owner += [k] * len(ids)
         while len(stream_ids) >= row_tokens and (rows is None or len(out) < rows):
             window_ids, window_mask = stream_ids[:row_tokens], stream_mask[:row_tokens]
-            del stream_ids[:row_tokens], stream_mask[:row_tokens]
+            owner = stream_owner[:row_tokens]
+            del stream_ids[:row_tokens], stream_mask[:row_tokens], stream_owner[:row_tokens]
             if any(window_mask) or keep_all:
                 out.append((window_ids, window_mask))
+                if segments is not None:
+                    segments.append(
+                        [t for t in range(row_tokens) if t == 0 or owner[t] != owner[t - 1]]
+                    )
         if len(out) == rows:
             return out
     if rows is None:
         return out
     raise RuntimeError(f"source ran out at {len(out)} rows")
+
+
+def segments_sha256(segments) -> str:
+    """Per row: its segment count, then its starts, little-endian uint32."""
+    h = hashlib.sha256()
+    for starts in segments:
+        h.update(struct.pack(f"<I{len(starts)}I", len(starts), *starts))
+    return h.hexdigest()
 
 
 def rows_sha256(rows, layout: str = "u4-u1") -> str:

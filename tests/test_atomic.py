@@ -37,6 +37,7 @@ def test_stale_temporaries_of_every_output_are_removed_by_the_next_build(hub, tm
         f"{SELF_CONTAINED}.report.json",
         f"{SELF_CONTAINED}.md",
         *(f"{SELF_CONTAINED}.{plot}.png" for plot in PLOTS),
+        "README.md",
     ]
     stale = [out / f".{final}.{dead_pid()}.tmp" for final in finals]
     # a live process, not this one

@@ -38,6 +38,7 @@ def test_build_offline_from_hf_home_then_verify(fixture_cache, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [f"{SELF_CONTAINED}.parquet", f"{SELF_CONTAINED}.report.json", f"{SELF_CONTAINED}.md"]
         + [f"{SELF_CONTAINED}.{plot}.png" for plot in PLOTS]
+        + ["README.md"]
     )
     again = run_cli("--verify", str(out / f"{SELF_CONTAINED}.parquet"))
     assert again.returncode == 0, again.stdout + again.stderr

@@ -12,26 +12,8 @@ from builders.build import build
 from builders.fixture.make import synthetic_rows
 from builders.inputs.pinned import Hub
 from builders.manifest import load_manifest
-from helpers import MANIFESTS, SELF_CONTAINED, lay_out_build, manifest_names
-from reference import reference_rows, rows_sha256
-
-
-def snapshot_files(hub: Hub, repo: str, repo_type: str, revision: str):
-    root = hub.cache_dir / f"{repo_type}s--{repo.replace('/', '--')}" / "snapshots" / revision
-    return root
-
-
-def reference_for(manifest, hub: Hub):
-    data = snapshot_files(hub, manifest.dataset.repo, "dataset", manifest.dataset.revision) / "data"
-    tok = snapshot_files(hub, manifest.tokenizer.repo, "model", manifest.tokenizer.revision)
-    return reference_rows(
-        sorted(data.glob("train-*.parquet")),
-        tok / "tokenizer.json",
-        (tok / "chat_template.jinja").read_text(encoding="utf-8"),
-        manifest.seed,
-        manifest.row_tokens,
-        manifest.rows,
-    )
+from helpers import MANIFESTS, SELF_CONTAINED, lay_out_build, manifest_names, reference_for
+from reference import rows_sha256
 
 
 def file_rows(path):

@@ -28,6 +28,7 @@ OUTPUTS = [
     f"{SELF_CONTAINED}.parquet",
     *(f"{SELF_CONTAINED}.{plot}.png" for plot in PLOTS),
     f"{SELF_CONTAINED}.md",
+    "README.md",
     f"{SELF_CONTAINED}.report.json",
 ]
 PAGE = 4096

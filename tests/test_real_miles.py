@@ -43,3 +43,9 @@ def test_miles_trains_exactly_the_reference_loss(built, name):
 def test_the_check_catches_a_response_from_token_0(built):
     done = run_check(str(built(manifest_names()[0]).parquet), "--response-from-token-0")
     assert done.returncode == 1 and "crashed" in done.stdout, done.stdout + done.stderr
+
+
+def test_miles_trains_a_prompt_files_order(built):
+    done = run_check(str(built(manifest_names()[0]).parquet), "--prompt-seed", "42")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert " NO" not in done.stdout and "micro-batches equal the reference" in done.stdout

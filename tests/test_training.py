@@ -19,12 +19,21 @@ from transformers import PreTrainedTokenizerFast
 import pretokenized_sft_rollout
 from builders.errors import VerificationError
 from builders.fixture.conversations import hard_cases
-from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows, tokenizer_json
+from builders.fixture.make import FIXTURE_TEMPLATE, shared_dir, synthetic_rows, tokenizer_json
 from builders.formats.glm5_layout import EOS
 from builders.manifest import load_manifest
-from builders.rows import RowReader, worker_shard
+from builders.rows import RowReader
 from builders.rows.figures import RowFigures
-from helpers import MANIFESTS, REPO, SELF_CONTAINED, encoder, manifest_names, with_its_eos
+from helpers import (
+    EDITED,
+    MANIFESTS,
+    NEEDS_SHARED,
+    REPO,
+    SELF_CONTAINED,
+    encoder,
+    manifest_names,
+    with_its_eos,
+)
 from miles_emulation import MilesWouldCrash, Target, trained_targets
 from reference import Reference
 
@@ -58,16 +67,26 @@ def test_iterating_gives_back_exactly_the_built_rows(rows_file):
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 5, 8])
-def test_shards_are_disjoint_and_cover_every_row(rows_file, world_size):
+@pytest.mark.parametrize("remainder", ["drop", "wrap"])
+def test_shards_are_disjoint_equal_and_cover_the_kept_rows(rows_file, world_size, remainder):
     reader = RowReader(rows_file)
     shards = [
-        [row["index"] for row in reader.rows(rank=r, world_size=world_size)]
+        [row["index"] for row in reader.rows(rank=r, world_size=world_size, remainder=remainder)]
         for r in range(world_size)
     ]
+    assert len({len(shard) for shard in shards}) == 1
     flat = sorted(i for shard in shards for i in shard)
-    assert flat == list(range(len(reader)))
+    whole = len(reader) - len(reader) % world_size
+    if remainder == "drop":
+        assert flat == list(range(whole))
+    else:
+        # the first rows again, to fill the last step
+        assert flat == sorted([*range(len(reader)), *range((-len(reader)) % world_size)])
     again = [
-        [row["index"] for row in RowReader(rows_file).rows(rank=r, world_size=world_size)]
+        [
+            row["index"]
+            for row in RowReader(rows_file).rows(rank=r, world_size=world_size, remainder=remainder)
+        ]
         for r in range(world_size)
     ]
     assert again == shards
@@ -83,18 +102,6 @@ def test_resuming_continues_where_it_stopped(rows_file, world_size, consumed):
             for row in reader.rows(start=consumed * world_size, rank=rank, world_size=world_size)
         ]
         assert resumed == whole[consumed:]
-
-
-@pytest.mark.parametrize("world_size, workers", [(1, 2), (2, 3), (4, 2)])
-def test_loader_workers_split_their_ranks_rows(rows_file, world_size, workers):
-    reader = RowReader(rows_file)
-    for rank in range(world_size):
-        mine = [row["index"] for row in reader.rows(rank=rank, world_size=world_size)]
-        split = [
-            [row["index"] for row in reader.rows(7, *worker_shard(rank, world_size, w, workers))]
-            for w in range(workers)
-        ]
-        assert sorted(i for part in split for i in part) == [i for i in mine if i >= 7]
 
 
 def test_reads_one_row_group_at_a_time(rows_file, monkeypatch):
@@ -139,6 +146,38 @@ def test_the_docs_reader_snippet_runs_from_any_folder(rows_file, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["48", "3"]
+
+
+def docs_miles_command() -> list[str]:
+    text = (REPO / "docs" / "training.md").read_text(encoding="utf-8")
+    (block,) = [b.split("```")[0] for b in text.split("```bash\n")[1:] if "generate_rollout" in b][
+        :1
+    ]
+    return block.replace("\\\n", " ").split()
+
+
+def test_the_docs_miles_command_has_what_miles_requires():
+    words = docs_miles_command()
+    for flag in ("--debug-train-only", "--disable-compute-advantages-and-returns"):
+        assert flag in words
+    assert "--num-rollout" in words or "--num-epoch" in words
+    assert "--rollout-shuffle" not in words
+    assert words[words.index("--prompt-data") + 1].endswith(".miles.parquet")
+
+
+@NEEDS_SHARED
+def test_the_docs_miles_command_passes_the_recipes_training_flags():
+    """Each flag of the recipe's SFT and data lines, with its value, is in the docs' command."""
+    recipe = (shared_dir() / "spec" / "recipe-glm47flash-h200-attune.txt").read_text()
+    lines = recipe.split("--loss-type", 1)[1].split("--tensor-model-parallel-size", 1)[0]
+    flags = ("--loss-type" + lines).replace("\\\n", " ").split()
+    words = docs_miles_command()
+    for k, word in enumerate(flags):
+        if word.startswith("--"):
+            assert word in words, word
+            value = flags[k + 1] if k + 1 < len(flags) else "--"
+            if not value.startswith(("--", '"')):
+                assert words[words.index(word) + 1] == value, word
 
 
 def test_torch_dataset(rows_file):
@@ -298,6 +337,33 @@ def test_a_response_from_token_0_breaks_miles(edge_rows_file):
         trained_targets([first, second])
     targets, _ = trained_targets([filled[1], first])
     assert Target(row=0, position=0, logit_row=1, logit_position=7) in targets
+
+
+@pytest.mark.parametrize("seed, epochs", [(None, 1), (42, 2)])
+def test_a_prompt_file_gives_the_rows_in_its_training_order(rows_file, tmp_path, seed, epochs):
+    """``fixed-sft export --to miles``: miles reads only each sample's metadata."""
+    from builders.training.exports import export
+
+    prompt = export(rows_file, "miles", tmp_path, seed, epochs)
+    assert pq.ParquetFile(prompt).schema_arrow.names == ["metadata"]
+    filled = fill(prompt)
+    reader = RowReader(rows_file)
+    order = [(int(i), e) for e in range(epochs) for i in reader.order(seed, e)]
+    assert [(s.metadata["row_index"], s.metadata["epoch"]) for s in filled] == order
+    ids, masks = built_rows(rows_file)
+    assert all(sample.tokens == ids[row] for sample, (row, _) in zip(filled, order, strict=True))
+    assert_trains_exactly_the_supervised_tokens(filled, masks, 2)
+
+
+def test_a_prompt_file_refuses_other_rows(row_file, tmp_path):
+    from builders.training.exports import export
+
+    rows = tmp_path / "rows.parquet"
+    rows.write_bytes(row_file(SELF_CONTAINED).read_bytes())
+    prompt = export(rows, "miles")
+    rows.write_bytes(row_file(EDITED).read_bytes())
+    with pytest.raises(ValueError, match="export the prompt file again from this row file"):
+        fill(prompt)
 
 
 def test_rollout_reads_a_sliced_prompt_path(rows_file):

@@ -12,6 +12,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from builders.contract import READINGS, Contract
+
 if TYPE_CHECKING:
     from builders.formats.base import ChatFormat
 
@@ -25,6 +27,15 @@ FORMATS: dict[str, str] = {
 }
 # formats that reproduce another tool's rows
 PEER_FORMATS = ("miles-qwen", "miles-qwen3", "hf-generation")
+# a peer's mask is its own: the readings that refine the structure rule or re-encode do not apply
+PEER_FIXED = ("encode", "mask_rule", "final", "prefill", "stop")
+# loss_mask: for each contract key, the readings that mean something for it (a key absent applies
+# with all its values); here, not on the classes, so that a manifest is checked without them
+FORMAT_READINGS: dict[str, dict[str, tuple[str, ...]]] = {
+    "glm5": {},
+    "turns": {"mask_rule": ("structure",), "final": ("eos",), "prefill": ("after-prefill",)},
+    **{name: {key: (READINGS[key][0],) for key in PEER_FIXED} for name in PEER_FORMATS},
+}
 
 
 @dataclass(frozen=True)
@@ -46,6 +57,20 @@ class FormatSpec:
     special_tokens: dict = field(default_factory=dict)
     # the pinned file (and name) the template came from
     template_source: str = "chat_template.jinja"
+
+
+def refusal(loss_mask: str, contract: Contract) -> tuple[str, str] | None:
+    """The field of ``contract`` that does not apply to ``loss_mask``.
+
+    With why; None: all of its readings apply.
+    """
+    for key, values in FORMAT_READINGS[loss_mask].items():
+        if getattr(contract, key) not in values:
+            return f"contract.{key}", (
+                f"{getattr(contract, key)} does not apply to loss_mask {loss_mask} "
+                f"(it takes {', '.join(values)})"
+            )
+    return None
 
 
 def format_class(loss_mask: str) -> type[ChatFormat]:

@@ -16,10 +16,11 @@ and the live mask see a model only through this interface, so a new format plugs
   may ignore it.
 - ``class_mask(contract)``: each class's mask value under a reading of the contract. A format
   whose mask is fixed uses the classes ``UNSUPERVISED`` and ``SUPERVISED``.
-- ``readings``: for each contract key, the values that mean something for this format (a key
-  absent here applies with all its values); ``Contract.table`` interprets ``eos``, ``encode`` and
-  ``final`` the same way for every format, ``builders.rows.packing`` and ``explain`` ``skip``,
-  ``builders.rows.figures`` ``hash``, ``builders.rows.order`` ``order``.
+- its readings: for each contract key, the values that mean something for this format (a key
+  absent applies with all its values), declared in ``builders.formats.FORMAT_READINGS`` so that a
+  manifest is checked without the format's module; ``Contract.table`` interprets ``eos``,
+  ``encode`` and ``final`` the same way for every format, ``builders.rows.packing`` and
+  ``explain`` ``skip``, ``builders.rows.figures`` ``hash``, ``builders.rows.order`` ``order``.
 - ``eos`` (the token joined after each conversation), ``appended_stop`` (the token
   ``final: append-stop`` appends, or None), ``describe()`` (the format and its inputs, for the
   card, ``inspect`` and ``--json``).
@@ -33,14 +34,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 import numpy as np
 from tokenizers import Tokenizer
 
 from builders.contract import Contract
 from builders.errors import ConversationError, SourceDataError
-from builders.formats import FormatSpec
+from builders.formats import FormatSpec, refusal
 from builders.formats.vocab import Vocab
 
 # the classes of a format whose mask is fixed
@@ -77,7 +77,6 @@ class ChatFormat(ABC):
 
     name: str
     classes: int
-    readings: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def __init__(self, spec: FormatSpec, tokenizer: Tokenizer, vocab: Vocab):
         self.spec, self.tokenizer, self.vocab = spec, tokenizer, vocab
@@ -127,13 +126,7 @@ class ChatFormat(ABC):
 
         None: all of them apply to this format.
         """
-        for key, values in cls.readings.items():
-            if getattr(contract, key) not in values:
-                return f"contract.{key}", (
-                    f"{getattr(contract, key)} does not apply to loss_mask {cls.name} "
-                    f"(it takes {', '.join(values)})"
-                )
-        return None
+        return refusal(cls.name, contract)
 
     @classmethod
     def redundant(cls, contract: Contract) -> bool:

@@ -37,12 +37,11 @@ unsupervised, so no conversation "ends with an answer"; ``stop`` and ``prefills`
 from __future__ import annotations
 
 import re
-from typing import ClassVar
 
 import jinja2
 import numpy as np
 
-from builders.contract import READINGS, Contract
+from builders.contract import Contract
 from builders.errors import ConversationError, UsageError
 from builders.formats.base import SUPERVISED, Annotated, ChatFormat, located
 from builders.formats.render import ChatRenderer
@@ -53,8 +52,6 @@ MILES_DUMMY = {"role": "user", "content": "FOR CALCULATING LOSS MASK ONLY"}
 DISTILL_MARKER = "<｜Assistant｜>"
 # the check transformers makes before it warns that a template has no generation blocks
 GENERATION_TAG = re.compile(r"\{\%-?\s*generation\s*-?\%\}")
-# a peer's mask is its own: the readings that refine the structure rule or re-encode do not apply
-FIXED = ("encode", "mask_rule", "final", "prefill", "stop")
 
 
 class PeerFormat(ChatFormat):
@@ -64,7 +61,6 @@ class PeerFormat(ChatFormat):
     """
 
     classes = 2
-    readings: ClassVar[dict[str, tuple[str, ...]]] = {key: (READINGS[key][0],) for key in FIXED}
 
     def __init__(self, spec, tokenizer, vocab):
         super().__init__(spec, tokenizer, vocab)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import ClassVar
 
 import jinja2
 import numpy as np
@@ -44,11 +43,6 @@ _MARKER = re.compile(f"{MARK_OPEN}[{MARK_DIGITS}-{chr(ord(MARK_DIGITS) + 15)}]+{
 class TurnsFormat(ChatFormat):
     name = "turns"
     classes = 3
-    readings: ClassVar[dict[str, tuple[str, ...]]] = {
-        "mask_rule": ("structure",),
-        "final": ("eos",),
-        "prefill": ("after-prefill",),
-    }
 
     def __init__(self, spec, tokenizer, vocab):
         super().__init__(spec, tokenizer, vocab)

@@ -292,6 +292,7 @@ def implied_manifest(card: Card) -> ImpliedManifest:
         "a rebuild whose",
         "    rows_sha256 matches has the card's rows even where parquet_sha256 and "
         "parquet_bytes differ)",
+        "  expect.segments_sha256: left out (a card carries no figure of the rows' segments)",
         *(f"  {f.field}: left out, not verified ({f.where} is not on the card)" for f in absent),
     ]
     text = "".join(f"# {line}\n" for line in comments) + yaml.dump(

@@ -1,14 +1,15 @@
 """Rows: the stream cut into rows, the parquet, its figures and card.
 
 The parquet is written and read back. ``order`` (the seeded permutation), ``packing`` (conversations
-joined by EOS, cut into rows), ``rowfile`` (the byte-deterministic parquet), ``figures`` (hashes,
-verification), ``stats`` and ``card`` (what a build consumed, the data card), ``reader``
+joined by EOS, cut into rows), ``rowfile`` (the byte-deterministic parquet), ``segments`` (a row's
+conversations), ``figures`` (hashes, verification), ``stats`` and ``card`` (what a build consumed,
+the data card), ``epochs`` (the reading order of an epoch, ranks' shares) and ``reader``
 (``RowReader``: the file read back).
 """
 
-from builders.rows.reader import RowReader, response_start, worker_shard
+from builders.rows.reader import RowReader, response_start
 
-__all__ = ["RowReader", "response_start", "torch_dataset", "worker_shard"]
+__all__ = ["RowReader", "response_start", "torch_dataset"]
 
 
 def __getattr__(name: str):

@@ -2,7 +2,8 @@
 
 It is in the Hugging Face dataset-card format. Everything in it is a function of the manifest, the
 rows and the toolchain (no timings, no dates), so the same build gives the same card, byte for byte,
-plots included.
+plots included. The folder's ``README.md`` is the latest build's card with the front matter that
+``datasets`` and the Hub read (``builders.rows.hub``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 import yaml
 
 from builders.manifest import Manifest, is_shipped
+from builders.rows.hub import write_readme
 from builders.rows.stats import BuildStats
 from builders.runtime.atomic import Outputs
 
@@ -47,7 +49,11 @@ def write_card(outputs: Outputs, manifest: Manifest, report: dict, stats: BuildS
     """
     for plot, draw in zip(PLOTS, (_plot_sources, _plot_lengths, _plot_supervision), strict=True):
         outputs.write(f"{manifest.name}.{plot}.png", draw(stats, manifest))
-    outputs.write(f"{manifest.name}.md", card_text(manifest, report, stats).encode("utf-8"))
+    text = card_text(manifest, report, stats)
+    outputs.write(f"{manifest.name}.md", text.encode("utf-8"))
+    write_readme(
+        outputs, card_metadata(manifest), report, text.removeprefix(front_matter(manifest))
+    )
 
 
 def _workers(report: dict) -> str:
@@ -60,6 +66,12 @@ def front_matter(manifest: Manifest) -> str:
 
     A YAML writer emits it, so any manifest text stays valid YAML.
     """
+    meta = card_metadata(manifest)
+    return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n"
+
+
+def card_metadata(manifest: Manifest) -> dict:
+    """What the card's front matter says: license, name, tags."""
     licenses = list(dict.fromkeys(pin.license or "" for pin in manifest.datasets))
     ids = {LICENSE_IDS.get(name.lower(), "other") for name in licenses}
     license_id = ids.pop() if len(ids) == 1 else "other"
@@ -73,7 +85,7 @@ def front_matter(manifest: Manifest) -> str:
         "source_datasets": list(dict.fromkeys(pin.repo for pin in manifest.datasets)),
         "tags": ["sft", "pretokenized", "fixed-sft", f"loss-mask-{manifest.loss_mask}"],
     }
-    return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n"
+    return meta
 
 
 def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
@@ -119,8 +131,9 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         ],
         "",
         "`rows_sha256` names the rows themselves (token ids as little-endian uint32, then the mask "
-        "as uint8, row by row); `parquet_sha256` names this file, whose bytes also depend on the "
-        "writer's version.",
+        "as uint8, row by row); `segments_sha256` their conversations' boundaries "
+        "(`metadata.segment_start`, data/ROWS.md); `parquet_sha256` names this file, whose bytes "
+        "also depend on the writer's version.",
         "",
         "## Pinned inputs",
         "",
@@ -211,7 +224,8 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         "",
         "`input_ids` (list<int32>), `loss_mask` (list<uint8>), and `metadata`: `row_index`, and "
         "for each conversation with tokens in the row its `source_index`, `source_id` and "
-        "`segment_start`.",
+        "`segment_start` (where its segment starts: a trainer can keep the conversations apart, "
+        "see docs/training.md).",
         "",
         "## Toolchain",
         "",

@@ -17,7 +17,8 @@ import numpy as np
 from builders.errors import VerificationError
 from builders.inputs.digest import file_digest
 from builders.manifest import Manifest, cli_command
-from builders.rows.rowfile import ROW_GROUP_ROWS, iter_token_batches, writer_version
+from builders.rows.rowfile import ROW_GROUP_ROWS, iter_row_batches, writer_version
+from builders.rows.segments import SegmentHash, supervised_segment_starts
 
 
 class RowHash:
@@ -57,7 +58,8 @@ class RowHash:
 class RowFigures:
     """Accumulates the row figures of rows given in order.
 
-    ``rows_sha256`` is in the ``hash`` layout given.
+    ``rows_sha256`` is in the ``hash`` layout given. The segment figures (``segments_sha256``,
+    ``supervised_segment_starts``) are None unless every batch came with its segment starts.
     """
 
     def __init__(self, row_tokens: int, hash_layout: str = "u4-u1"):
@@ -65,15 +67,25 @@ class RowFigures:
         self.rows = 0
         self.supervised_tokens = 0
         self.trained_tokens = 0
+        self.supervised_segment_starts: int | None = 0
         self._hash = RowHash(hash_layout)
+        self._segments: SegmentHash | None = SegmentHash()
 
-    def add(self, input_ids: np.ndarray, loss_mask: np.ndarray) -> None:
-        """Add a batch of rows (2-D) or one row (1-D)."""
+    def add(self, input_ids: np.ndarray, loss_mask: np.ndarray, segment_starts=None) -> None:
+        """Add a batch of rows (2-D) or one row (1-D).
+
+        ``segment_starts`` holds each row's ``segment_start``.
+        """
         ids, mask = np.atleast_2d(input_ids), np.atleast_2d(loss_mask)
         self._hash.add(ids, mask)
         self.rows += len(ids)
         self.supervised_tokens += int(np.count_nonzero(mask == 1))
         self.trained_tokens += int(np.count_nonzero(mask[:, 1:] == 1))
+        if segment_starts is None or self._segments is None:
+            self._segments = self.supervised_segment_starts = None
+        else:
+            self._segments.add(segment_starts)
+            self.supervised_segment_starts += supervised_segment_starts(mask, segment_starts)
 
     def _ratio(self, tokens: int) -> float:
         return tokens / (self.rows * self.row_tokens) if self.rows else 0.0
@@ -88,21 +100,25 @@ class RowFigures:
             # predicted from
             "trained_token_ratio": self._ratio(self.trained_tokens),
             "padding_tokens": 0,
+            # data/ROWS.md, "Segments"
+            "segments_sha256": self._segments.hexdigest() if self._segments else None,
+            "supervised_segment_starts": self.supervised_segment_starts,
         }
 
 
 def file_figures(path: Path, row_tokens: int, hash_layout: str = "u4-u1") -> dict:
     """Re-read a row file and compute all its figures."""
-    figures = RowFigures(row_tokens, hash_layout)
-    for ids, mask in iter_token_batches(path):
+    figures, row_groups = RowFigures(row_tokens, hash_layout), []
+    for ids, mask, starts in iter_row_batches(path):
         if ids.shape[1] != row_tokens:
             raise VerificationError(
                 f"{path}: rows hold {ids.shape[1]} tokens, the manifest says {row_tokens}"
             )
         if ((mask != 0) & (mask != 1)).any():
             raise VerificationError(f"{path}: loss_mask holds values other than 0 and 1")
-        figures.add(ids, mask)
-    return {**figures.as_dict(), **file_hash(path)}
+        figures.add(ids, mask, starts)
+        row_groups.append(len(ids))
+    return {**figures.as_dict(), **file_hash(path), "row_group_rows": row_groups}
 
 
 def file_hash(path: Path) -> dict:
@@ -121,6 +137,7 @@ class Check:
 
 PINNED_FIGURES = (
     "rows_sha256",
+    "segments_sha256",
     "parquet_sha256",
     "parquet_bytes",
     "supervised_token_ratio",
@@ -197,7 +214,7 @@ def verify(figures: dict, manifest: Manifest, built_from: dict | None = None) ->
             )
         else:
             checks.append(Check(name, expected, got, "ok" if expected == got else "differs"))
-    return Verification(checks, _notes(checks, manifest, built_from))
+    return Verification(checks, _notes(checks, manifest, built_from, figures.get("row_group_rows")))
 
 
 def recorded_recipe(path: Path, parquet_sha256: str) -> dict | None:
@@ -217,7 +234,27 @@ def recorded_recipe(path: Path, parquet_sha256: str) -> dict | None:
         return None
 
 
-def _notes(checks: list[Check], manifest: Manifest, built_from: dict | None) -> list[str]:
+def _row_groups_note(row_groups: list[int] | None) -> str:
+    """What a file's row groups say of its writer.
+
+    Nothing where they are the ones fixed-sft's writer writes.
+    """
+    if row_groups is None or (
+        all(rows == ROW_GROUP_ROWS for rows in row_groups[:-1])
+        and all(rows <= ROW_GROUP_ROWS for rows in row_groups[-1:])
+    ):
+        return ""
+    sizes = sorted(set(row_groups))
+    return (
+        f" Its {len(row_groups)} row groups hold {', '.join(map(str, sizes[:4]))}"
+        f"{', ...' if len(sizes) > 4 else ''} rows, where fixed-sft's writer writes "
+        f"{ROW_GROUP_ROWS}: the same rows, written otherwise."
+    )
+
+
+def _notes(
+    checks: list[Check], manifest: Manifest, built_from: dict | None, row_groups=None
+) -> list[str]:
     """What to make of a difference.
 
     The writer's version, rows that match in a file that does not, and for rows that differ, the
@@ -238,12 +275,20 @@ def _notes(checks: list[Check], manifest: Manifest, built_from: dict | None) -> 
     if status.get("rows_sha256") == "ok" and file_figures:
         out.append(
             "the rows are exactly the pinned rows (rows_sha256 matches); only the file differs "
-            f"({' and '.join(file_figures)}). This file was written by fixed-sft's writer "
-            f"(builders/rows/rowfile.py: zstd level 3, {ROW_GROUP_ROWS} rows per row group) with "
-            f"{running}; to find how the pinned file was written, run `{explain} --writer`"
+            f"({' and '.join(file_figures)}): its bytes, not its rows."
+            + _row_groups_note(row_groups)
+            + f" fixed-sft's writer (builders/rows/rowfile.py: zstd level 3, {ROW_GROUP_ROWS} "
+            f"rows per row group) runs here with {running}; to find how the pinned file was "
+            f"written, run `{explain} --writer`"
         )
     elif status.get("rows_sha256") == "differs":
         out.append(_rows_differ(manifest, built_from, explain))
+    if status.get("rows_sha256") == "ok" and status.get("segments_sha256") == "differs":
+        out.append(
+            "the tokens and masks are the pinned ones, but the rows' segments "
+            "(metadata.segment_start, data/ROWS.md) are not: a file written without the builder's "
+            "metadata, or with it changed"
+        )
     return out
 
 

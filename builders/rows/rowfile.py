@@ -22,6 +22,8 @@ from builders.rows.packing import Row
 
 ROW_GROUP_ROWS = 64
 PARQUET_MAGIC = b"PAR1"  # a parquet file begins and ends with it
+# the leaf of the metadata that holds each row's segments (data/ROWS.md, "Segments")
+SEGMENT_START = "metadata.segment_start"
 METADATA_TYPE = pa.struct(
     [
         ("row_index", pa.int64()),
@@ -209,9 +211,37 @@ def iter_token_batches(path: Path) -> Iterator[tuple[np.ndarray, np.ndarray]]:
 
     Each is rows × row length.
     """
+    for ids, mask, _ in iter_row_batches(path, segments=False):
+        yield ids, mask
+
+
+def iter_row_batches(
+    path: Path, segments: bool = True
+) -> Iterator[tuple[np.ndarray, np.ndarray, list[np.ndarray] | None]]:
+    """Yield ``(input_ids, loss_mask, segment starts)`` per row group.
+
+    The starts are each row's ``metadata.segment_start``, None where the file has none (or with
+    ``segments=False``); of the metadata only that leaf is read.
+    """
     parquet = open_row_file(path)
+    segments = segments and "metadata" in parquet.schema_arrow.names
+    columns = ("input_ids", "loss_mask", *([SEGMENT_START] if segments else []))
     for group in range(parquet.metadata.num_row_groups):
-        yield token_matrices(path, read_group(path, parquet, group))
+        table = read_group(path, parquet, group, columns)
+        yield (*token_matrices(path, table), segment_starts(path, table) if segments else None)
+
+
+def segment_starts(path: Path, table: pa.Table) -> list[np.ndarray]:
+    """Each row's ``metadata.segment_start`` of a table read with that leaf."""
+    metadata = table.column("metadata").combine_chunks()
+    if "segment_start" not in [field.name for field in metadata.type]:
+        raise VerificationError(f"{path}: its metadata has no segment_start")
+    lists = metadata.field("segment_start")
+    if lists.null_count:
+        raise VerificationError(f"{path}: a row has no metadata.segment_start")
+    offsets = lists.offsets.to_numpy()
+    values = lists.flatten().to_numpy(zero_copy_only=False)
+    return [values[offsets[i] : offsets[i + 1]] for i in range(len(lists))]
 
 
 def _matrix(path: Path, lists: pa.ListArray, dtype) -> np.ndarray:
