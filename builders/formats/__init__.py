@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from builders.contract import READINGS, Contract
+from builders.limits import DEFAULT_LIMITS, Limits
 
 if TYPE_CHECKING:
     from builders.formats.base import ChatFormat
@@ -57,6 +58,8 @@ class FormatSpec:
     special_tokens: dict = field(default_factory=dict)
     # the pinned file (and name) the template came from
     template_source: str = "chat_template.jinja"
+    # the manifest's bounds on one conversation and its render
+    limits: Limits = DEFAULT_LIMITS
 
 
 def refusal(loss_mask: str, contract: Contract) -> tuple[str, str] | None:
