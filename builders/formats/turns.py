@@ -48,7 +48,7 @@ class TurnsFormat(ChatFormat):
         super().__init__(spec, tokenizer, vocab)
         self.check_inputs(spec, tokenizer)
         self.variables = {**spec.special_tokens, **spec.template_vars}
-        self.renderer = ChatRenderer(spec.chat_template, spec.render_date)
+        self.renderer = ChatRenderer(spec.chat_template, spec.render_date, spec.limits.render_chars)
         self.literals = markup_literals(spec.chat_template)
         self._literal = (
             re.compile("|".join(map(re.escape, sorted(self.literals, key=len, reverse=True))))
