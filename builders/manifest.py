@@ -19,7 +19,7 @@ import yaml
 
 from builders.contract import DEFAULT, KEYS, Contract, valid
 from builders.errors import ManifestError
-from builders.formats import FORMATS, PEER_FORMATS, refusal
+from builders.formats import FORMATS, PEER_FORMATS, RENDER_ARGUMENTS, refusal
 from builders.limits import DEFAULT_LIMITS, LIMIT_KEYS, Limits
 
 LOSS_MASKS = tuple(FORMATS)
@@ -678,6 +678,13 @@ class FieldChecker:
         """
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
             self.fail(name, f"expected a mapping of variable names to values, got {_kind(value)}")
+        for reserved in RENDER_ARGUMENTS:
+            if reserved in value:
+                self.fail(
+                    f"{name}.{reserved}",
+                    f"the builder passes {reserved} to the chat template itself "
+                    f"(as apply_chat_template does); a variable cannot set it",
+                )
 
         def plain(item):
             if isinstance(item, (date, datetime)):

@@ -26,6 +26,9 @@ FORMATS: dict[str, str] = {
     "miles-qwen3": "builders.formats.peers:MilesQwen3Format",
     "hf-generation": "builders.formats.peers:HFGenerationFormat",
 }
+# what the builder passes a chat template itself, as apply_chat_template does: no variable of a
+# manifest may set them
+RENDER_ARGUMENTS = ("messages", "tools", "documents", "add_generation_prompt")
 # formats that reproduce another tool's rows
 PEER_FORMATS = ("miles-qwen", "miles-qwen3", "hf-generation")
 # a peer's mask is its own: the readings that refine the structure rule or re-encode do not apply

@@ -100,7 +100,9 @@ class Glm5Format(ChatFormat):
         try:
             rendered = self.renderer.render(messages)
         except jinja2.TemplateError as err:
-            raise ConversationError(f"the chat template failed: {err}") from err
+            raise ConversationError(
+                f"the chat template failed ({self.spec.template_source}): {err}"
+            ) from err
         _same(rendered, lay.text)
         return lay
 

@@ -132,7 +132,7 @@ class PeerFormat(ChatFormat):
                     render([conversation])
                 except jinja2.TemplateError as err:
                     raise ConversationError.at(
-                        position, f"the chat template failed: {err}"
+                        position, f"the chat template failed ({self.spec.template_source}): {err}"
                     ) from err
             raise
 

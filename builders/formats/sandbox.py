@@ -79,11 +79,15 @@ def _pairs(mapping: dict):
         yield value
 
 
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+_SIZED = (str, bytes, *_CONTAINERS)
+
+
 def _length(value) -> int:
     """The characters, items or (about) digits of a value, without looking inside it."""
-    if isinstance(value, (str, bytes, list, tuple, dict, set, frozenset)):
+    if isinstance(value, _SIZED):
         return len(value)
-    if isinstance(value, int) and not isinstance(value, bool):
+    if type(value) is int:
         return value.bit_length() // _BITS_PER_DIGIT
     return 0
 
@@ -146,6 +150,16 @@ class _Buffer(list):
             self.append(text)
 
 
+class _NoOtherTemplates(jinja2.BaseLoader):
+    """A chat template is one file: it cannot include, import or extend another."""
+
+    def get_source(self, environment, template):
+        raise jinja2.TemplateNotFound(
+            template,
+            f"a chat template cannot include, import or extend another template ({template!r})",
+        )
+
+
 class BoundedSandbox(ImmutableSandboxedEnvironment):
     """transformers' template sandbox, refusing values beyond ``render_chars``.
 
@@ -162,6 +176,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
             keep_trailing_newline=base.keep_trailing_newline,
             extensions=[type(extension) for extension in base.extensions.values()],
             finalize=self._finalize,
+            loader=_NoOtherTemplates(),
         )
         self.render_chars = render_chars
         self.filters.update(base.filters)
@@ -189,31 +204,40 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         if self.built > BUILD_FACTOR * self.render_chars:
             raise RenderLimitError(
                 f"the render builds more than {BUILD_FACTOR} × limits.render_chars "
-                f"({BUILD_FACTOR * self.render_chars:,}) characters in all"
+                f"({self.render_chars:,}) characters in all"
             )
 
-    def refuse_beyond(self, size: int, what: str) -> None:
-        """Refuse to make ``what``, of about ``size`` characters, beyond render_chars."""
+    def refuse_beyond(self, size: int, what) -> None:
+        """Refuse to make ``what``, of about ``size`` characters, beyond render_chars.
+
+        ``what`` names it: a text, or a function that gives it.
+        """
         if size > self.render_chars:
             raise RenderLimitError(
-                f"{what} would make about {size:,} characters, more than limits.render_chars "
-                f"({self.render_chars:,})"
+                f"{what if isinstance(what, str) else what()} would make about {size:,} "
+                f"characters, more than limits.render_chars ({self.render_chars:,})"
             )
 
-    def checked(self, value, what: str):
+    def checked(self, value, what):
         """``value``, counted; refused where it is larger than render_chars."""
+        if type(value) is str:
+            # the common case, first
+            self.refuse_beyond(len(value), what)
+            self.spend(len(value))
+            return value
         size = _length(value)
-        if isinstance(value, (list, tuple, dict, set, frozenset, Namespace)):
-            size = max(size, text_size(value, self.render_chars))
+        if isinstance(value, _CONTAINERS) or type(value) is Namespace:
+            self.refuse_beyond(text_size(value, self.render_chars), what)
         self.refuse_beyond(size, what)
-        self.spend(_length(value))
+        self.spend(size)
         return value
 
     def output_buffer(self) -> _Buffer:
         return _Buffer(self)
 
     def _finalize(self, value):
-        self.refuse_beyond(text_size(value, self.render_chars), "printing a value")
+        if type(value) is not str:
+            self.refuse_beyond(text_size(value, self.render_chars), "printing a value")
         return value
 
     def concat_checked(self, join, parts: tuple) -> str:
@@ -225,18 +249,20 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         return self.checked(super().call_binop(context, operator, left, right), f"{operator!r}")
 
     def call(__self, __context, __obj, *args, **kwargs):
-        name = getattr(getattr(__obj, "__wrapped__", __obj), "__name__", "a call")
+        def name() -> str:
+            return getattr(getattr(__obj, "__wrapped__", __obj), "__name__", "a call")
+
         __self.refuse_beyond(_call_size(__obj, args, kwargs, __self.render_chars), name)
         return __self.checked(super().call(__context, __obj, *args, **kwargs), name)
 
     def _bounded(self, name: str, function):
         """Filter ``name``, refused beyond render_chars before and after it runs."""
-        size = _FILTER_SIZES.get(name)
+        size, what = _FILTER_SIZES.get(name), f"the filter {name!r}"
 
         def bounded(*args, **kwargs):
             if size is not None:
-                self.refuse_beyond(_sized(size, self, args, kwargs), f"the filter {name!r}")
-            return self.checked(function(*args, **kwargs), f"the filter {name!r}")
+                self.refuse_beyond(_sized(size, self, args, kwargs), what)
+            return self.checked(function(*args, **kwargs), what)
 
         bounded.__dict__.update(getattr(function, "__dict__", {}))
         bounded.__wrapped__ = function
@@ -280,12 +306,24 @@ def _text(text) -> str:
 
 # str and bytes methods whose result can be larger than the string by an argument's choosing
 _PADDING = frozenset({"center", "ljust", "rjust", "zfill"})
+_SIZED_CALLS = _PADDING | {
+    "expandtabs",
+    "replace",
+    "format",
+    "format_map",
+    "join",
+    "strftime",
+    "strftime_now",
+}
 
 
 def _call_size(obj, args: tuple, kwargs: dict, limit: int) -> int:
     """The size of the result of a call that can build a large value; 0 otherwise."""
     target = getattr(obj, "__wrapped__", obj)
-    owner, name = getattr(target, "__self__", None), getattr(target, "__name__", "")
+    name = getattr(target, "__name__", "")
+    if name not in _SIZED_CALLS and target is not generate_lorem_ipsum:
+        return 0
+    owner = getattr(target, "__self__", None)
     values = (*args, *kwargs.values())
     if isinstance(owner, (str, bytes)):
         if name in _PADDING:

@@ -173,7 +173,9 @@ class TurnsFormat(ChatFormat):
                     try:
                         self.renderer.render_all([messages], self.variables)
                     except jinja2.TemplateError as err:
-                        raise ConversationError(f"the chat template failed: {err}") from err
+                        raise ConversationError(
+                            f"the chat template failed ({self.spec.template_source}): {err}"
+                        ) from err
             raise
 
     def _placeholders(self, messages: list[dict]) -> tuple[list[dict], list[tuple[int, str]]]:
