@@ -17,11 +17,11 @@ from transformers.utils.chat_template_utils import (
     _render_with_assistant_indices,
 )
 
+from builders.fixture.conversations import hard_cases, synthetic
+from builders.fixture.make import FIXTURE_TEMPLATE, tokenizer_json
 from builders.formats.render import ChatRenderer
 from builders.formats.sandbox import RenderLimitError, TemplateFailure
 from builders.messages import normalize_messages
-from builders.fixture.conversations import hard_cases, synthetic
-from builders.fixture.make import FIXTURE_TEMPLATE, tokenizer_json
 from helpers import lay_out_build, run_cli
 
 HI = [{"role": "user", "content": "hi"}]
