@@ -241,6 +241,33 @@ def _float_text(loader: YamlLoader, node: yaml.ScalarNode) -> _FloatText:
 
 YamlLoader.add_constructor("tag:yaml.org,2002:float", _float_text)
 
+# longer than any figure: Python reads decimal integers of up to 4,300 digits only
+MAX_INTEGER_CHARS = 1000
+
+
+class LongInteger:
+    """A YAML integer written with too many digits to be a figure.
+
+    It is kept as this marker, not read, so that the field's check names it.
+    """
+
+    def __init__(self, digits: int):
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"an integer of {self.digits:,} digits"
+
+    __str__ = __repr__
+
+
+def _integer(loader: YamlLoader, node: yaml.ScalarNode):
+    if len(node.value) > MAX_INTEGER_CHARS:
+        return LongInteger(len(node.value))
+    return loader.construct_yaml_int(node)
+
+
+YamlLoader.add_constructor("tag:yaml.org,2002:int", _integer)
+
 
 def cli_command(command: str, manifest: Manifest, portable: bool = False) -> str:
     """This project's command line for ``command`` on ``manifest``.
@@ -493,6 +520,10 @@ class FieldChecker:
             required=("role", "content"),
         )
         roles = self.optional(ds, "roles", f"{name}.roles", self.role_names)
+        take = self.optional(ds, "take", f"{name}.take", self.positive_int)
+        rows = self.optional(ds, "rows", f"{name}.rows", self.positive_int)
+        if take is not None and rows is not None and take > rows:
+            self.fail(f"{name}.take", f"{take} is more than the dataset's rows: {rows}")
         return DatasetPin(
             repo=self.repo_id(ds["repo"], f"{name}.repo"),
             revision=self.commit(ds["revision"], f"{name}.revision"),
@@ -503,7 +534,7 @@ class FieldChecker:
                 lambda v, f: self.pattern(v, f, _SPLIT, "a split name such as 'train'"),
             ),
             license=self.optional(ds, "license", f"{name}.license", self.string),
-            rows=self.optional(ds, "rows", f"{name}.rows", self.positive_int),
+            rows=rows,
             permutation_sha256=self.optional(
                 ds, "permutation_sha256", f"{name}.permutation_sha256", self.sha256
             ),
@@ -518,7 +549,7 @@ class FieldChecker:
             id=None
             if "id" in ds and ds["id"] is None
             else self.field_name(ds.get("id", "id"), f"{name}.id"),
-            take=self.optional(ds, "take", f"{name}.take", self.positive_int),
+            take=take,
         )
 
     def glob(self, value, name: str) -> str:
@@ -730,4 +761,6 @@ def _join(parent: str, key: str) -> str:
 
 
 def _kind(value) -> str:
+    if isinstance(value, LongInteger):
+        return repr(value)
     return "nothing" if value is None else type(value).__name__
