@@ -19,7 +19,8 @@ import yaml
 
 from builders.contract import DEFAULT, KEYS, Contract, valid
 from builders.errors import ManifestError
-from builders.formats import FORMATS, PEER_FORMATS, refusal
+from builders.formats import FORMATS, PEER_FORMATS, RENDER_ARGUMENTS, refusal
+from builders.limits import DEFAULT_LIMITS, LIMIT_KEYS, Limits
 
 LOSS_MASKS = tuple(FORMATS)
 # where the chat template may come from
@@ -180,6 +181,8 @@ class Manifest:
     expect: Expect = field(default_factory=Expect)
     contract: Contract = DEFAULT
     path: Path | None = None
+    # bounds on one conversation; they refuse, never change rows (not in the recipe)
+    limits: Limits = DEFAULT_LIMITS
 
     def recipe(self) -> dict:
         """Everything the manifest says that the rows depend on, by field name.
@@ -339,7 +342,7 @@ def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = No
         doc,
         "",
         required=("name", "tokenizer", "loss_mask", "seed", "row_tokens", "rows"),
-        optional=("dataset", "datasets", "expect", "contract"),
+        optional=("dataset", "datasets", "expect", "contract", "limits"),
     )
     datasets = check.datasets(top)
     tok = check.mapping(
@@ -419,6 +422,7 @@ def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = No
         ),
         contract=contract,
         path=path,
+        limits=check.limits(top.get("limits")),
     )
 
 
@@ -585,13 +589,15 @@ class FieldChecker:
         return self.pattern(value, name, _SHA256, "a 64-hex sha256 (lower case)")
 
     def non_negative_int(self, value, name: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            self.fail(name, f"expected a whole number >= 0, got {value!r}")
-        return value
+        return self.whole_number(value, name, ">= 0", 0)
 
     def positive_int(self, value, name: str) -> int:
-        if self.non_negative_int(value, name) == 0:
-            self.fail(name, "expected a whole number > 0, got 0")
+        return self.whole_number(value, name, "> 0", 1)
+
+    def whole_number(self, value, name: str, bound: str, least: int) -> int:
+        """An int (not a bool) of at least ``least``; ``bound`` says so in the error."""
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            self.fail(name, f"expected a whole number {bound}, got {value!r}")
         return value
 
     def contract(self, value) -> Contract:
@@ -609,6 +615,15 @@ class FieldChecker:
                     f"unknown reading {reading!r} (valid: {', '.join(valid(key))})",
                 )
         return Contract(**readings)
+
+    def limits(self, value) -> Limits:
+        """The ``limits:`` mapping; absent keys take the default."""
+        if value is None:
+            return DEFAULT_LIMITS
+        given = self.mapping(value, "limits", optional=LIMIT_KEYS)
+        return Limits(
+            **{key: self.positive_int(number, f"limits.{key}") for key, number in given.items()}
+        )
 
     def format_fields(self, tok: dict, loss_mask: str) -> dict:
         """The chat-format fields of ``tokenizer:``.
@@ -674,6 +689,13 @@ class FieldChecker:
         """
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
             self.fail(name, f"expected a mapping of variable names to values, got {_kind(value)}")
+        for reserved in RENDER_ARGUMENTS:
+            if reserved in value:
+                self.fail(
+                    f"{name}.{reserved}",
+                    f"the builder passes {reserved} to the chat template itself "
+                    f"(as apply_chat_template does); a variable cannot set it",
+                )
 
         def plain(item):
             if isinstance(item, (date, datetime)):
