@@ -481,7 +481,7 @@ def test_defaults_are_the_tulu_layout():
     assert (pin.pattern, pin.messages, pin.keys, pin.roles, pin.id, pin.take) == (
         "data/train-*.parquet",
         "messages",
-        ("role", "content"),
+        ("role", "content", "reasoning_content", "tool_calls", "tool_call_id", "name"),
         None,
         "id",
         None,

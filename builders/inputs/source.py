@@ -231,7 +231,7 @@ def _problem(messages, pin: DatasetPin) -> str:
     """Why a row's conversation cannot be read as ``pin``'s layout says."""
     if messages is None:
         return f"no conversation (field {pin.messages!r} is missing or null)"
-    role_key, content_key = pin.keys
+    role_key, content_key = pin.keys[:2]
     for position, message in enumerate(messages):
         if message is None:
             return f"field {pin.messages!r}: message {position} is null"
