@@ -126,10 +126,13 @@ def _message(position: int, message, fields, roles, arguments: str, names: dict)
             del message["tool_calls"]
     if "content" not in message:
         raise ConversationError(f"message {position} ({role}) has no content")
-    for key, only in (("reasoning_content", "assistant"), ("tool_call_id", "tool")):
+    for key, article, only in (
+        ("reasoning_content", "an", "assistant"),
+        ("tool_call_id", "a", "tool"),
+    ):
         if key in message and role != only:
             raise ConversationError(
-                f"message {position} ({role}) has {names.get(key, key)}, which only an "
+                f"message {position} ({role}) has {names.get(key, key)}, which only {article} "
                 f"{only} message may have"
             )
     return message

@@ -17,6 +17,7 @@ build reaches the row; a file that is not what its extension says, at once.
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from pathlib import Path
 
@@ -35,8 +36,9 @@ BLOCK_BYTES = 4 << 20
 # a JSON list scanned at a time for its top-level commas
 SCAN_BYTES = 1 << 20
 BOM = b"\xef\xbb\xbf"
-# a \u escape of half a surrogate pair: a string holding one cannot be UTF-8
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+# a \u escape of a surrogate: a row holding one is checked for a lone half of a pair, which no
+# UTF-8 text can hold
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def open_file(path: Path, name: str, layout: Layout):
@@ -110,9 +112,10 @@ def _parquet_rows(table: pa.Table, layout: Layout, struct_arguments: bool) -> pa
     # the UTF-8 bytes of each row's strings
     sizes = np.zeros(rows, dtype=np.int64)
     for child in stored.values():
-        if pa.types.is_string(child.type) or pa.types.is_large_string(child.type):
-            lengths = _numpy(pc.binary_length(child).fill_null(0), np.int64)
-            sizes += np.bincount(owner, weights=lengths, minlength=rows).astype(np.int64)
+        if _is_text(child.type):
+            total = np.zeros(len(child) + 1, dtype=np.int64)
+            np.cumsum(_numpy(pc.binary_length(child).fill_null(0), np.int64), out=total[1:])
+            sizes += total[offsets[1:]] - total[offsets[:-1]]
     tools_field = layout.tools or layout.unread_tools
     if tools_field in table.column_names and _is_text(table.schema.field(tools_field).type):
         sizes += _numpy(pc.binary_length(table.column(tools_field)).fill_null(0), np.int64)
@@ -131,12 +134,13 @@ def _parquet_rows(table: pa.Table, layout: Layout, struct_arguments: bool) -> pa
     )
     kept = np.flatnonzero(~slow & ~long)
     special = np.flatnonzero(slow | long)
+    take = pa.array(kept) if special.size else None
     parts = [
         pa.table(
             {
-                "id": ids.take(pa.array(kept)),
-                "source": sources.take(pa.array(kept)),
-                "messages": fast.take(pa.array(kept)),
+                "id": _taken(ids, take),
+                "source": _taken(sources, take),
+                "messages": _taken(fast, take),
                 "tools": pa.nulls(len(kept), pa.string()),
                 "string_arguments": pa.nulls(len(kept), pa.int32()),
                 "problem": pa.nulls(len(kept), pa.string()),
@@ -159,8 +163,14 @@ def _parquet_rows(table: pa.Table, layout: Layout, struct_arguments: bool) -> pa
             else:
                 checked.append(_checked(layout, raw[k], struct_arguments))
         parts.append(pa.Table.from_pylist(checked, schema=ROW_SCHEMA))
+    if not special.size:
+        return parts[0]
     order = np.argsort(np.concatenate([kept, special]), kind="stable")
     return pa.concat_tables(parts).combine_chunks().take(pa.array(order))
+
+
+def _taken(array: pa.Array, indices: pa.Array | None) -> pa.Array:
+    return array if indices is None else array.take(indices)
 
 
 def _slow_rows(table, layout: Layout, lists, values, owner, stored) -> np.ndarray:
@@ -280,7 +290,7 @@ class _JsonFile:
             return problem_row(f"{err}{self.hint}")
         if not isinstance(value, dict):
             return problem_row(f"{kind(value)}, not a JSON object")
-        if _SURROGATE_ESCAPE.search(data) and _lone_surrogate(value):
+        if _SURROGATE.search(data) and _lone_surrogate(value):
             return problem_row(
                 "a string holds half of a surrogate pair (a \\ud800-\\udfff escape alone): not text"
             )
@@ -536,16 +546,10 @@ def _skip_bom(file) -> int:
 
 def _lone_surrogate(value) -> bool:
     """Whether a parsed JSON value holds a string with half a surrogate pair."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return True
-        return False
-    if isinstance(value, dict):
-        return any(_lone_surrogate(k) or _lone_surrogate(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_lone_surrogate(v) for v in value)
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
     return False
 
 

@@ -88,6 +88,11 @@ class Layout:
         return dict(zip(MESSAGE_KEYS, self.keys, strict=True))
 
     @cached_property
+    def role_map(self) -> dict[str, str] | None:
+        """Stored role -> the template's (None: as stored)."""
+        return None if self.roles is None else dict(self.roles)
+
+    @cached_property
     def canonical(self) -> dict[str, str]:
         """Each stored field the layout reads and the message key it holds."""
         return {stored: key for key, stored in self.stored.items()}
@@ -199,9 +204,9 @@ class Layout:
         """A stored role as the template names it."""
         if not isinstance(role, str):
             fail(f"has {self.stored['role']!r} {kind(role)}, not a string")
-        if self.roles is None:
+        mapped = self.role_map
+        if mapped is None:
             return role
-        mapped = dict(self.roles)
         if role not in mapped:
             fail(
                 f"has role {role!r}, which the layout's roles do not map (they map "
