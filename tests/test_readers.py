@@ -16,11 +16,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from test_layouts import lay_out
 
 from builders.errors import SourceDataError
 from builders.inputs.layout import LIMIT_KEY, conversations
 from builders.inputs.source import Source
 from builders.manifest import DatasetPin
+from helpers import run_cli
 
 WEATHER = {
     "type": "function",
@@ -471,3 +473,23 @@ def test_a_row_longer_than_the_limit_is_refused_unread(tmp_path, name):
     assert long["messages"] is None
     assert f"longer than {LIMIT_KEY} (1,000); refused unread" in long["layout_error"]
     assert long["layout_error"].startswith(f"{name} row 1")
+
+
+@pytest.mark.parametrize(
+    "data, words",
+    [
+        (b"", "no rows"),
+        (
+            b'{"id": "a", "messages": [{"role": "user", "content": "\xff"}]}\n',
+            "row 0: not UTF-8 text",
+        ),
+        (b'{"id": "a", "id": "b", "messages": []}\n', "duplicate key 'id'"),
+    ],
+)
+def test_unreadable_json_through_the_command_line_is_exit_4(tmp_path, data, words):
+    manifest = lay_out(tmp_path, [({"d.jsonl": data}, {"files": "d.jsonl"})], rows=5)
+    done = run_cli("--manifest", str(manifest), "--out", str(tmp_path / "out"), hf_home=tmp_path)
+    assert done.returncode == 4, done.stderr
+    assert words in done.stderr and "d.jsonl" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "out" / "layout.parquet").exists()
