@@ -21,6 +21,7 @@ from builders.contract import DEFAULT, KEYS, Contract, valid
 from builders.errors import ManifestError
 from builders.formats import FORMATS, PEER_FORMATS, RENDER_ARGUMENTS, refusal
 from builders.limits import DEFAULT_LIMITS, LIMIT_KEYS, Limits
+from builders.messages import ARGUMENTS, DEFAULT_KEYS, KEY_NAMES
 
 LOSS_MASKS = tuple(FORMATS)
 # where the chat template may come from
@@ -56,14 +57,26 @@ class DatasetPin:
     files: str | None = None
     # the column (field) holding the conversation
     messages: str = "messages"
-    # the fields of a message holding its role and its content
-    keys: tuple[str, str] = ("role", "content")
+    # the stored name of each message field, in ``KEY_NAMES`` order (role, content, reasoning,
+    # tool_calls, tool_call_id, name)
+    keys: tuple[str, ...] = DEFAULT_KEYS
     # (stored name, template's name); None: as stored
     roles: tuple[tuple[str, str], ...] | None = None
     # the provenance id's column; None: the source index is the id
     id: str | None = "id"
     # keep this many rows, chosen by the seed (mixtures)
     take: int | None = None
+    # the row field holding the conversation's tools; None: no such field
+    tools: str | None = None
+    # ``tools: null``: a row's ``tools`` field is deliberately not read (the report says so)
+    tools_unused: bool = False
+    # ``object``: a string ``arguments`` is parsed as JSON; ``as-is``: passed unchanged
+    arguments: str = "object"
+
+    @property
+    def fields(self) -> dict[str, str]:
+        """Each message key (``KEY_NAMES``) and the stored field holding it."""
+        return dict(zip(KEY_NAMES, self.keys, strict=True))
 
     @property
     def pattern(self) -> str:
@@ -80,10 +93,16 @@ class DatasetPin:
             "files": self.files,
             "messages": None if self.messages == "messages" else self.messages,
             "keys": None
-            if self.keys == ("role", "content")
-            else dict(zip(("role", "content"), self.keys, strict=True)),
+            if self.keys == DEFAULT_KEYS
+            else {
+                key: stored
+                for key, stored, default in zip(KEY_NAMES, self.keys, DEFAULT_KEYS, strict=True)
+                if key in ("role", "content") or stored != default
+            },
             "roles": None if self.roles is None else dict(self.roles),
             "take": self.take,
+            "tools": self.tools,
+            "arguments": None if self.arguments == "object" else self.arguments,
         }
         if self.id != "id":
             layout["id"] = self.id
@@ -489,6 +508,8 @@ class FieldChecker:
             "roles",
             "id",
             "take",
+            "tools",
+            "arguments",
             *(() if mixture else ("permutation_sha256",)),
         )
         ds = self.mapping(value, name, required=("repo", "revision"), optional=optional)
@@ -498,11 +519,25 @@ class FieldChecker:
                 f"{name}.split",
                 "missing (it names the files data/{split}-*.parquet; or give files:)",
             )
-        keys = self.mapping(
-            ds.get("keys") or {"role": "role", "content": "content"},
-            f"{name}.keys",
-            required=("role", "content"),
-        )
+        keys = {
+            **dict(zip(KEY_NAMES, DEFAULT_KEYS, strict=True)),
+            **self.mapping(
+                ds.get("keys") or {"role": "role", "content": "content"},
+                f"{name}.keys",
+                required=("role", "content"),
+                optional=KEY_NAMES[2:],
+            ),
+        }
+        stored = [self.field_name(keys[key], f"{name}.keys.{key}") for key in KEY_NAMES]
+        for key, field_name in zip(KEY_NAMES, stored, strict=True):
+            if stored.count(field_name) > 1:
+                self.fail(f"{name}.keys.{key}", f"{field_name!r} names two message keys")
+        arguments = ds.get("arguments", "object")
+        if arguments not in ARGUMENTS:
+            self.fail(
+                f"{name}.arguments",
+                f"expected one of {', '.join(ARGUMENTS)}, got {arguments!r}",
+            )
         roles = self.optional(ds, "roles", f"{name}.roles", self.role_names)
         return DatasetPin(
             repo=self.repo_id(ds["repo"], f"{name}.repo"),
@@ -520,16 +555,17 @@ class FieldChecker:
             ),
             files=files,
             messages=self.field_name(ds.get("messages", "messages"), f"{name}.messages"),
-            keys=(
-                self.field_name(keys["role"], f"{name}.keys.role"),
-                self.field_name(keys["content"], f"{name}.keys.content"),
-            ),
+            keys=tuple(stored),
             roles=roles,
             # id: null (written out) means the source index is the id; absent means the column 'id'
             id=None
             if "id" in ds and ds["id"] is None
             else self.field_name(ds.get("id", "id"), f"{name}.id"),
             take=self.optional(ds, "take", f"{name}.take", self.positive_int),
+            tools=self.optional(ds, "tools", f"{name}.tools", self.field_name),
+            # tools: null (written out): a row's tools field is deliberately not read
+            tools_unused="tools" in ds and ds["tools"] is None,
+            arguments=arguments,
         )
 
     def glob(self, value, name: str) -> str:
