@@ -16,10 +16,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from builders.errors import SourceDataError
+from builders.errors import ManifestError, SourceDataError
 from builders.fixture.hf_cache import MESSAGE, parquet_shards
 from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows
 from builders.runtime.stopping import STOPPED
+from builders.yamlfile import read_yaml
 from helpers import (
     CLI,
     REPO,
@@ -445,6 +446,66 @@ def test_template_cannot_reach_python_internals():
     enc = encoder(sneaky)
     with pytest.raises(SourceDataError, match="the chat template failed"):
         enc.encode([{"index": 0, "id": "x", "messages": [{"role": "user", "content": "hi"}]}])
+
+
+def billion_laughs(levels: int = 9) -> str:
+    """An alias bomb: 9 lines that expand to 9**9 strings."""
+    lines = ['    l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"    l{k}: &l{k} [{', '.join([f'*l{k - 1}'] * 9)}]" for k in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def limit_memory():
+    # a bomb that gets through fails here, not on the machine
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+
+def test_a_yaml_alias_bomb_in_a_manifest_is_refused(fixture_cache, tmp_path):
+    """A billion laughs in ``tokenizer.template_vars``: exit 2 naming the file and line."""
+    text = (REPO / "manifests" / f"{SELF_CONTAINED}.yaml").read_text()
+    head, tokenizer, tail = text.partition("tokenizer:\n")
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(head + tokenizer + "  template_vars:\n" + billion_laughs() + tail)
+    done = run_cli(
+        "--manifest",
+        str(bomb),
+        "--out",
+        str(tmp_path / "out"),
+        hf_home=fixture_cache,
+        timeout=120,
+        preexec_fn=limit_memory,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"error: {bomb}: line ") and "YAML nodes" in done.stderr, (
+        done.stderr
+    )
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "text, named",
+    [
+        # 15 levels under the top one, then 2 more around an alias of them
+        ("a: &a " + "[" * 15 + "1" + "]" * 15 + "\nb: [[*a]]\n", "nested deeper than 16 levels"),
+        (
+            "a: &a [" + ", ".join(["x"] * 999) + "]\nb: " + "[" + ", ".join(["*a"] * 51) + "]\n",
+            "more than 50,000 YAML nodes",
+        ),
+        ("a: &a [1, 2]\nb: [*a, *a]\nc: *b\n", None),
+    ],
+    ids=["deep through an alias", "wide through aliases", "undefined alias"],
+)
+def test_yaml_bounds_count_what_aliases_repeat(tmp_path, text, named):
+    """The bounds hold for the document as built, aliases expanded; a small one loads."""
+    path = tmp_path / "doc.yaml"
+    path.write_text(text)
+    with pytest.raises(ManifestError) as refused:
+        read_yaml(path, "manifest")
+    assert str(refused.value).startswith(f"{path}: "), refused.value
+    assert (named or "not valid YAML") in str(refused.value), refused.value
+    fine = tmp_path / "fine.yaml"
+    fine.write_text("a: &a {x: [1, 2.50]}\nb: [*a, *a]\n")
+    assert read_yaml(fine, "manifest") == {"a": {"x": [1, 2.5]}, "b": [{"x": [1, 2.5]}] * 2}
 
 
 def test_no_code_is_executed_from_inputs():
