@@ -1,9 +1,9 @@
 """Load and validate a build manifest.
 
 A manifest is the YAML format of the row contract. It names every pinned input and the figures a
-build must reproduce. It is untrusted input: it is read with ``yaml.safe_load`` and every field is
-checked, with an error that names the field, before anything else happens.
-"""
+build must reproduce. It is untrusted input: it is read by the bounded YAML loader
+(``builders/yamlfile.py``) and every field is checked, with an error that names the field, before
+anything else happens."""
 
 from __future__ import annotations
 
@@ -15,13 +15,12 @@ from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
-import yaml
-
 from builders.contract import DEFAULT, KEYS, Contract, valid
 from builders.errors import ManifestError
 from builders.formats import FORMATS, PEER_FORMATS, RENDER_ARGUMENTS, refusal
 from builders.limits import DEFAULT_LIMITS, LIMIT_KEYS, Limits
 from builders.messages import ARGUMENTS, DEFAULT_KEYS, KEY_NAMES
+from builders.yamlfile import FloatText, parse_yaml, read_yaml
 
 LOSS_MASKS = tuple(FORMATS)
 # where the chat template may come from
@@ -247,31 +246,6 @@ class Manifest:
         return len(self.datasets) > 1
 
 
-class _FloatText(float):
-    """A YAML float that remembers how it was written.
-
-    ``0.670`` stays three decimals.
-    """
-
-    text: str
-
-
-class YamlLoader(yaml.SafeLoader):
-    """``yaml.safe_load``'s loader, keeping each float's text.
-
-    Manifests and recipe cards are read with it.
-    """
-
-
-def _float_text(loader: YamlLoader, node: yaml.ScalarNode) -> _FloatText:
-    value = _FloatText(loader.construct_yaml_float(node))
-    value.text = node.value
-    return value
-
-
-YamlLoader.add_constructor("tag:yaml.org,2002:float", _float_text)
-
-
 def cli_command(command: str, manifest: Manifest, portable: bool = False) -> str:
     """This project's command line for ``command`` on ``manifest``.
 
@@ -331,31 +305,19 @@ def shipped_manifest(name: str, folder: str | Path | None = None) -> Manifest:
     return load_manifest(path)
 
 
-def safe_load_yaml(text: str, loader_class: type[YamlLoader] = YamlLoader):
-    """``yaml.safe_load`` with the float text kept."""
-    loader = loader_class(text)
-    try:
-        return loader.get_single_data()
-    finally:
-        loader.dispose()
-
-
 def load_manifest(path: str | Path) -> Manifest:
     """Read and validate the manifest at ``path``."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ManifestError(f"{path}: cannot read the manifest: {err}") from err
-    return parse_manifest(text, source=str(path), path=path)
+    return _validate(read_yaml(path, "manifest"), source=str(path), path=path)
 
 
 def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = None) -> Manifest:
     """Validate manifest YAML text; ``source`` names it in error messages."""
-    try:
-        doc = safe_load_yaml(text)
-    except yaml.YAMLError as err:
-        raise ManifestError(f"{source}: not valid YAML: {err}") from err
+    return _validate(parse_yaml(text, source, "manifest"), source, path)
+
+
+def _validate(doc, source: str, path: Path | None) -> Manifest:
+    """The manifest ``doc`` (its YAML, loaded) describes; ``source`` names it."""
     check = FieldChecker(source)
     top = check.mapping(
         doc,
@@ -758,7 +720,7 @@ class FieldChecker:
             self.fail(name, f"expected a number, got {_kind(value)}")
         text = (
             value.text
-            if isinstance(value, _FloatText)
+            if isinstance(value, FloatText)
             else value
             if isinstance(value, str)
             else repr(value)
