@@ -8,7 +8,7 @@ import yaml
 from builders.errors import ManifestError
 from builders.limits import Limits
 from builders.manifest import load_manifest, parse_manifest
-from helpers import MANIFESTS, SELF_CONTAINED
+from helpers import MANIFESTS, SELF_CONTAINED, run_cli
 
 
 def fixture_doc() -> dict:
@@ -80,3 +80,14 @@ def test_the_encoder_refuses_a_conversation_beyond_conversation_chars():
         r"limits\.conversation_chars \(23\)",
     ):
         enc.encode([{"index": 3, "id": "b", "messages": over}])
+
+
+def test_workers_render_within_the_manifest_limit(fixture_cache, tmp_path):
+    manifest = tmp_path / "limited.yaml"
+    manifest.write_text(with_limits({"render_chars": 100}).replace(SELF_CONTAINED, "limited"))
+    done = run_cli(
+        "--manifest", str(manifest), "--out", str(tmp_path), "--workers", "2", hf_home=fixture_cache
+    )
+    assert done.returncode == 4, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "source row" in done.stderr and "limits.render_chars (100)" in done.stderr

@@ -34,6 +34,8 @@ BUILD_FACTOR = 16
 _DIGITS = re.compile(r"\d+")
 # a character of str(value) per bit of an int, rounded up
 _BITS_PER_DIGIT = 3
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+_SIZED = (str, bytes, *_CONTAINERS)
 
 
 class RenderLimitError(jinja2.TemplateError):
@@ -48,39 +50,42 @@ def text_size(value, limit: int) -> int:
     """About the length of ``str(value)``, counted up to just past ``limit``.
 
     Strings count their characters, containers their items' sizes, each item a few characters
-    more; the count stops once it passes ``limit``, so a value of any size is measured in bounded
-    time.
+    more (a container inside itself, as ``str`` prints it, a few); the count stops once it
+    passes ``limit``, so a value of any size is measured in bounded time.
     """
-    total, pending = 0, [value]
+    total, pending, inside = 0, [(value, False)], set()
     while pending and total <= limit:
-        item = pending.pop()
-        if isinstance(item, (str, bytes)):
+        item, leaving = pending.pop()
+        if leaving:
+            inside.discard(id(item))
+        elif isinstance(item, (str, bytes)):
             total += len(item) + 2
         elif isinstance(item, bool) or item is None:
             total += 5
         elif isinstance(item, int):
             total += item.bit_length() // _BITS_PER_DIGIT + 2
-        elif isinstance(item, dict):
-            total += 2 + 2 * len(item)
-            pending.extend(islice(_pairs(item), limit))
-        elif isinstance(item, (list, tuple, set, frozenset)):
-            total += 2 + 2 * len(item)
-            pending.extend(islice(item, limit))
-        elif isinstance(item, Namespace):
-            pending.append(item._Namespace__attrs)
+        elif isinstance(item, (*_CONTAINERS, Namespace)):
+            total += 5
+            if id(item) in inside:
+                continue
+            inside.add(id(item))
+            pending.append((item, True))
+            pending.extend((child, False) for child in islice(_items(item), limit))
         else:
             total += 64
     return total
 
 
-def _pairs(mapping: dict):
-    for key, value in mapping.items():
+def _items(container):
+    """What ``str(container)`` prints: its items, a mapping's keys and values."""
+    if isinstance(container, Namespace):
+        container = container._Namespace__attrs
+    if not isinstance(container, dict):
+        yield from container
+        return
+    for key, value in container.items():
         yield key
         yield value
-
-
-_CONTAINERS = (list, tuple, dict, set, frozenset)
-_SIZED = (str, bytes, *_CONTAINERS)
 
 
 def _length(value) -> int:
@@ -163,7 +168,8 @@ class _NoOtherTemplates(jinja2.BaseLoader):
 class BoundedSandbox(ImmutableSandboxedEnvironment):
     """transformers' template sandbox, refusing values beyond ``render_chars``.
 
-    ``begin()`` starts a render's count; ``printed(text)`` counts what it prints.
+    ``begin()`` starts a render's count; ``printed(text)`` counts what it prints. It counts one
+    render at a time: a renderer is not shared between threads.
     """
 
     code_generator_class = _CodeGenerator
@@ -226,7 +232,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
             self.spend(len(value))
             return value
         size = _length(value)
-        if isinstance(value, _CONTAINERS) or type(value) is Namespace:
+        if isinstance(value, (*_CONTAINERS, Namespace)):
             self.refuse_beyond(text_size(value, self.render_chars), what)
         self.refuse_beyond(size, what)
         self.spend(size)
