@@ -89,6 +89,7 @@ def test_a_runaway_template_is_refused_before_it_takes_the_memory(template):
         ("{{ (1, 2)|sum(start='a') }}", "TypeError"),
         ("{{ raise_exception('no such role') }}", "no such role"),
         ("{% for %}", "Expected an expression"),
+        ("{{ " + "(" * 3000 + "1" + ")" * 3000 + " }}", "RecursionError"),
     ],
 )
 def test_every_failure_of_a_render_is_a_template_error(template, failure):

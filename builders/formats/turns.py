@@ -491,7 +491,8 @@ def check_spec(spec, tokenizer) -> None:
                 )
     try:
         clock = calls_strftime_now(spec.chat_template)
-    except jinja2.TemplateSyntaxError as err:
+    except jinja2.TemplateError as err:
+        # a syntax error, or one Jinja's parser cannot take (nested too deeply)
         raise PinnedInputError(
             f"the pinned chat template ({spec.template_source}) is not valid Jinja: {err}"
         ) from err
