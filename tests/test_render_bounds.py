@@ -40,6 +40,7 @@ RUNAWAYS = [
     "{{ '{:>999999999}'.format(1) }}",
     "{{ 'x'|indent(10**9) }}",
     "{{ '\\t'.expandtabs(10**9) }}",
+    "{{ ('x' * 1000).translate({120: 'y' * 1000}) }}",
     "{{ lipsum(10**7) }}",
     "{{ [1]|batch(10**9, 0)|list }}",
     "{{ 'a'|replace('a', 'b' * 99999)|replace('b', 'cccccccccc') }}",

@@ -320,6 +320,7 @@ _SIZED_CALLS = _PADDING | {
     "join",
     "strftime",
     "strftime_now",
+    "translate",
 }
 
 
@@ -345,6 +346,9 @@ def _call_size(obj, args: tuple, kwargs: dict, limit: int) -> int:
             )
         if name == "join" and values:
             return _joined_size(owner, values[0], limit)
+        if name == "translate" and values and isinstance(values[0], dict):
+            longest = max((len(v) for v in values[0].values() if isinstance(v, str)), default=1)
+            return len(owner) * longest
     if target is generate_lorem_ipsum:
         count, *_ = (*args, kwargs.get("n", 5))
         return _number(count) * 100 * 12
