@@ -113,7 +113,7 @@ def test_rendering_and_tokens_match_apply_chat_template(template, tmp_path):
         ([{"role": "user", "content": ["a", "b"]}], "content of type list"),
         (
             [{"role": "user", "content": "x", "tool_calls": [{"name": "f"}]}],
-            "unsupported field 'tool_calls'",
+            "field 'tool_calls', which only assistant",
         ),
         ([{"role": "user", "content": "x", "reasoning_content": "y"}], "only an assistant message"),
         ("not a list", "not a list"),

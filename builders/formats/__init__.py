@@ -57,6 +57,8 @@ class FormatSpec:
     special_tokens: dict = field(default_factory=dict)
     # the pinned file (and name) the template came from
     template_source: str = "chat_template.jinja"
+    # the dataset names a tools field (``dataset.tools``): the template must print tools
+    tools: bool = False
 
 
 def refusal(loss_mask: str, contract: Contract) -> tuple[str, str] | None:

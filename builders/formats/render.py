@@ -1,8 +1,9 @@
 """Rendering conversations with a pinned chat template.
 
 Rendering is transformers' own (the steps of ``render_jinja_template``: sandboxed Jinja with
-``trim_blocks`` and ``lstrip_blocks``), as ``apply_chat_template(messages, tokenize=False)``
-renders, with no tools; a chat format passes the variables it pins.
+``trim_blocks`` and ``lstrip_blocks``), as ``apply_chat_template(messages, tools=...,
+tokenize=False)`` renders; a chat format passes the variables it pins, and each conversation's
+tools (None: no tools).
 """
 
 from __future__ import annotations
@@ -56,34 +57,38 @@ class ChatRenderer:
             self._compiled = compiled
         return self._compiled
 
-    def render(self, messages: list[dict]) -> str:
-        return self.render_all([messages])[0]
+    def render(self, messages: list[dict], tools: list | None = None) -> str:
+        return self.render_all([messages], tools=[tools])[0]
 
     def render_all(
         self,
         conversations: list[list[dict]],
         variables: dict | None = None,
         add_generation_prompt: bool = False,
+        tools: list | None = None,
     ) -> list[str]:
         """Several conversations, each as ``render_jinja_template`` renders it.
 
-        They are rendered with no tools or documents.
+        ``tools`` holds each conversation's tool list (None: no tools for any); no documents.
         """
         template = self._template()
         kwargs = _plain_template_data(variables or {})
         return [
             template.render(
                 messages=_alias_reasoning_fields(_plain_template_data(chat)),
-                tools=None,
+                tools=_plain_template_data(chat_tools),
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
                 **kwargs,
             )
-            for chat in conversations
+            for chat, chat_tools in zip(conversations, _each(tools, conversations), strict=True)
         ]
 
     def render_with_spans(
-        self, conversations: list[list[dict]], variables: dict | None = None
+        self,
+        conversations: list[list[dict]],
+        variables: dict | None = None,
+        tools: list | None = None,
     ) -> tuple[list[str], list[list[tuple[int, int]]]]:
         """``render_all``, with each conversation's ``{% generation %}`` spans.
 
@@ -96,11 +101,16 @@ class ChatRenderer:
             _render_with_assistant_indices(
                 template,
                 _alias_reasoning_fields(_plain_template_data(chat)),
-                None,
+                _plain_template_data(chat_tools),
                 None,
                 False,
                 **kwargs,
             )
-            for chat in conversations
+            for chat, chat_tools in zip(conversations, _each(tools, conversations), strict=True)
         ]
         return [text for text, _ in rendered], [spans for _, spans in rendered]
+
+
+def _each(tools: list | None, conversations: list) -> list:
+    """Each conversation's tools (None for all where ``tools`` is None)."""
+    return [None] * len(conversations) if tools is None else tools
