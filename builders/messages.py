@@ -114,8 +114,8 @@ def _check_tool_fields(message: dict, position: int, role: str, peer: bool) -> N
             continue
         if role not in roles and not (peer and key == "name"):
             raise ConversationError(
-                f"message {position} ({role}) has field {key!r}, which only {' or '.join(roles)} messages "
-                f"may have"
+                f"message {position} ({role}) has field {key!r}, which only "
+                f"{' or '.join(roles)} messages may have"
             )
         if key != "tool_calls" and not isinstance(message[key], str):
             raise ConversationError(
