@@ -78,9 +78,7 @@ class TurnsFormat(ChatFormat):
         self._byte_level = vocab.byte_level()
         self.tool_prompts = self._tool_prompts()
         added = [t.content for t in tokenizer.get_added_tokens_decoder().values()]
-        self.injection = tool_calls.Injection(
-            [*added, *self.stops, *self.prompts, *(self.tool_prompts or ())]
-        )
+        self.injection = tool_calls.Injection([*added, *self.stops, *self.prompts])
 
     @classmethod
     def check_inputs(cls, spec, tokenizer) -> None:
