@@ -364,7 +364,10 @@ def peer_reference_rows(hf_home: Path, manifest, loss_mask: str, qwen_hf) -> lis
     eos = qwen_hf.convert_tokens_to_ids("<|endoftext|>")
 
     def encode(messages):
-        messages = [{k: v for k, v in m.items() if v is not None} for m in messages]
+        # miles keeps a null step_loss_mask (an untrained answer); transformers drops null fields
+        messages = [
+            {k: v for k, v in m.items() if v is not None or k == "step_loss_mask"} for m in messages
+        ]
         ids, mask = (
             hf_generation(qwen_hf, messages)
             if loss_mask == "hf-generation"
