@@ -22,7 +22,6 @@ from builders.errors import ConversationError
 from builders.manifest import DatasetPin
 from builders.messages import (
     MESSAGE_KEYS,
-    READ_ROLES,
     STEP_LOSS_MASK,
     normalize_messages,
     normalize_tools,
@@ -149,7 +148,7 @@ class Layout:
             normalized = normalize_messages(
                 renamed,
                 fields=MESSAGE_KEYS,
-                roles=READ_ROLES,
+                peer=True,
                 arguments=self.arguments,
                 names=self.stored,
             )
