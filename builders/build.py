@@ -26,7 +26,7 @@ from builders.encode import pool as parallel
 from builders.encode.encoder import ConversationEncoder, EncodedConversation
 from builders.encode.stream import Stream, StreamStats
 from builders.errors import OutputError, PinnedInputError, SourceDataError
-from builders.inputs.pinned import Hub, hashed_files, pinned_files, pinned_inputs
+from builders.inputs.pinned import Hub, hashed_files, pinned_inputs, source_files
 from builders.inputs.source import Source
 from builders.manifest import Manifest
 from builders.rows.card import write_card
@@ -80,9 +80,7 @@ def build(
             pinned, source = pinned_inputs(manifest, hub)
             # every source file's bytes are hashed beside the build, and checked before anything
             # is put in place
-            source_hashes = build_scope.enter_context(
-                hashed_files(pinned_files((f.name, f.path) for f in source.files))
-            )
+            source_hashes = build_scope.enter_context(hashed_files(source_files(source)))
             order = _checked_order(manifest, source)
             reference = ConversationEncoder(pinned.tokenizer, pinned.spec, manifest.contract)
             # the engine is chosen (in the workers, where there are workers) while the build plans
@@ -120,12 +118,8 @@ def build(
                     encoding.finish()
                 with timings.stage("hash_s"):
                     computed = {**figures.as_dict(), **file_hash(parquet.temporary)}
-                    source_files = [
-                        {
-                            "repo": source.pins[f.dataset].repo,
-                            "revision": source.pins[f.dataset].revision,
-                            **hashed,
-                        }
+                    hashed_sources = [
+                        {**source.pins[f.dataset].where(), **hashed}
                         for f, hashed in zip(source.files, source_hashes.checked(), strict=True)
                     ]
             verification = verify(computed, manifest, built_from=manifest.recipe())
@@ -139,7 +133,7 @@ def build(
                 verification,
                 stats,
                 (requested, workers),
-                source_files,
+                hashed_sources,
                 chosen,
                 stream.stats,
                 reference.format.describe(),
@@ -164,13 +158,12 @@ def check_source_rows(manifest: Manifest, source: Source) -> None:
     for pin, rows in zip(manifest.datasets, source.dataset_rows, strict=True):
         if pin.rows is not None and pin.rows != rows:
             raise PinnedInputError(
-                f"dataset {pin.repo}@{pin.revision} ({pin.pattern}): has {rows} rows, the "
+                f"dataset {pin.origin} ({pin.pattern}): has {rows} rows, the "
                 f"manifest pins rows: {pin.rows}"
             )
         if pin.take is not None and pin.take > rows:
             raise PinnedInputError(
-                f"dataset {pin.repo}@{pin.revision} ({pin.pattern}): take: {pin.take}, but it "
-                f"has {rows} rows"
+                f"dataset {pin.origin} ({pin.pattern}): take: {pin.take}, but it has {rows} rows"
             )
 
 
@@ -269,7 +262,7 @@ def _build_stats(manifest: Manifest, encoder: ConversationEncoder) -> BuildStats
     )
     return BuildStats(
         manifest.row_tokens,
-        [f"{pin.repo} ({pin.pattern})" for pin in manifest.datasets],
+        [f"{pin.repo or pin.path} ({pin.pattern})" for pin in manifest.datasets],
         stop_ids=stop_ids,
     )
 

@@ -406,7 +406,8 @@ def _hub(args, manifest):
     from builders.fixture.make import OWNER, make_fixture_cache, shared_dir, shared_repos
     from builders.inputs.pinned import Hub
 
-    repos = {manifest.tokenizer.repo, *(pin.repo for pin in manifest.datasets)}
+    pins = (manifest.tokenizer, *manifest.datasets)
+    repos = {pin.repo for pin in pins if not pin.local}
     if args.fixture_cache is None:
         fixtures = frozenset(repo for repo in repos if repo.startswith(f"{OWNER}/"))
         # fixture repos are never on the Hub: no time is spent asking it for them

@@ -7,6 +7,7 @@ checked, with an error that names the field, before anything else happens.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import sys
@@ -26,6 +27,10 @@ LOSS_MASKS = tuple(FORMATS)
 TEMPLATE_FILES = ("chat_template.jinja", "tokenizer_config.json")
 # the files a build may read from the tokenizer repo
 TOKENIZER_FILES = ("tokenizer.json", *TEMPLATE_FILES)
+# a Hub repo at a commit, or a local folder (path:, with sha256:)
+ORIGIN_FIELDS = ("repo", "revision", "path")
+# what a local folder's file is checked against, as the report says it
+PINNED_BY_MANIFEST = "the manifest's sha256"
 FORMAT_FIELDS = ("eos", "stop", "prefills", "template_vars", "render_date", "chat_template_name")
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -37,14 +42,43 @@ _WRITER = re.compile(r"pyarrow [0-9]+\.[0-9]+\.[0-9]+")
 
 
 @dataclass(frozen=True)
-class DatasetPin:
+class Pin:
+    """Where an input comes from.
+
+    A Hub repo at a commit (``repo``, ``revision``), or a local folder pinned by the sha256 of each
+    file the build reads (``path``, ``sha256``).
+    """
+
+    repo: str | None = None
+    revision: str | None = None
+    # the local folder (absolute), in place of repo and revision
+    path: str | None = None
+
+    @property
+    def local(self) -> bool:
+        return self.path is not None
+
+    @property
+    def origin(self) -> str:
+        """How messages name it: ``owner/name@REVISION``, or its folder."""
+        return self.path if self.local else f"{self.repo}@{self.revision}"
+
+    def where(self) -> dict:
+        """``repo`` and ``revision``, or ``path``, as the report records them."""
+        return {"path": self.path} if self.local else {"repo": self.repo, "revision": self.revision}
+
+    def provenance(self, prefix: str) -> dict:
+        """``where``'s fields, named under ``prefix``."""
+        return {f"{prefix}.{key}": value for key, value in self.where().items()}
+
+
+@dataclass(frozen=True)
+class DatasetPin(Pin):
     """One pinned dataset, and how its conversations are stored.
 
     See docs/datasets.md (layouts, mixtures).
     """
 
-    repo: str
-    revision: str
     # names the default files; not needed where ``files`` is given
     split: str | None = None
     license: str | None = None
@@ -63,6 +97,8 @@ class DatasetPin:
     id: str | None = "id"
     # keep this many rows, chosen by the seed (mixtures)
     take: int | None = None
+    # a local folder's files: path in the folder -> sha256, every file the build reads
+    sha256: dict[str, str] | None = None
 
     @property
     def pattern(self) -> str:
@@ -87,8 +123,11 @@ class DatasetPin:
         if self.id != "id":
             layout["id"] = self.id
         return {
-            f"{prefix}.repo": self.repo,
-            f"{prefix}.revision": self.revision,
+            **self.provenance(prefix),
+            **{
+                f"{prefix}.sha256.{name}": digest
+                for name, digest in sorted((self.sha256 or {}).items())
+            },
             f"{prefix}.split": self.split,
             **{
                 f"{prefix}.{key}": value
@@ -99,16 +138,14 @@ class DatasetPin:
 
 
 @dataclass(frozen=True)
-class TokenizerPin:
-    """The tokenizer repo, its pinned files, and the chat format's fields.
+class TokenizerPin(Pin):
+    """The tokenizer repo or folder, its pinned files, and the chat format's fields.
 
     The fields are what a chat format other than glm5 is told of the files.
     """
 
-    repo: str
-    revision: str
     # file name -> sha256: tokenizer.json, and chat_template.jinja and/or tokenizer_config.json
-    sha256: dict[str, str]
+    sha256: dict[str, str] = field(default_factory=dict)
     # the token joined after every conversation
     eos: str | None = None
     # the tokens that end an answer
@@ -184,8 +221,7 @@ class Manifest:
                     "dataset" if not self.mixture else f"datasets[{j}]"
                 ).items()
             },
-            "tokenizer.repo": self.tokenizer.repo,
-            "tokenizer.revision": self.tokenizer.revision,
+            **self.tokenizer.provenance("tokenizer"),
             **{
                 f"tokenizer.sha256.{name}": digest
                 for name, digest in sorted(self.tokenizer.sha256.items())
@@ -323,7 +359,7 @@ def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = No
         doc = safe_load_yaml(text)
     except yaml.YAMLError as err:
         raise ManifestError(f"{source}: not valid YAML: {err}") from err
-    check = FieldChecker(source)
+    check = FieldChecker(source, path.parent if path is not None else Path.cwd())
     top = check.mapping(
         doc,
         "",
@@ -334,8 +370,8 @@ def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = No
     tok = check.mapping(
         top["tokenizer"],
         "tokenizer",
-        required=("repo", "revision", "sha256"),
-        optional=FORMAT_FIELDS,
+        required=("sha256",),
+        optional=(*ORIGIN_FIELDS, *FORMAT_FIELDS),
     )
     sha = check.mapping(
         tok["sha256"], "tokenizer.sha256", required=("tokenizer.json",), optional=TEMPLATE_FILES
@@ -369,8 +405,7 @@ def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = No
         name=check.plain_name(top["name"], "name"),
         datasets=datasets,
         tokenizer=TokenizerPin(
-            repo=check.repo_id(tok["repo"], "tokenizer.repo"),
-            revision=check.commit(tok["revision"], "tokenizer.revision"),
+            **check.origin(tok, "tokenizer"),
             sha256={
                 name: check.sha256(sha[name], f"tokenizer.sha256.{name}")
                 for name in TOKENIZER_FILES
@@ -417,8 +452,10 @@ class FieldChecker:
     The file is a manifest or a recipe card.
     """
 
-    def __init__(self, source: str):
+    def __init__(self, source: str, folder: Path | None = None):
         self.source = source
+        # what a relative path: resolves against (the manifest's folder)
+        self.folder = Path.cwd() if folder is None else folder
 
     def fail(self, field_name: str, problem: str):
         raise ManifestError(f"{self.source}: {field_name or 'top level'}: {problem}")
@@ -476,7 +513,14 @@ class FieldChecker:
             "take",
             *(() if mixture else ("permutation_sha256",)),
         )
-        ds = self.mapping(value, name, required=("repo", "revision"), optional=optional)
+        ds = self.mapping(value, name, optional=(*ORIGIN_FIELDS, "sha256", *optional))
+        origin = self.origin(ds, name)
+        if "sha256" in ds and "path" not in ds:
+            self.fail(
+                f"{name}.sha256",
+                "pins a local folder's files: give it with path: (a Hub dataset's files are "
+                "checked against their LFS object ids)",
+            )
         files = self.optional(ds, "files", f"{name}.files", self.glob)
         if files is None and ds.get("split") is None:
             self.fail(
@@ -490,8 +534,8 @@ class FieldChecker:
         )
         roles = self.optional(ds, "roles", f"{name}.roles", self.role_names)
         return DatasetPin(
-            repo=self.repo_id(ds["repo"], f"{name}.repo"),
-            revision=self.commit(ds["revision"], f"{name}.revision"),
+            **origin,
+            sha256=self.file_digests(ds["sha256"], f"{name}.sha256") if "path" in ds else None,
             split=self.optional(
                 ds,
                 "split",
@@ -516,6 +560,53 @@ class FieldChecker:
             else self.field_name(ds.get("id", "id"), f"{name}.id"),
             take=self.optional(ds, "take", f"{name}.take", self.positive_int),
         )
+
+    def origin(self, pin: dict, name: str) -> dict:
+        """``repo`` and ``revision`` (a Hub repo at a commit), or ``path`` (a local folder).
+
+        A relative ``path`` resolves against the manifest's folder; a folder needs ``sha256``.
+        """
+        if "path" not in pin:
+            for key in ("repo", "revision"):
+                if key not in pin:
+                    self.fail(
+                        f"{name}.{key}",
+                        "missing (or path: for a local folder, pinned by sha256:)",
+                    )
+            return {
+                "repo": self.repo_id(pin["repo"], f"{name}.repo"),
+                "revision": self.commit(pin["revision"], f"{name}.revision"),
+            }
+        if "repo" in pin or "revision" in pin:
+            self.fail(
+                f"{name}.path",
+                "give path: (a local folder) or repo: and revision: (a Hub repo at a commit), "
+                "not both",
+            )
+        if "sha256" not in pin:
+            self.fail(
+                f"{name}.sha256",
+                "missing: a local folder is pinned by the sha256 of each file the build reads "
+                "(fixed-sft pin FOLDER writes them)",
+            )
+        text = self.field_name(pin["path"], f"{name}.path")
+        return {"path": os.path.abspath(self.folder / text)}
+
+    def file_digests(self, value, name: str) -> dict[str, str]:
+        """A local folder's ``sha256:``: each file's path in it → its sha256."""
+        if not isinstance(value, dict) or not value:
+            self.fail(name, f"expected a mapping of file paths to sha256, got {_kind(value)}")
+        return {
+            self.relative_file(k, f"{name} (a file path)"): self.sha256(v, f"{name}.{k}")
+            for k, v in value.items()
+        }
+
+    def relative_file(self, value, name: str) -> str:
+        value = self.string(value, name)
+        parts = value.split("/")
+        if value.startswith("/") or "\\" in value or any(p in ("", ".", "..") for p in parts):
+            self.fail(name, f"expected a file's path inside the folder, got {value!r}")
+        return value
 
     def glob(self, value, name: str) -> str:
         value = self.string(value, name)

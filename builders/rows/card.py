@@ -14,7 +14,7 @@ import json
 import numpy as np
 import yaml
 
-from builders.manifest import Manifest, is_shipped
+from builders.manifest import PINNED_BY_MANIFEST, Manifest, is_shipped
 from builders.rows.hub import write_readme
 from builders.rows.stats import BuildStats
 from builders.runtime.atomic import Outputs
@@ -82,7 +82,7 @@ def card_metadata(manifest: Manifest) -> dict:
         "pretty_name": manifest.name,
         "task_categories": ["text-generation"],
         "size_categories": [size_category(manifest.rows)],
-        "source_datasets": list(dict.fromkeys(pin.repo for pin in manifest.datasets)),
+        "source_datasets": list(dict.fromkeys(pin.repo for pin in manifest.datasets if pin.repo)),
         "tags": ["sft", "pretokenized", "fixed-sft", f"loss-mask-{manifest.loss_mask}"],
     }
     return meta
@@ -96,7 +96,7 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
     figures, engine = report["figures"], report["engine"]
     tok, name = manifest.tokenizer, manifest.name
     origin = (
-        f"`{manifest.dataset.repo}` at `{manifest.dataset.revision}`"
+        _origin(manifest.dataset)
         if not manifest.mixture
         else f"a mixture of {len(manifest.datasets)} datasets (below)"
     )
@@ -107,8 +107,8 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         f"# {name}",
         "",
         f"{manifest.rows:,} rows of {manifest.row_tokens:,} tokens for supervised fine-tuning, "
-        f"built by fixed-SFT from {origin} with the tokenizer and chat template of `{tok.repo}` at "
-        f"`{tok.revision}`. Conversations are taken in a seeded permutation (seed "
+        f"built by fixed-SFT from {origin} with the tokenizer and chat template of "
+        f"{_origin(tok)}. Conversations are taken in a seeded permutation (seed "
         f"{manifest.seed}), rendered with the chat template, joined by EOS and cut into rows; rows "
         f"with no supervised token are skipped. `loss_mask` marks the {manifest.loss_mask} "
         "training targets: the assistant's answers and the stop tokens that end them.",
@@ -140,12 +140,12 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         "| input | repo | revision | sha256 |",
         "|---|---|---|---|",
         *[
-            f"| dataset: `{f['name']}` ({f['bytes']:,} bytes) | `{f['repo']}` | `{f['revision']}` "
-            f"| `{f['sha256']}`{' (its LFS object id)' if f['checked_against'] else ''} |"
+            f"| dataset: `{f['name']}` ({f['bytes']:,} bytes) | {_repo_cells(f)} "
+            f"| `{f['sha256']}`{_checked(f['checked_against'])} |"
             for f in report["source_files"]
         ],
         *[
-            f"| `{file}` | `{tok.repo}` | `{tok.revision}` | `{digest}` |"
+            f"| `{file}` | {_repo_cells(tok.where())} | `{digest}` |"
             for file, digest in tok.sha256.items()
         ],
         "",
@@ -237,6 +237,26 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
     return "\n".join(lines)
 
 
+def _origin(pin, short: bool = False) -> str:
+    """A pin in the card's words: a repo at its revision, or a local folder."""
+    if pin.local:
+        return f"the local folder `{pin.path}`"
+    return f"`{pin.repo}` at `{pin.revision[:12] if short else pin.revision}`"
+
+
+def _repo_cells(where: dict) -> str:
+    """The repo and revision cells of an input, or its folder's."""
+    if "path" in where:
+        return f"`{where['path']}` | local folder"
+    return f"`{where['repo']}` | `{where['revision']}`"
+
+
+def _checked(against: str | None) -> str:
+    if against is None:
+        return ""
+    return " (pinned by the manifest)" if against == PINNED_BY_MANIFEST else " (its LFS object id)"
+
+
 def _fmt_value(value) -> str:
     """A chat-format value in a table cell.
 
@@ -257,7 +277,7 @@ def _datasets_table(manifest: Manifest, summary: dict) -> list[str]:
         "| dataset | files | take | conversations | tokens | supervised tokens |",
         "|---|---|---:|---:|---:|---:|",
         *[
-            f"| `{pin.repo}` at `{pin.revision[:12]}` | `{pin.pattern}` | {pin.take or 'all'} | "
+            f"| {_origin(pin, short=True)} | `{pin.pattern}` | {pin.take or 'all'} | "
             f"{d['conversations']:,} | {d['tokens']:,} | {d['supervised_tokens']:,} |"
             for pin, d in zip(manifest.datasets, summary["by_dataset"], strict=True)
         ],
