@@ -213,10 +213,13 @@ class Manifest:
     loss_mask: str
     seed: int
     row_tokens: int
-    rows: int
+    # None: ``rows: all``, every full window the stream gives
+    rows: int | None
     expect: Expect = field(default_factory=Expect)
     contract: Contract = DEFAULT
     path: Path | None = None
+    # refused conversations left out (each recorded); one more stops the build; 0: the first
+    leave_out_refused: int = 0
 
     def recipe(self) -> dict:
         """Everything the manifest says that the rows depend on, by field name.
@@ -240,7 +243,8 @@ class Manifest:
             "loss_mask": self.loss_mask,
             "seed": self.seed,
             "row_tokens": self.row_tokens,
-            "rows": self.rows,
+            "rows": "all" if self.rows is None else self.rows,
+            **({"leave_out_refused": self.leave_out_refused} if self.leave_out_refused else {}),
             **{f"contract.{key}": value for key, value in self.contract.as_dict().items()},
         }
 
@@ -375,7 +379,7 @@ def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = No
         doc,
         "",
         required=("name", "tokenizer", "loss_mask", "seed", "row_tokens", "rows"),
-        optional=("dataset", "datasets", "expect", "contract"),
+        optional=("dataset", "datasets", "expect", "contract", "leave_out_refused"),
     )
     datasets = check.datasets(top)
     tok = check.mapping(
@@ -427,7 +431,7 @@ def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = No
         loss_mask=loss_mask,
         seed=check.non_negative_int(top["seed"], "seed"),
         row_tokens=check.positive_int(top["row_tokens"], "row_tokens"),
-        rows=check.positive_int(top["rows"], "rows"),
+        rows=check.row_count(top["rows"]),
         expect=Expect(
             rows_sha256=check.optional(exp, "rows_sha256", "expect.rows_sha256", check.sha256),
             segments_sha256=check.optional(
@@ -454,6 +458,9 @@ def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = No
         ),
         contract=contract,
         path=path,
+        leave_out_refused=check.non_negative_int(
+            top.get("leave_out_refused", 0), "leave_out_refused"
+        ),
     )
 
 
@@ -678,6 +685,18 @@ class FieldChecker:
     def non_negative_int(self, value, name: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             self.fail(name, f"expected a whole number >= 0, got {value!r}")
+        return value
+
+    def row_count(self, value) -> int | None:
+        """``rows:``, a whole number > 0, or ``all`` (None)."""
+        if value == "all":
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            self.fail(
+                "rows",
+                f"expected a whole number > 0, or all (every full row the stream gives), "
+                f"got {value!r}",
+            )
         return value
 
     def positive_int(self, value, name: str) -> int:

@@ -52,7 +52,10 @@ def write_card(outputs: Outputs, manifest: Manifest, report: dict, stats: BuildS
     text = card_text(manifest, report, stats)
     outputs.write(f"{manifest.name}.md", text.encode("utf-8"))
     write_readme(
-        outputs, card_metadata(manifest), report, text.removeprefix(front_matter(manifest))
+        outputs,
+        card_metadata(manifest, report["figures"]["rows"]),
+        report,
+        text.removeprefix(front_matter(manifest, report["figures"]["rows"])),
     )
 
 
@@ -61,17 +64,22 @@ def _workers(report: dict) -> str:
     return "the building process itself" if count == 1 else f"{count} worker processes"
 
 
-def front_matter(manifest: Manifest) -> str:
+def front_matter(manifest: Manifest, rows: int | None = None) -> str:
     """The card's YAML metadata block.
 
-    A YAML writer emits it, so any manifest text stays valid YAML.
+    A YAML writer emits it, so any manifest text stays valid YAML. ``rows``: the rows built
+    (default: the manifest's).
     """
-    meta = card_metadata(manifest)
+    meta = card_metadata(manifest, rows)
     return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n"
 
 
-def card_metadata(manifest: Manifest) -> dict:
-    """What the card's front matter says: license, name, tags."""
+def card_metadata(manifest: Manifest, rows: int | None = None) -> dict:
+    """What the card's front matter says: license, name, tags.
+
+    ``rows``: the rows built (default: the manifest's; none for ``rows: all``: no size category).
+    """
+    rows = manifest.rows if rows is None else rows
     licenses = list(dict.fromkeys(pin.license or "" for pin in manifest.datasets))
     ids = {LICENSE_IDS.get(name.lower(), "other") for name in licenses}
     license_id = ids.pop() if len(ids) == 1 else "other"
@@ -81,7 +89,7 @@ def card_metadata(manifest: Manifest) -> dict:
     meta |= {
         "pretty_name": manifest.name,
         "task_categories": ["text-generation"],
-        "size_categories": [size_category(manifest.rows)],
+        "size_categories": [] if rows is None else [size_category(rows)],
         "source_datasets": list(dict.fromkeys(pin.repo for pin in manifest.datasets if pin.repo)),
         "tags": ["sft", "pretokenized", "fixed-sft", f"loss-mask-{manifest.loss_mask}"],
     }
@@ -103,10 +111,10 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
     summary = stats.summary()
     verified = report["verified"]
     lines = [
-        front_matter(manifest),
+        front_matter(manifest, figures["rows"]),
         f"# {name}",
         "",
-        f"{manifest.rows:,} rows of {manifest.row_tokens:,} tokens for supervised fine-tuning, "
+        f"{figures['rows']:,} rows of {manifest.row_tokens:,} tokens for supervised fine-tuning, "
         f"built by fixed-SFT from {origin} with the tokenizer and chat template of "
         f"{_origin(tok)}. Conversations are taken in a seeded permutation (seed "
         f"{manifest.seed}), rendered with the chat template, joined by EOS and cut into rows; rows "
@@ -192,6 +200,14 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
             if summary["conversations_left_out"]
             else []
         ),
+        *(
+            [
+                "- the stream's last tokens, less than a row, dropped (`rows: all`): "
+                f"{summary['remainder_tokens_dropped']:,}"
+            ]
+            if "remainder_tokens_dropped" in summary
+            else []
+        ),
         f"- padding tokens: {figures['padding_tokens']}",
         f"- encoded by {engine['name']} {engine['version']}"
         + (
@@ -204,6 +220,7 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         f"- encoded in {_workers(report)} (`--workers {report['workers_requested']}`, "
         f"{report['cores']} cores available; the rows are the same for any number)",
         "",
+        *_refused_table(report["refused_left_out"], manifest.leave_out_refused),
         *_datasets_table(manifest, summary),
         *_sources_table(summary, stats, name),
         "### Conversation lengths (tokens, with EOS)",
@@ -265,6 +282,31 @@ def _fmt_value(value) -> str:
     return (
         value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
     )
+
+
+def _refused_table(refused: list[dict], bound: int) -> list[str]:
+    """The refused conversations the build left out, where it left any."""
+    if not refused:
+        return []
+    return [
+        "### Conversations left out",
+        "",
+        f"The contract cannot encode these source conversations; `leave_out_refused: {bound}` "
+        'left them out of the stream (data/ROWS.md, "Rows"):',
+        "",
+        "| source index | id | reason |",
+        "|---:|---|---|",
+        *[
+            f"| {r['source_index']} | {_cell(str(r['id']))} | {_cell(r['reason'])} |"
+            for r in refused
+        ],
+        "",
+    ]
+
+
+def _cell(text: str) -> str:
+    """Text in a Markdown table cell: one line, no column bars."""
+    return " ".join(text.split()).replace("|", "\\|")
 
 
 def _datasets_table(manifest: Manifest, summary: dict) -> list[str]:
