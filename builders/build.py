@@ -93,7 +93,7 @@ def build(
         with outputs(out_dir) as files:
             with files.writing(f"{manifest.name}.parquet") as parquet:
                 with timings.stage("build_s"):
-                    stats = _build_stats(manifest, reference)
+                    stats = build_stats(manifest, reference)
                     rows = packed(manifest, source, reference, stream, stats, manifest.rows)
                     figures = _write_rows(manifest, rows, parquet.temporary, stats, reporter)
                     _report_left_out(stream, stats, reporter)
@@ -343,7 +343,8 @@ def _report_left_out(stream: Stream, stats: BuildStats, reporter: Reporter) -> N
         )
 
 
-def _build_stats(manifest: Manifest, encoder: ConversationEncoder) -> BuildStats:
+def build_stats(manifest: Manifest, encoder: ConversationEncoder) -> BuildStats:
+    """Empty counts of what the stream gives, by the manifest's datasets."""
     stop_ids = np.array(
         [encoder.vocab.token_id(t, encoder.format.name) for t in encoder.format.stop_tokens],
         np.int64,
