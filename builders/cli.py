@@ -74,6 +74,7 @@ exit codes:
   2   bad command line, manifest, recipe card, or input file (no such file, not a parquet row file)
   3   a pinned input is missing, unresolvable or does not match its sha256
   4   the source holds a conversation the row contract cannot render, or too few rows
+      (plan: the build would stop so)
   5   a figure differs from the manifest (a build keeps its file as NAME.unverified.parquet);
       explain: no reading of the row contract reproduces the pinned rows_sha256;
       check-recipe: a figure on the card differs from the manifest's, or the --rows file's
