@@ -122,6 +122,7 @@ def build(
                 reference.format.describe(),
             )
             if card:
+                reporter.info("writing the report and the data card (its plots)")
                 with timings.stage("card_s"):
                     write_card(files, manifest, document, stats)
             document["timings"] = timings.as_dict()

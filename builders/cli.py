@@ -466,6 +466,8 @@ def _hub(args, manifest):
             f"{manifest.name} is made from the real data folder (pinned/ and data/): add --shared "
             "DIR or set FIXED_SFT_SHARED"
         )
+    if not (args.quiet or args.json):
+        print(f"laying out the fixture HF cache in {args.fixture_cache}", file=sys.stderr)
     make_fixture_cache(args.fixture_cache, shared)
     return Hub(cache_dir=args.fixture_cache / "hub", offline=True)
 
@@ -607,6 +609,7 @@ def _inspect(args) -> int:
         check_row_file(args.file)
     manifest = _manifest(args, args.file)
     hub = _hub(args, manifest)
+    _reporter(args).info(f"reading the pinned inputs of {manifest.name}")
     if args.source_index is not None:
         view = inspect_source(manifest, hub, args.source_index)
     else:

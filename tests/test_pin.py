@@ -119,3 +119,11 @@ def test_a_pinned_local_block_completed_builds(qwen3_folder, tmp_path):
     built = run_cli("--manifest", str(manifest), "--out", str(tmp_path / "out"))
     assert built.returncode == 0, built.stderr
     assert "built, nothing pinned to verify" in built.stdout
+
+
+def test_pin_knows_the_files_a_build_reads():
+    from builders import manifest
+    from builders.inputs import pin_command
+
+    assert pin_command.TOKENIZER_FILES == manifest.TOKENIZER_FILES
+    assert pin_command.TEMPLATE_FILES == manifest.TEMPLATE_FILES

@@ -18,8 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from builders.errors import OutputError, PinnedInputError, UsageError
-from builders.inputs.digest import file_digest
-from builders.manifest import TEMPLATE_FILES, TOKENIZER_FILES
+
+# the files a build may read from a tokenizer folder (builders.manifest's, which --help does not
+# import: it loads numpy)
+TOKENIZER_FILES = ("tokenizer.json", "chat_template.jinja", "tokenizer_config.json")
+TEMPLATE_FILES = TOKENIZER_FILES[1:]
 
 # read to suggest eos and stop; not pinned: a build does not read it
 GENERATION_CONFIG = "generation_config.json"
@@ -126,6 +129,7 @@ def run(args, quiet: bool = False) -> int:
 
 
 def dataset_block(block: Block, args, base: Path | None, offline: bool) -> None:
+    from builders.inputs.digest import file_digest
     from builders.inputs.pinned import matching_files
 
     pattern = args.files or f"data/{args.split}-*.parquet"
@@ -148,6 +152,8 @@ def dataset_block(block: Block, args, base: Path | None, offline: bool) -> None:
 
 
 def tokenizer_block(block: Block, args, base: Path | None, offline: bool) -> None:
+    from builders.inputs.digest import file_digest
+
     folder = _local(args.tokenizer)
     if folder is None:
         commit = _commit(args.tokenizer, "model", args.revision, offline)

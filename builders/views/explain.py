@@ -444,6 +444,7 @@ def explain(
             "conversation left out: pin rows: N (the report's figures.rows) and leave out "
             "leave_out_refused"
         )
+    reporter.info(f"reading the pinned inputs of {manifest.name}")
     pinned, source = pinned_inputs(manifest, hub)
     check_source_rows(manifest, source)
     chosen = engines.choose(engine, pinned.tokenizer, pinned.tokenizer_json, pinned.chat_template)
