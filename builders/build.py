@@ -205,7 +205,7 @@ def prepared(
         estimate = min(len(order), stream.stats.estimated_conversations)
         reporter.info(
             f"encoding {'all ' if needed_tokens is None else 'about '}{estimate:,} conversations "
-            f"({workers} worker process{'es' if workers > 1 else ''})"
+            + ("(in this process)" if workers == 1 else f"({workers} worker processes)")
         )
         yield Prepared(
             pinned,

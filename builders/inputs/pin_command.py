@@ -139,7 +139,9 @@ def dataset_block(block: Block, args, base: Path | None, offline: bool) -> None:
     if folder is not None:
         files = matching_files(pattern, folder)
         if not files:
-            raise PinnedInputError(f"{folder}: no files match {pattern}")
+            raise PinnedInputError(
+                f"{folder}: no files match {pattern} (--files GLOB names the dataset's files)"
+            )
         block.lines += [f"  path: {_q(_written_path(folder, base))}", *where, "  sha256:"]
         block.lines += [f"    {_q(name)}: {file_digest(path)[0]}" for name, path in files]
     else:
