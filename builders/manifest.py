@@ -169,6 +169,8 @@ class Manifest:
     expect: Expect = field(default_factory=Expect)
     contract: Contract = DEFAULT
     path: Path | None = None
+    # the YAML it was read from, as written (a build's report records it)
+    text: str | None = field(default=None, compare=False, repr=False)
 
     def recipe(self) -> dict:
         """Everything the manifest says that the rows depend on, by field name.
@@ -408,6 +410,7 @@ def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = No
         ),
         contract=contract,
         path=path,
+        text=text,
     )
 
 

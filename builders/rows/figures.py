@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from builders.errors import VerificationError
 from builders.inputs.digest import file_digest
-from builders.manifest import Manifest, cli_command
+from builders.manifest import Manifest, cli_command, parse_manifest
 from builders.rows.rowfile import ROW_GROUP_ROWS, iter_row_batches, writer_version
 from builders.rows.segments import SegmentHash, supervised_segment_starts
 
@@ -106,10 +106,16 @@ class RowFigures:
         }
 
 
-def file_figures(path: Path, row_tokens: int, hash_layout: str = "u4-u1") -> dict:
-    """Re-read a row file and compute all its figures."""
-    figures, row_groups = RowFigures(row_tokens, hash_layout), []
+def file_figures(path: Path, row_tokens: int | None, hash_layout: str = "u4-u1") -> dict:
+    """Re-read a row file and compute all its figures.
+
+    ``row_tokens`` None: as long as the file's first rows are.
+    """
+    figures, row_groups = None, []
     for ids, mask, starts in iter_row_batches(path):
+        if figures is None:
+            row_tokens = row_tokens or ids.shape[1]
+            figures = RowFigures(row_tokens, hash_layout)
         if ids.shape[1] != row_tokens:
             raise VerificationError(
                 f"{path}: rows hold {ids.shape[1]} tokens, the manifest says {row_tokens}"
@@ -118,6 +124,7 @@ def file_figures(path: Path, row_tokens: int, hash_layout: str = "u4-u1") -> dic
             raise VerificationError(f"{path}: loss_mask holds values other than 0 and 1")
         figures.add(ids, mask, starts)
         row_groups.append(len(ids))
+    figures = figures or RowFigures(row_tokens or 0, hash_layout)
     return {**figures.as_dict(), **file_hash(path), "row_group_rows": row_groups}
 
 
@@ -143,6 +150,10 @@ PINNED_FIGURES = (
     "supervised_token_ratio",
     "padding_tokens",
 )
+
+
+# the outcome of a build whose manifest pins no figure: the command line's and the card's words
+NOTHING_PINNED = "built, nothing pinned to verify"
 
 
 @dataclass(frozen=True)
@@ -217,21 +228,79 @@ def verify(figures: dict, manifest: Manifest, built_from: dict | None = None) ->
     return Verification(checks, _notes(checks, manifest, built_from, figures.get("row_group_rows")))
 
 
+def report_beside(path: Path) -> Path:
+    """The build report of a row file: ``NAME.report.json`` beside ``NAME[.unverified].parquet``."""
+    name = path.name.removesuffix(".parquet").removesuffix(".unverified")
+    return path.with_name(f"{name}.report.json")
+
+
+def _report_of(path: Path) -> dict | None:
+    """The build report beside a row file, read; None where there is none, or not one of ours."""
+    try:
+        document = json.loads(report_beside(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return document if isinstance(document, dict) else None
+
+
 def recorded_recipe(path: Path, parquet_sha256: str) -> dict | None:
     """The recipe that the build report beside a row file records.
 
     None unless that report is of this very file.
     """
-    report = path.with_name(
-        f"{path.name.removesuffix('.parquet').removesuffix('.unverified')}.report.json"
-    )
     try:
-        document = json.loads(report.read_text(encoding="utf-8"))
+        document = _report_of(path)
         return (
             document["recipe"] if document["figures"]["parquet_sha256"] == parquet_sha256 else None
         )
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         return None
+
+
+def recorded_manifest(path: Path) -> Manifest | None:
+    """The manifest that the build report beside a row file records, whole.
+
+    None where there is no report, or it records no manifest text (older reports do not), or
+    that text is not what the rows were built from (its recipe is not the report's). The manifest's
+    ``path`` is its file where that still holds the same text, else None.
+    """
+    document = _report_of(path)
+    text = document.get("manifest_text") if document else None
+    if not isinstance(text, str):
+        return None
+    source = f"{report_beside(path)} (the manifest its build recorded)"
+    manifest = parse_manifest(text, source=source)
+    if manifest.recipe() != document.get("recipe"):
+        return None
+    original = Path(document["manifest"]) if isinstance(document.get("manifest"), str) else None
+    try:
+        same = original is not None and original.read_text(encoding="utf-8") == text
+    except (OSError, UnicodeDecodeError):
+        same = False
+    return replace(manifest, path=original if same else None)
+
+
+def verify_rows_sha256(figures: dict, rows_sha256: str) -> Verification:
+    """Compare a file's figures with a ``rows_sha256`` alone (as a recipe card publishes it)."""
+    checks = [
+        Check(
+            name,
+            rows_sha256 if name == "rows_sha256" else None,
+            figures[name],
+            ("ok" if figures[name] == rows_sha256 else "differs")
+            if name == "rows_sha256"
+            else "not pinned",
+        )
+        for name in ("rows", *PINNED_FIGURES)
+    ]
+    notes = []
+    if checks[1].status == "differs":
+        notes.append(
+            f"the rows are not the rows {rows_sha256} names (hashed as data/ROWS.md's default "
+            "`hash: u4-u1` reading: token ids as little-endian uint32, then the mask as uint8, row "
+            "by row): other rows, or a card whose build hashed them under another `hash` reading"
+        )
+    return Verification(checks, notes)
 
 
 def _row_groups_note(row_groups: list[int] | None) -> str:
