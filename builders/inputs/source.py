@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from builders.inputs.files import Fields, open_file
 from builders.manifest import DatasetPin
+from builders.messages import ROLES
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,8 @@ def _messages(messages: pa.Array, pin: DatasetPin, target: pa.DataType, name: st
             pc.index_in(role, value_set=pa.array([a for a, _ in pin.roles], pa.string()))
         )
     bad = _true(values.is_null()) | _true(role.is_null()) | _true(content.is_null())
+    if pin.roles is None and pa.types.is_string(role.type):
+        bad |= ~_true(pc.is_in(role, value_set=pa.array(ROLES)))
     bad_rows = _true(messages.is_null())
     bad_rows[np.repeat(np.arange(len(messages)), np.diff(offsets))[bad]] = True
     errors = [None] * len(messages)
@@ -241,6 +244,13 @@ def _problem(messages, pin: DatasetPin) -> str:
                     f"field {pin.messages!r}: message {position} has no field {key!r} "
                     f"(the layout's {what})"
                 )
+        if pin.roles is None and message[role_key] not in ROLES:
+            return (
+                f"field {pin.messages!r}: message {position} has role {message[role_key]!r}, not "
+                f"one of {', '.join(ROLES)}: a dataset that names its roles otherwise maps them "
+                "with the layout's roles: (ShareGPT's: roles: {system: system, human: user, gpt: "
+                "assistant}; docs/datasets.md)"
+            )
         mapped = dict(pin.roles or {})
         if pin.roles is not None and message[role_key] not in mapped:
             return (

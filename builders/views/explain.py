@@ -52,6 +52,9 @@ ROW_KEYS = tuple(key for key in KEYS if key != "hash")
 HASHES = (READINGS["hash"][0], *READINGS["hash"][1])
 # the peer formats are tried once the readings with this many deviations are
 PEERS_AFTER = 1
+# a reading whose rows_sha256 differs from the pin in at most this many of its 64 hex characters
+# comes near: the pin is likely mistyped (the hashes of other rows share about 4 by chance)
+NEAR_CHARACTERS = 16
 
 
 @dataclass
@@ -80,10 +83,20 @@ class Explanation:
     tried: int = 0
     readings: int = 0  # full contracts there are to try
     notes: list[str] = field(default_factory=list)
+    # the reading whose rows_sha256 is nearest the pin: (its name, that hash, characters differing)
+    nearest: tuple[str, str, int] | None = None
 
     @property
     def reproduced(self) -> bool:
         return bool(self.matches or self.peer_matches)
+
+    def compare(self, name: str, hashes: dict[str, str], pinned: str | None) -> None:
+        """Keep the nearest of a reading's hashes (one per ``hash`` layout) to the pin."""
+        for layout, digest in hashes.items() if pinned else ():
+            differing = sum(a != b for a, b in zip(digest, pinned, strict=True))
+            if self.nearest is None or differing < self.nearest[2]:
+                hashed = "" if layout == DEFAULT.hash else f", hash: {layout}"
+                self.nearest = (f"{name}{hashed}", digest, differing)
 
     def as_dict(self) -> dict:
         return {
@@ -100,6 +113,13 @@ class Explanation:
             "tried": self.tried,
             "readings": self.readings,
             "notes": self.notes,
+            "nearest": None
+            if self.nearest is None
+            else {
+                "reading": self.nearest[0],
+                "rows_sha256": self.nearest[1],
+                "differing_characters": self.nearest[2],
+            },
         }
 
 
@@ -181,6 +201,7 @@ class Search:
                 for contract in sorted(level, key=lambda c: (c.order, c.mask_rule)):
                     outcome = self.evaluate(contract)
                     found.tried += len(HASHES)
+                    found.compare(_named(contract), outcome.hashes, expect.rows_sha256)
                     progress.update(1)
                     ratio_matches = (
                         expect.supervised_token_ratio is None
@@ -242,6 +263,7 @@ class Search:
                 found.readings -= len(HASHES)
                 continue
             found.tried += len(HASHES)
+            found.compare(f"loss_mask {name}", outcome.hashes, expect.rows_sha256)
             if expect.supervised_token_ratio is None or expect.supervised_token_ratio.matches(
                 outcome.ratio
             ):
@@ -493,6 +515,11 @@ def describe(explanation: Explanation, manifest: Manifest) -> Iterator[str]:
         yield (
             f"the manifest pins no rows_sha256: only supervised_token_ratio was compared ({tried})"
         )
+        if not explanation.ratio_matches:
+            yield (
+                f"no reading gives supervised_token_ratio {expect.supervised_token_ratio.text}: "
+                f"{CHECK_THE_PIN}"
+            )
     elif explanation.matches:
         yield (
             f"{len(explanation.matches)} reading(s) reproduce rows_sha256 {expect.rows_sha256} "
@@ -508,6 +535,7 @@ def describe(explanation: Explanation, manifest: Manifest) -> Iterator[str]:
             )
     elif not explanation.peer_matches:
         yield f"no reading reproduces rows_sha256 {expect.rows_sha256} ({tried})"
+        yield from _nothing_reproduces(explanation, expect)
     if explanation.ratio_matches and not explanation.reproduced:
         yield (
             f"readings whose supervised_token_ratio matches {expect.supervised_token_ratio.text}, "
@@ -515,6 +543,37 @@ def describe(explanation: Explanation, manifest: Manifest) -> Iterator[str]:
         )
         for contract, ratio in explanation.ratio_matches[:20]:
             yield f"  {ratio:.6f}  {_named(contract)}"
+
+
+CHECK_THE_PIN = (
+    "check the pin itself before the row contract: copied whole, from the card or report of this "
+    "very build (its name, rows and row_tokens), for the inputs this manifest pins"
+)
+
+
+def _nothing_reproduces(explanation: Explanation, expect: Expect) -> Iterator[str]:
+    """Where to look when no reading reproduces the pinned rows_sha256.
+
+    A hash a few characters from the pin is a mistyped pin; readings with the pinned ratio are
+    near rows (a reading of the contract); with neither, nothing came near: the pin itself.
+    """
+    name, digest, differing = explanation.nearest or ("", "", 64)
+    if differing <= NEAR_CHARACTERS:
+        yield (
+            f"{name} gives rows_sha256 {digest}, which differs from the pin in only {differing} of "
+            f"its 64 characters (the hashes of other rows share about 4): the pin is likely "
+            "mistyped; copy it again from where it was published"
+        )
+    elif not explanation.ratio_matches:
+        ratio = (
+            ""
+            if expect.supervised_token_ratio is None
+            else f", and none gives supervised_token_ratio {expect.supervised_token_ratio.text}"
+        )
+        yield (
+            f"no reading comes near: the nearest rows_sha256 differs from the pin in {differing} "
+            f"of its 64 characters{ratio}; {CHECK_THE_PIN}"
+        )
 
 
 def _named(contract: Contract) -> str:
