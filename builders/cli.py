@@ -36,6 +36,7 @@ COMMANDS = (
 GLOBAL_FLAGS = ("-q", "--quiet", "-v", "--verbose", "--json")
 # diff: the two files' rows differ
 FILES_DIFFER = 8
+CARD_HELP = "the recipe card (YAML, schema_version: 1), or a text or Markdown page holding it"
 FILE_MANIFEST = (
     "default: manifests/NAME.yaml for a file named NAME.parquet, else the manifest recorded in "
     "the build report beside it, NAME.report.json"
@@ -206,7 +207,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="CARD",
         type=Path,
         required=True,
-        help="the recipe card (YAML, schema_version: 1)",
+        help=CARD_HELP,
     )
     m.add_argument(
         "-o",
@@ -221,7 +222,7 @@ def parser() -> argparse.ArgumentParser:
         "check a recipe card's figures against its build's manifest, field by field, with "
         "no Hub (for a recipes repository's CI); with --rows, a built file against them too",
     )
-    c.add_argument("card", type=Path, help="the recipe card (YAML, schema_version: 1)")
+    c.add_argument("card", type=Path, help=CARD_HELP)
     c.add_argument(
         "--rows",
         metavar="FILE",
@@ -835,8 +836,9 @@ def _check_recipe(args) -> int:
             )
         )
     else:
-        if not args.quiet:
-            for check in checks:
+        # -q: the differing fields still, with both values
+        for check in checks:
+            if not args.quiet or check.status == "differs":
                 _print_field(check)
         if verification is not None:
             print(f"{args.rows} against {manifest.path}:")
