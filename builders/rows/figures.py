@@ -251,18 +251,19 @@ def recorded_manifest(path: Path) -> Manifest | None:
     """The manifest that the build report beside a row file records, whole.
 
     None where there is no report, or it records no manifest text (older reports do not), or
-    that text is not what the rows were built from (its recipe is not the report's). The manifest's
-    ``path`` is its file where that still holds the same text, else None.
+    that text is not what the rows were built from (its recipe is not the report's). It is read as
+    from its file, so relative paths in it resolve as they did; its ``path`` is that file where it
+    still holds the same text, else None.
     """
     document = _report_of(path)
     text = document.get("manifest_text") if document else None
     if not isinstance(text, str):
         return None
+    original = Path(document["manifest"]) if isinstance(document.get("manifest"), str) else None
     source = f"{report_beside(path)} (the manifest its build recorded)"
-    manifest = parse_manifest(text, source=source)
+    manifest = parse_manifest(text, source=source, path=original)
     if manifest.recipe() != document.get("recipe"):
         return None
-    original = Path(document["manifest"]) if isinstance(document.get("manifest"), str) else None
     try:
         same = original is not None and original.read_text(encoding="utf-8") == text
     except (OSError, UnicodeDecodeError):
