@@ -525,7 +525,7 @@ def _verify(args) -> int:
             raise UsageError("--rows-sha256 checks the rows alone: give it without a manifest")
         figures = file_figures(args.file, None)
         verification = verify_rows_sha256(figures, args.rows_sha256)
-        against = f"rows_sha256 {args.rows_sha256}"
+        manifest, against = None, f"rows_sha256 {args.rows_sha256}"
     else:
         manifest, against = _file_manifest(
             args,
@@ -541,7 +541,9 @@ def _verify(args) -> int:
             json.dumps(
                 {
                     "file": str(args.file),
-                    "manifest": against,
+                    # None: the manifest a report records, gone from its file; or --rows-sha256
+                    "manifest": str(manifest.path) if manifest and manifest.path else None,
+                    "against": against,
                     "verified": verification.verified,
                     "figures": figures,
                     "checks": [asdict(c) for c in verification.checks],

@@ -78,6 +78,10 @@ def test_verify_reads_the_manifest_from_the_report_beside_the_file(moved, tmp_pa
         f"verified: {folder / f'{NAME}.parquet'} against the manifest recorded in "
         f"{folder / f'{NAME}.report.json'}" in done.stdout
     )
+    result = json.loads(run_cli("--verify", str(folder / f"{NAME}.parquet"), "--json").stdout)
+    # its file is gone
+    assert result["verified"] and result["manifest"] is None
+    assert result["against"] == f"the manifest recorded in {folder / f'{NAME}.report.json'}"
 
 
 def test_the_recorded_manifest_is_what_is_checked(moved, tmp_path):
