@@ -9,12 +9,20 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 from test_layouts import SHAREGPT, few, jsonl, lay_out
 
 from builders.inputs.pinned import Hub
 from builders.runtime.progress import Reporter
 from builders.views.explain import describe, explain
-from helpers import lay_out_readings, manifest_under, reference_under, run_cli
+from helpers import (
+    MANIFESTS,
+    SELF_CONTAINED,
+    lay_out_readings,
+    manifest_under,
+    reference_under,
+    run_cli,
+)
 from reference import rows_sha256
 
 
@@ -86,3 +94,20 @@ def test_sharegpt_roles_without_a_roles_mapping_name_roles(tmp_path):
     assert "chat.jsonl row " in done.stderr and "role 'human'" in done.stderr
     assert "roles:" in done.stderr and "human: user" in done.stderr
     assert not (tmp_path / "out" / "layout.parquet").exists()
+
+
+def test_a_build_against_a_mistyped_pin_says_so_not_the_contract(fixture_cache, tmp_path):
+    doc = yaml.safe_load((MANIFESTS / f"{SELF_CONTAINED}.yaml").read_text())
+    pinned = doc["expect"]["rows_sha256"]
+    doc["expect"] = {"rows_sha256": pinned[:5] + ("0" if pinned[5] != "0" else "1") + pinned[6:]}
+    manifest = tmp_path / f"{SELF_CONTAINED}.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    done = run_cli(
+        "--manifest", str(manifest), "--out", str(tmp_path / "out"), hf_home=fixture_cache
+    )
+    assert done.returncode == 5
+    assert f"these rows have rows_sha256 {pinned}, which differs from the pin in only 1" in (
+        done.stderr
+    )
+    assert "the pin is likely mistyped" in done.stderr
+    assert "a reading of the row contract" not in done.stderr

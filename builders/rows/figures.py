@@ -144,6 +144,26 @@ class Check:
 
 # the outcome of a build whose manifest pins no figure: the command line's and the card's words
 NOTHING_PINNED = "built, nothing pinned to verify"
+# a rows_sha256 that differs from the pin in at most this many of its 64 hex characters is near
+# it: the pin is likely mistyped (the hashes of other rows share about 4 characters by chance)
+NEAR_CHARACTERS = 16
+
+
+def differing_characters(digest: str, pinned: str) -> int:
+    """In how many places two hex digests differ."""
+    return sum(a != b for a, b in zip(digest, pinned, strict=True))
+
+
+def mistyped_pin(digest: str, pinned: str) -> str | None:
+    """What to say of a pinned hash ``digest`` is near; None where it is not near."""
+    differing = differing_characters(digest, pinned)
+    if differing > NEAR_CHARACTERS:
+        return None
+    return (
+        f"rows_sha256 {digest}, which differs from the pin in only {differing} of its 64 "
+        "characters (the hashes of other rows share about 4): the pin is likely mistyped; copy "
+        "it again from where it was published"
+    )
 
 
 @dataclass(frozen=True)
@@ -317,8 +337,8 @@ def _notes(
 ) -> list[str]:
     """What to make of a difference.
 
-    The writer's version, rows that match in a file that does not, and for rows that differ, the
-    inputs they were built from or the reading of the row contract.
+    The writer's version, rows that match in a file that does not, and for rows that differ, a
+    mistyped pin, the inputs they were built from or the reading of the row contract.
     """
     expect, out = manifest.expect, []
     running = writer_version()
@@ -342,7 +362,13 @@ def _notes(
             f"written, run `{explain} --writer`"
         )
     elif status.get("rows_sha256") == "differs":
-        out.append(_rows_differ(manifest, built_from, explain))
+        got = next(check.got for check in checks if check.figure == "rows_sha256")
+        mistyped = mistyped_pin(got, expect.rows_sha256)
+        out.append(
+            f"these rows have {mistyped}"
+            if mistyped
+            else _rows_differ(manifest, built_from, explain)
+        )
     if status.get("rows_sha256") == "ok" and status.get("segments_sha256") == "differs":
         out.append(
             "the tokens and masks are the pinned ones, but the rows' segments "

@@ -41,7 +41,7 @@ from builders.formats.base import Annotated
 from builders.inputs.pinned import pinned_inputs
 from builders.inputs.source import Source
 from builders.manifest import Expect, Manifest
-from builders.rows.figures import RowHash
+from builders.rows.figures import RowHash, differing_characters, mistyped_pin
 from builders.rows.order import permutation_sha256, torch_available
 from builders.rows.rowfile import writer_version
 from builders.views.writers import VARIANTS as WRITER_VARIANTS
@@ -52,9 +52,6 @@ ROW_KEYS = tuple(key for key in KEYS if key != "hash")
 HASHES = (READINGS["hash"][0], *READINGS["hash"][1])
 # the peer formats are tried once the readings with this many deviations are
 PEERS_AFTER = 1
-# a reading whose rows_sha256 differs from the pin in at most this many of its 64 hex characters
-# comes near: the pin is likely mistyped (the hashes of other rows share about 4 by chance)
-NEAR_CHARACTERS = 16
 
 
 @dataclass
@@ -93,7 +90,7 @@ class Explanation:
     def compare(self, name: str, hashes: dict[str, str], pinned: str | None) -> None:
         """Keep the nearest of a reading's hashes (one per ``hash`` layout) to the pin."""
         for layout, digest in hashes.items() if pinned else ():
-            differing = sum(a != b for a, b in zip(digest, pinned, strict=True))
+            differing = differing_characters(digest, pinned)
             if self.nearest is None or differing < self.nearest[2]:
                 hashed = "" if layout == DEFAULT.hash else f", hash: {layout}"
                 self.nearest = (f"{name}{hashed}", digest, differing)
@@ -558,12 +555,8 @@ def _nothing_reproduces(explanation: Explanation, expect: Expect) -> Iterator[st
     near rows (a reading of the contract); with neither, nothing came near: the pin itself.
     """
     name, digest, differing = explanation.nearest or ("", "", 64)
-    if differing <= NEAR_CHARACTERS:
-        yield (
-            f"{name} gives rows_sha256 {digest}, which differs from the pin in only {differing} of "
-            f"its 64 characters (the hashes of other rows share about 4): the pin is likely "
-            "mistyped; copy it again from where it was published"
-        )
+    if explanation.nearest and (mistyped := mistyped_pin(digest, expect.rows_sha256)):
+        yield f"{name} gives {mistyped}"
     elif not explanation.ratio_matches:
         ratio = (
             ""
