@@ -209,3 +209,19 @@ rows: 1
     fields = manifest_fields(manifest)
     assert fields["datasets[0].repo"] == "o/d0" and fields["datasets[1].revision"] == "a" * 40
     assert "dataset.repo" not in fields
+
+
+def test_unknown_fields_of_a_mixture_source_join_the_one_note(mixture, tmp_path, capsys):
+    _, manifest, card = mixture
+    changed = edited(
+        card,
+        tmp_path,
+        ("      take: 25\n", "      take: 25\n      weight: 2\n"),
+        ("model:", "x: 1\nmodel:"),
+    )
+    code, _, err = cli(capsys, "check-recipe", str(changed), "--manifest", str(manifest))
+    assert code == 0
+    notes = [line for line in err.splitlines() if line.startswith("note:")]
+    assert notes == [
+        "note: fields this parser does not know, not read: x, workload.dataset.sources[1].weight"
+    ]

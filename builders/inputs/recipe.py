@@ -202,10 +202,15 @@ def read_card(path: str | Path) -> Card:
     if isinstance(version, bool) or version != 1:
         check.fail("schema_version", f"this parser reads schema_version 1, got {version!r}")
     sections = {path: _section(doc, path, check) for path in SECTIONS}
+    sources = _sources(sections[DATASET], check)
+    # each section with the keys known there, a mixture's sources too
+    read = [(path, known, sections[path]) for path, known in SECTIONS.items()] + [
+        (where, SOURCE_KEYS, source) for where, source in sources if where != DATASET
+    ]
     unknown = [
         f"{path}.{key}" if path else str(key)
-        for path, known in SECTIONS.items()
-        for key in sections[path]
+        for path, known, section in read
+        for key in section
         if key not in known
     ]
     notes = [f"fields this parser does not know, not read: {', '.join(unknown)}"] if unknown else []
@@ -217,7 +222,6 @@ def read_card(path: str | Path) -> Card:
             field, f"{path}.{key}", None if value is None else read(check, value, f"{path}.{key}")
         )
 
-    sources = _sources(sections[DATASET], check, notes)
     figures = [
         figure("name", BUILD, "name", FieldChecker.plain_name),
         *(
@@ -260,7 +264,7 @@ def read_card(path: str | Path) -> Card:
     return Card(source, tuple(figures), tuple(notes), len(sources))
 
 
-def _sources(dataset: dict, check: FieldChecker, notes: list[str]) -> list[tuple[str, dict]]:
+def _sources(dataset: dict, check: FieldChecker) -> list[tuple[str, dict]]:
     """The card's datasets, each with where it is on the card.
 
     ``workload.dataset`` itself (its ``source``), or each of its ``sources`` (a mixture).
@@ -277,12 +281,8 @@ def _sources(dataset: dict, check: FieldChecker, notes: list[str]) -> list[tuple
     listed = dataset["sources"]
     if not isinstance(listed, list) or not listed:
         check.fail(SOURCES, f"expected a non-empty list of datasets, got {listed!r}")
-    unknown = []
     for j, item in enumerate(listed):
         check.any_mapping(item, f"{SOURCES}[{j}]")
-        unknown += [f"{SOURCES}[{j}].{key}" for key in item if key not in SOURCE_KEYS]
-    if unknown:
-        notes.append(f"fields this parser does not know, not read: {', '.join(unknown)}")
     return [(f"{SOURCES}[{j}]", item) for j, item in enumerate(listed)]
 
 
