@@ -383,7 +383,10 @@ def _report(
     """
     return {
         "name": manifest.name,
-        "manifest": str(manifest.path) if manifest.path else None,
+        # absolute: the folder a manifest's relative paths resolve against
+        "manifest": str(manifest.path.absolute()) if manifest.path else None,
+        # read back by verify and inspect wherever the build's files are moved together
+        "manifest_text": manifest.text,
         "parquet": final.name,
         "verified": verification.verified,
         "contract": manifest.contract.as_dict(),
