@@ -26,7 +26,14 @@ from builders.encode import pool as parallel
 from builders.encode.encoder import ConversationEncoder, EncodedConversation
 from builders.encode.stream import Stream, StreamStats
 from builders.errors import OutputError, PinnedInputError, SourceDataError
-from builders.inputs.pinned import Hub, hashed_files, pinned_files, pinned_inputs
+from builders.inputs.pinned import (
+    Hub,
+    hashed_files,
+    load_pinned_tokenizer,
+    open_source,
+    pinned_files,
+    resolve,
+)
 from builders.inputs.source import Source
 from builders.manifest import Manifest
 from builders.rows.card import write_card
@@ -75,9 +82,18 @@ def build(
     timings = Timings()
     with ExitStack() as build_scope:
         with timings.stage("resolve_inputs_s"):
-            # workers start while inputs open
+            # workers start while inputs open, and load what they encode with while the build
+            # checks and plans (see builders.encode.pool)
             encoding = build_scope.enter_context(parallel.encoding(workers))
-            pinned, source = pinned_inputs(manifest, hub)
+            snapshots = resolve(manifest, hub)
+            encoding.load(
+                snapshots.tokenizer / "tokenizer.json", manifest.tokenizer.sha256["tokenizer.json"]
+            )
+            pinned = load_pinned_tokenizer(
+                manifest.tokenizer, snapshots.tokenizer, manifest.loss_mask
+            )
+            source = open_source(manifest, snapshots)
+            encoding.start(pinned, manifest.contract, engine, source)
             # every source file's bytes are hashed beside the build, and checked before anything
             # is put in place
             source_hashes = build_scope.enter_context(
@@ -85,17 +101,14 @@ def build(
             )
             order = _checked_order(manifest, source)
             reference = ConversationEncoder(pinned.tokenizer, pinned.spec, manifest.contract)
-            # the engine is chosen (in the workers, where there are workers) while the build plans
-            encoding.start(reference, engine, pinned.tokenizer_json, source)
             stream = Stream(source, order, manifest.rows * manifest.row_tokens)
             stream.plan(reference)
-            chosen = encoding.settle()
+            encoding.begin(reference)
         reporter.info(
             f"inputs resolved: {source.num_rows:,} source rows in {len(source.files)} files"
             + (f" of {len(source.pins)} datasets, {len(order):,} kept" if manifest.mixture else "")
             + " (their bytes are hashed and checked beside the build)"
         )
-        reporter.info(chosen.describe())
         reporter.detail(
             f"tokenizer snapshot {pinned.snapshot}; source files: "
             f"{', '.join(str(f.path) for f in source.files)}"
@@ -116,8 +129,11 @@ def build(
                         manifest, source, reference, stream.encoded_with(encoding), stats
                     )
                     figures = _write_rows(manifest, rows, parquet.temporary, stats, reporter)
-                    # the last cross-checks, before anything is kept
+                    # the engine each worker chose, and the last cross-checks, before anything is
+                    # kept
+                    chosen = encoding.settle()
                     encoding.finish()
+                reporter.info(chosen.describe())
                 with timings.stage("hash_s"):
                     computed = {**figures.as_dict(), **file_hash(parquet.temporary)}
                     source_files = [
@@ -310,6 +326,12 @@ def _report(
         "workers": workers[1],
         "workers_requested": workers[0],
         "cores": len(os.sched_getaffinity(0)),
-        "engine": {**chosen.as_dict(), "conversations_cross_checked": stats.cross_checked},
+        # with tokenizers chosen, nothing was compared (engines.Provisional sampled some before)
+        "engine": {
+            **chosen.as_dict(),
+            "conversations_cross_checked": stats.cross_checked
+            if chosen.name != "tokenizers"
+            else 0,
+        },
         "argv": sys.argv,
     }
