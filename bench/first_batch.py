@@ -17,10 +17,14 @@ worker's ``ready`` and first batch), read against the moment the bench started t
 
 - ``first_batch_s``: the first batch of encoded conversations leaving a worker (or, with one
   process, the first batch the command's process encoded) — goal 1 of issue 29: at most 1.5 s;
-- ``first_ready_s`` / ``last_ready_s``: the first and the last worker ready;
-- ``start_up_sent_s``: the build sending its first worker the start-up message;
+- ``first_ready_s`` / ``last_ready_s``: the first and the last worker ready (able to encode);
+- ``last_engine_s``: the last worker to say which engine it chose (where that is a message of
+  its own: builders after 05c474e; before, ``ready`` said it);
+- ``tokenizer_sent_s`` / ``start_up_sent_s``: the build telling its first worker where the
+  tokenizer lies (after 05c474e) / sending it the start-up message;
 - ``main_imported_s``: the command's process done importing ``builders.build``;
 - ``workers_spawned_s``: the last worker's interpreter up; ``seconds``: the whole build.
+- ``timings``: the build report's own stages.
 
 It prints each run, then the medians and their ratios (this tree over the baseline, each
 measured in the same run: on a shared machine compare nothing across runs), and writes them all
@@ -48,10 +52,12 @@ from scale_inputs import lay_out, manifest_text  # noqa: E402
 SITE = REPO / "bench" / "first_batch_site"
 MEASURES = (
     "main_imported_s",
+    "tokenizer_sent_s",
     "start_up_sent_s",
     "workers_spawned_s",
     "first_ready_s",
     "last_ready_s",
+    "last_engine_s",
     "first_batch_s",
     "seconds",
 )
@@ -146,15 +152,18 @@ def build(tree: Path, manifest: Path, hf_home: Path, workers: str, out: Path) ->
             return None
         return round((max(times) if last else min(times)) - started, 3)
 
-    workers_python = [t for p, e, t, _ in events if e == "python" and p != main]
+    ready = {p for p, e, _, _ in events if e == "sent ready"}
+    workers_python = [t for p, e, t, _ in events if e == "python" and p in ready]
     return {
         "workers": workers,
         "workers_used": report["workers"],
         "main_imported_s": first("imported builders.build", main),
         "start_up_sent_s": first("sent contract"),
         "workers_spawned_s": round(max(workers_python) - started, 3) if workers_python else None,
+        "tokenizer_sent_s": first("sent tokenizer"),
         "first_ready_s": first("sent ready"),
         "last_ready_s": first("sent ready", last=True),
+        "last_engine_s": first("sent engine", last=True),
         "first_batch_s": first("sent batch") or first("in-process batch"),
         "seconds": round(seconds, 3),
         "rows_sha256": report["figures"]["rows_sha256"],

@@ -9,9 +9,11 @@ builder:
 
 - ``python``: this process's interpreter reached site (just before its own code);
 - ``imported MODULE``: a module named in ``MODULES`` finished importing;
-- ``sent contract`` (the build sent a worker its start-up message), ``sent ready`` (a worker said
-  ready), ``sent batch`` (a worker sent an encoded batch, ``detail`` its conversations),
-  ``received batch`` (the build took one);
+- ``sent tokenizer`` (the build told a worker where the tokenizer lies; builders after 05c474e),
+  ``sent contract`` (the build sent a worker its start-up message), ``sent ready`` (a worker said
+  ready), ``sent engine`` (a worker said which engine it chose, after 05c474e), ``sent batch`` (a
+  worker sent an encoded batch, ``detail`` its conversations), ``received batch`` (the build took
+  one);
 - ``in-process batch``: the command's process encoded a batch itself (``--workers 1``).
 """
 
@@ -48,7 +50,7 @@ def patch_connection(module) -> None:
 
     def send_bytes(self, data, *args, **kwargs):
         key = header_key(data)
-        if key in ("contract", "ready", "batch"):
+        if key in ("tokenizer", "contract", "ready", "engine", "batch"):
             detail = json.loads(bytes(data))["batch"] if key == "batch" else None
             event(f"sent {key}", detail)
         return send(self, data, *args, **kwargs)
