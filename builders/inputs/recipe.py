@@ -32,6 +32,7 @@ import yaml
 
 from builders.errors import ManifestError
 from builders.manifest import (
+    PINNED_FIGURES,
     FieldChecker,
     Manifest,
     Ratio,
@@ -39,7 +40,6 @@ from builders.manifest import (
     parse_manifest,
     safe_load_yaml,
 )
-from builders.rows.figures import PINNED_FIGURES
 
 # the tokenizer files a card's manifest pins (glm5's)
 CARD_FILES = ("tokenizer.json", "chat_template.jinja")
