@@ -23,6 +23,7 @@ worker's ``ready`` and first batch), read against the moment the bench started t
 - ``tokenizer_sent_s`` / ``start_up_sent_s``: the build telling its first worker where the
   tokenizer lies (after 05c474e) / sending it the start-up message;
 - ``main_imported_s``: the command's process done importing ``builders.build``;
+- ``first_group_s``: the build handing out its first row group (it has planned);
 - ``workers_spawned_s``: the last worker's interpreter up; ``seconds``: the whole build.
 - ``timings``: the build report's own stages.
 
@@ -55,6 +56,7 @@ MEASURES = (
     "tokenizer_sent_s",
     "start_up_sent_s",
     "workers_spawned_s",
+    "first_group_s",
     "first_ready_s",
     "last_ready_s",
     "last_engine_s",
@@ -161,6 +163,7 @@ def build(tree: Path, manifest: Path, hf_home: Path, workers: str, out: Path) ->
         "start_up_sent_s": first("sent contract"),
         "workers_spawned_s": round(max(workers_python) - started, 3) if workers_python else None,
         "tokenizer_sent_s": first("sent tokenizer"),
+        "first_group_s": first("sent group"),
         "first_ready_s": first("sent ready"),
         "last_ready_s": first("sent ready", last=True),
         "last_engine_s": first("sent engine", last=True),

@@ -10,7 +10,8 @@ builder:
 - ``python``: this process's interpreter reached site (just before its own code);
 - ``imported MODULE``: a module named in ``MODULES`` finished importing;
 - ``sent tokenizer`` (the build told a worker where the tokenizer lies; builders after 05c474e),
-  ``sent contract`` (the build sent a worker its start-up message), ``sent ready`` (a worker said
+  ``sent contract`` (the build sent a worker its start-up message), ``sent group`` (the build
+  handed a worker a row group: it has planned), ``sent ready`` (a worker said
   ready), ``sent engine`` (a worker said which engine it chose, after 05c474e), ``sent batch`` (a
   worker sent an encoded batch, ``detail`` its conversations), ``received batch`` (the build took
   one);
@@ -50,7 +51,7 @@ def patch_connection(module) -> None:
 
     def send_bytes(self, data, *args, **kwargs):
         key = header_key(data)
-        if key in ("tokenizer", "contract", "ready", "engine", "batch"):
+        if key in ("tokenizer", "contract", "group", "ready", "engine", "batch"):
             detail = json.loads(bytes(data))["batch"] if key == "batch" else None
             event(f"sent {key}", detail)
         return send(self, data, *args, **kwargs)
