@@ -9,7 +9,8 @@ For each ``--scales`` share of the Tulu-shaped source of bench/scale_inputs.py (
 conversations, about 115,000 rows of 8,192 tokens), laid out once in --cache: a build asked for
 more rows than the source holds runs out and says how many it made (bench/build_at_scale.py's
 probe, timed too: it does all the work but the final write); then the build of exactly that many
-rows, at ``--workers`` (default auto), in a fresh process as users run it. Prints and writes to
+rows, at ``--workers`` (default auto), in a fresh process as users run it (the probe's count is
+kept in --cache, so a second run of a scale builds at once). Prints and writes to
 ``--json``, for each scale: seconds, cores busy, the main process's CPU, peak RSS of the main
 process and of the largest child, the rows spilled to disk and the passes (the report's
 ``source_reading``), and per million conversations; then the growth from the smallest scale to
@@ -61,9 +62,15 @@ def main() -> None:
         manifest = args.cache / f"whole-{scale}.yaml"
         manifest.write_text(manifest_text(facts, "whole", 10**9))
         out = args.cache / "out" / f"whole-{scale}"
+        # the probe's answer is kept: a later run of the same scale skips it
+        known = args.cache / f"whole-{scale}.rows"
         started = time.perf_counter()
-        rows = whole_source_rows(manifest, out / "probe", hf_home)
-        probe_s = time.perf_counter() - started
+        if known.exists():
+            rows, probe_s = int(known.read_text()), None
+        else:
+            rows = whole_source_rows(manifest, out / "probe", hf_home)
+            probe_s = round(time.perf_counter() - started, 2)
+            known.write_text(f"{rows}\n")
         manifest.write_text(manifest_text(facts, "whole", rows))
         built = build(manifest, out / "build", hf_home, "auto", args.workers)
         conversations = int(facts["dataset_rows"])
@@ -72,7 +79,7 @@ def main() -> None:
             "source_conversations": conversations,
             "source_mib": int(facts["dataset_mib"]),
             "rows": rows,
-            "probe_seconds": round(probe_s, 2),
+            "probe_seconds": probe_s,
             **{
                 k: built[k]
                 for k in (
