@@ -103,12 +103,15 @@ def baseline_tree(baseline: str, cache: Path) -> Path:
     """The folder of the earlier builder: given, or ``git archive`` of a revision."""
     if Path(baseline).is_dir():
         return Path(baseline).resolve()
-    revision = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--short", baseline],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    found = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", baseline], capture_output=True, text=True
+    )
+    if found.returncode != 0:
+        raise SystemExit(
+            f"--baseline {baseline}: no such folder, nor a revision of this checkout "
+            f"({found.stderr.strip()}); make a folder with git archive REV | tar -x -C DIR"
+        )
+    revision = found.stdout.strip()
     tree = cache / f"baseline-{revision}"
     if not (tree / "data" / "generate_fixed_sft.py").exists():
         tree.mkdir(parents=True, exist_ok=True)
