@@ -15,10 +15,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from builders.errors import ManifestError
-from builders.formats import RENDER_ARGUMENTS
+from builders.encode.encoder import ConversationEncoder
+from builders.errors import BuildError, ManifestError
+from builders.formats import RENDER_ARGUMENTS, FormatSpec
 from builders.formats.render import ChatRenderer
 from builders.inputs.recipe import compare, implied_manifest, read_card
+from builders.limits import Limits
 from builders.manifest import load_manifest, parse_manifest
 from helpers import MANIFESTS, REPO, SELF_CONTAINED, run_cli
 
@@ -26,6 +28,7 @@ CARD = REPO / "tests" / "cards" / f"{SELF_CONTAINED}.yaml"
 HUGE = "9" * 100_001
 # written as an integer too long to read (safe_dump cannot write one)
 LONG_INTEGER = "LONG_INTEGER"
+SMALL = Limits(conversation_chars=1000, render_chars=20_000)
 
 
 def fixture_doc() -> dict:
@@ -191,9 +194,24 @@ templates = st.one_of(
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(template=templates)
 def test_a_random_template_fails_only_as_a_template_error(template):
-    renderer = ChatRenderer(template, render_chars=20_000)
+    renderer = ChatRenderer(template, render_chars=SMALL.render_chars)
     with suppress(jinja2.TemplateError):
         renderer.render([{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}])
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(extra=statements)
+def test_a_random_template_through_the_turns_format_fails_only_as_a_build_error(extra):
+    from test_turns import CHATML, fixture_tokenizer
+
+    template = "{% set ns = namespace(a=1) %}" + extra + CHATML
+    conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    with suppress(BuildError):
+        encoder = ConversationEncoder(
+            fixture_tokenizer(),
+            FormatSpec("turns", template, "<|endoftext|>", ("<|endoftext|>",), limits=SMALL),
+        )
+        encoder.encode([{"index": 0, "id": "a", "messages": conversation}])
 
 
 values = st.recursive(
