@@ -26,6 +26,7 @@ from itertools import islice
 
 import jinja2
 from jinja2.compiler import CodeGenerator, optimizeconst
+from jinja2.runtime import Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace, generate_lorem_ipsum
 
@@ -36,6 +37,8 @@ _DIGITS = re.compile(r"\d+")
 _BITS_PER_DIGIT = 3
 _CONTAINERS = (list, tuple, dict, set, frozenset)
 _SIZED = (str, bytes, *_CONTAINERS)
+# measured item by item
+_MEASURED = (*_CONTAINERS, Namespace)
 
 
 class RenderLimitError(jinja2.TemplateError):
@@ -56,15 +59,17 @@ def text_size(value, limit: int) -> int:
     total, pending, inside = 0, [(value, False)], set()
     while pending and total <= limit:
         item, leaving = pending.pop()
+        # by type: isinstance would ask a Namespace for its __class__, slowly
+        kind = type(item)
         if leaving:
             inside.discard(id(item))
-        elif isinstance(item, (str, bytes)):
+        elif issubclass(kind, (str, bytes)):
             total += len(item) + 2
-        elif isinstance(item, bool) or item is None:
+        elif kind is bool or item is None:
             total += 5
-        elif isinstance(item, int):
+        elif issubclass(kind, int):
             total += item.bit_length() // _BITS_PER_DIGIT + 2
-        elif isinstance(item, (*_CONTAINERS, Namespace)):
+        elif issubclass(kind, _MEASURED):
             total += 5
             if id(item) in inside:
                 continue
@@ -78,9 +83,9 @@ def text_size(value, limit: int) -> int:
 
 def _items(container):
     """What ``str(container)`` prints: its items, a mapping's keys and values."""
-    if isinstance(container, Namespace):
+    if issubclass(type(container), Namespace):
         container = container._Namespace__attrs
-    if not isinstance(container, dict):
+    if not issubclass(type(container), dict):
         yield from container
         return
     for key, value in container.items():
@@ -90,7 +95,7 @@ def _items(container):
 
 def _length(value) -> int:
     """The characters, items or (about) digits of a value, without looking inside it."""
-    if isinstance(value, _SIZED):
+    if issubclass(type(value), _SIZED):
         return len(value)
     if type(value) is int:
         return value.bit_length() // _BITS_PER_DIGIT
@@ -137,6 +142,8 @@ class _Buffer(list):
 
     The block's text becomes a value: it may not be larger than render_chars.
     """
+
+    __slots__ = ("environment", "size")
 
     def __init__(self, environment: BoundedSandbox):
         super().__init__()
@@ -213,18 +220,15 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
                 f"({self.render_chars:,}) characters in all"
             )
 
-    def refuse_beyond(self, size: int, what) -> None:
-        """Refuse to make ``what``, of about ``size`` characters, beyond render_chars.
-
-        ``what`` names it: a text, or a function that gives it.
-        """
+    def refuse_beyond(self, size: int, what: str) -> None:
+        """Refuse to make ``what``, of about ``size`` characters, beyond render_chars."""
         if size > self.render_chars:
             raise RenderLimitError(
-                f"{what if isinstance(what, str) else what()} would make about {size:,} "
-                f"characters, more than limits.render_chars ({self.render_chars:,})"
+                f"{what} would make about {size:,} characters, more than limits.render_chars "
+                f"({self.render_chars:,})"
             )
 
-    def checked(self, value, what):
+    def checked(self, value, what: str):
         """``value``, counted; refused where it is larger than render_chars."""
         if type(value) is str:
             # the common case, first
@@ -232,7 +236,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
             self.spend(len(value))
             return value
         size = _length(value)
-        if isinstance(value, (*_CONTAINERS, Namespace)):
+        if issubclass(type(value), _MEASURED):
             self.refuse_beyond(text_size(value, self.render_chars), what)
         self.refuse_beyond(size, what)
         self.spend(size)
@@ -255,11 +259,15 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         return self.checked(super().call_binop(context, operator, left, right), f"{operator!r}")
 
     def call(__self, __context, __obj, *args, **kwargs):
-        def name() -> str:
-            return getattr(getattr(__obj, "__wrapped__", __obj), "__name__", "a call")
-
-        __self.refuse_beyond(_call_size(__obj, args, kwargs, __self.render_chars), name)
-        return __self.checked(super().call(__context, __obj, *args, **kwargs), name)
+        size = _call_size(__obj, args, kwargs, __self.render_chars)
+        if size > __self.render_chars:
+            __self.refuse_beyond(size, _call_name(__obj))
+        value = super().call(__context, __obj, *args, **kwargs)
+        if type(value) is str and len(value) <= __self.render_chars:
+            # the common case (a macro's text, a string method's), first
+            __self.spend(len(value))
+            return value
+        return __self.checked(value, _call_name(__obj))
 
     def _bounded(self, name: str, function):
         """Filter ``name``, refused beyond render_chars before and after it runs."""
@@ -281,6 +289,10 @@ def _sized(size, env: BoundedSandbox, args: tuple, kwargs: dict) -> int:
         return size(env, args, kwargs)
     except (TypeError, ValueError, IndexError):
         return 0
+
+
+def _call_name(obj) -> str:
+    return getattr(getattr(obj, "__wrapped__", obj), "__name__", "a call")
 
 
 def _binop_size(operator: str, left, right, limit: int) -> int:
@@ -326,6 +338,9 @@ _SIZED_CALLS = _PADDING | {
 
 def _call_size(obj, args: tuple, kwargs: dict, limit: int) -> int:
     """The size of the result of a call that can build a large value; 0 otherwise."""
+    if type(obj) is Macro:
+        # a macro's text is measured as it is built
+        return 0
     target = getattr(obj, "__wrapped__", obj)
     name = getattr(target, "__name__", "")
     if name not in _SIZED_CALLS and target is not generate_lorem_ipsum:
