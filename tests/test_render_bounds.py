@@ -103,6 +103,20 @@ def test_an_exception_out_of_python_is_carried_with_its_kind():
         ChatRenderer("{% macro m(n) %}{{ m(n) }}{% endmacro %}{{ m(1) }}").render(HI)
 
 
+@pytest.mark.parametrize(
+    "template, printed",
+    [
+        ("{{ 'call 180055512345 {}'.format(10**9) }}", "call 180055512345 1000000000"),
+        ("{{ 'call 180055512345 %d' % 10**9 }}", "call 180055512345 1000000000"),
+        ("{{ '%s'|format(10**9) }}", "1000000000"),
+        ("{{ '{:>5}|%-4d'.format(1) % 2 }}", "    1|2   "),
+        ("{{ 2 ** 64 }}", str(2**64)),
+    ],
+)
+def test_numbers_that_are_not_widths_print(template, printed):
+    assert ChatRenderer(template, render_chars=LIMIT).render(HI) == printed
+
+
 def test_at_the_limit_a_render_prints_in_full():
     text = ChatRenderer("{{ 'x' * 1000 }}{{ messages|length }}", render_chars=1001).render(HI)
     assert text == "x" * 1000 + "1"

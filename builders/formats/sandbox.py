@@ -33,6 +33,11 @@ from jinja2.utils import Namespace, generate_lorem_ipsum
 # a render may build this many times render_chars in all (its values and what it prints)
 BUILD_FACTOR = 16
 _DIGITS = re.compile(r"\d+")
+# a printf field's flags, width and precision ('%-10.3f'); a format field's spec ('{:>10}')
+_PRINTF_FIELD = re.compile(r"%(?:\([^)]*\))?([-#0 +]*[0-9]*(?:\.[0-9]*)?)")
+_FORMAT_SPEC = re.compile(r"\{[^{}:]*:([^{}]*)")
+# a replacement field inside another: its value is a width
+_NESTED_FIELD = re.compile(r"\{[^{}]*\{")
 # a character of str(value) per bit of an int, rounded up
 _BITS_PER_DIGIT = 3
 _CONTAINERS = (list, tuple, dict, set, frozenset)
@@ -107,11 +112,15 @@ def _number(value) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def _widths(text) -> int:
-    """The sum of the numbers written in a format string: its widths and precisions at most."""
+def _widths(text, spec: re.Pattern) -> int:
+    """The sum of the widths and precisions of a format string's fields (``spec`` finds them)."""
     if not isinstance(text, str):
         return 0
-    return sum(int(d) if len(d) < 10 else 10**10 for d in _DIGITS.findall(text))
+    return sum(
+        int(d) if len(d) < 10 else 10**10
+        for field in spec.findall(text)
+        for d in _DIGITS.findall(field)
+    )
 
 
 class _CodeGenerator(CodeGenerator):
@@ -310,7 +319,7 @@ def _binop_size(operator: str, left, right, limit: int) -> int:
     if operator == "%" and isinstance(left, (str, bytes)):
         args = right if isinstance(right, tuple) else (right,)
         stars = sum(abs(_number(a)) for a in args) if b"*" in _ascii(left) else 0
-        return len(left) + _widths(_text(left)) + stars + text_size(args, limit)
+        return len(left) + _widths(_text(left), _PRINTF_FIELD) + stars + text_size(args, limit)
     return 0
 
 
@@ -357,7 +366,15 @@ def _call_size(obj, args: tuple, kwargs: dict, limit: int) -> int:
             return _replaced_size(owner, *values[:3])
         if name in ("format", "format_map"):
             return (
-                len(owner) + _widths(owner) + text_size(values, limit) + sum(map(_number, values))
+                len(owner)
+                + _widths(_text(owner), _FORMAT_SPEC)
+                + text_size(values, limit)
+                # a width given by an argument: '{:{}}'
+                + (
+                    sum(abs(_number(v)) for v in values)
+                    if _NESTED_FIELD.search(_text(owner))
+                    else 0
+                )
             )
         if name == "join" and values:
             return _joined_size(owner, values[0], limit)
