@@ -38,7 +38,7 @@ _PRINTF_FIELD = re.compile(r"%(?:\([^)]*\))?([-#0 +]*[0-9]*(?:\.[0-9]*)?)")
 _FORMAT_SPEC = re.compile(r"\{[^{}:]*:([^{}]*)")
 # a replacement field inside another: its value is a width
 _NESTED_FIELD = re.compile(r"\{[^{}]*\{")
-# a character of str(value) per bit of an int, rounded up
+# the bits of an int per decimal digit (3.32), rounded down: its digits counted high
 _BITS_PER_DIGIT = 3
 _CONTAINERS = (list, tuple, dict, set, frozenset)
 _SIZED = (str, bytes, *_CONTAINERS)
