@@ -174,3 +174,18 @@ def test_a_runaway_template_ends_the_build_with_exit_4_naming_the_row(tmp_path):
     assert not list((tmp_path / "out").glob("*.parquet"))
     # every process this test started, the build's included: far from the 12.9 GB it once took
     assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss < 2 * 1024 * 1024
+
+
+@pytest.mark.parametrize("loss_mask", ["glm5", "hf-generation", "turns"])
+@pytest.mark.parametrize(
+    "template", ["{% for %}", "{{ " + "(" * 3000 + "1" + ")" * 3000 + " }}"], ids=["syntax", "deep"]
+)
+def test_a_template_that_cannot_compile_is_refused_before_any_work(loss_mask, template):
+    from tokenizers import Tokenizer
+
+    from builders.errors import PinnedInputError
+    from builders.formats import FormatSpec, format_class
+
+    spec = FormatSpec(loss_mask, template, "<|endoftext|>", ("<|endoftext|>",))
+    with pytest.raises(PinnedInputError, match=r"\(chat_template\.jinja\) is not valid Jinja"):
+        format_class(loss_mask).check_inputs(spec, Tokenizer.from_str(tokenizer_json().decode()))
