@@ -44,14 +44,14 @@ from builders.contract import Contract
 from builders.encode import engines
 from builders.encode.encoder import ConversationEncoder, EncodedConversation
 from builders.encode.worker import Worker, encode_rows
-from builders.errors import EngineDisagreement, SourceDataError
+from builders.errors import EngineDisagreement, RefusedConversation
 from builders.inputs.layout import conversations
 from builders.inputs.source import Source
 
 if TYPE_CHECKING:
     from builders.inputs.pinned import PinnedTokenizer
 
-# stream position → EncodedConversation, or the SourceDataError of that conversation
+# stream position → EncodedConversation, or the RefusedConversation of that conversation
 Encoded = dict
 # cores on which --workers auto encodes in this process
 IN_PROCESS_UP_TO = 2
@@ -88,7 +88,9 @@ class Encoding(Protocol):
     def finish(self) -> None: ...
     def submit(self, table: pa.Table, positions: np.ndarray, encoded: Encoded) -> None: ...
     def ready(self, encoded: Encoded, position: int) -> bool: ...
-    def take(self, encoded: Encoded, position: int) -> EncodedConversation: ...
+    def take(
+        self, encoded: Encoded, position: int
+    ) -> EncodedConversation | RefusedConversation: ...
 
 
 class InProcess:
@@ -147,8 +149,9 @@ class InProcess:
     def ready(self, encoded: Encoded, position: int) -> bool:
         return position in encoded
 
-    def take(self, encoded: Encoded, position: int) -> EncodedConversation:
-        return _unwrap(encoded.pop(position))
+    def take(self, encoded: Encoded, position: int) -> EncodedConversation | RefusedConversation:
+        """The conversation at ``position``, or why the contract refused it."""
+        return encoded.pop(position)
 
 
 class Pool(InProcess):
@@ -226,7 +229,11 @@ class Pool(InProcess):
         return engines.Choice(**self.workers[0].choice)
 
     def finish(self) -> None:
-        """Nothing: each worker's cross-checks passed before it sent its batch."""
+        """Wait for every worker's choice of engine (``settle``): a refused one raises.
+
+        Each worker's cross-checks passed before it sent its batch.
+        """
+        self.settle()
 
     def submit(self, table: pa.Table, positions: np.ndarray, encoded: Encoded) -> None:
         self._least_busy(encoded).send_batch(table, positions)
@@ -263,12 +270,12 @@ class Pool(InProcess):
             self._collect(encoded, block=False)
         return position in encoded
 
-    def take(self, encoded: Encoded, position: int) -> EncodedConversation:
+    def take(self, encoded: Encoded, position: int) -> EncodedConversation | RefusedConversation:
         while position not in encoded:
             if not any(worker.in_flight for worker in self.workers):
                 raise RuntimeError(f"stream position {position} was never submitted for encoding")
             self._collect(encoded, block=True)
-        return _unwrap(encoded.pop(position))
+        return encoded.pop(position)
 
     def _collect(self, encoded: Encoded, block: bool) -> None:
         """Take what the workers have sent.
@@ -300,9 +307,3 @@ def encoding(workers: int) -> Encoding:
     told what to encode with by ``start``.
     """
     return InProcess() if workers <= 1 else Pool(workers)
-
-
-def _unwrap(item) -> EncodedConversation:
-    if isinstance(item, SourceDataError):
-        raise item
-    return item
