@@ -99,10 +99,10 @@ def build(
                     rows = packed(manifest, source, reference, stream, stats, manifest.rows)
                     figures = _write_rows(manifest, rows, parquet.temporary, stats, reporter)
                     _report_left_out(stream, stats, reporter)
-                    # the last cross-checks, and the engine each worker chose, before anything is
+                    # the engine each worker chose, and the last cross-checks, before anything is
                     # kept
-                    encoding.finish()
                     chosen = encoding.settle()
+                    encoding.finish()
                 reporter.info(chosen.describe())
                 with timings.stage("hash_s"):
                     computed = {**figures.as_dict(), **file_hash(parquet.temporary)}
@@ -185,7 +185,6 @@ def prepared(
             # workers start while inputs open, and load what they encode with while the build
             # checks and plans (see builders.encode.pool)
             encoding = scope.enter_context(parallel.encoding(workers))
-            # pinned_inputs, with the workers told where the tokenizer lies between its steps
             snapshots = resolve(manifest, hub)
             encoding.load(
                 snapshots.tokenizer / "tokenizer.json", manifest.tokenizer.sha256["tokenizer.json"]
