@@ -130,7 +130,10 @@ def build(tree: Path, manifest: Path, hf_home: Path, workers: str, out: Path) ->
             **os.environ,
             "HF_HOME": str(hf_home),
             "HF_HUB_OFFLINE": "1",
-            "PYTHONPATH": str(SITE),
+            # before any PYTHONPATH of the environment (a --target install of the wheels)
+            "PYTHONPATH": os.pathsep.join(
+                [str(SITE), *filter(None, [os.environ.get("PYTHONPATH")])]
+            ),
             "FIRST_BATCH_TRACE": str(trace),
         }
         command = [

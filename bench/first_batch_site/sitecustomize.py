@@ -100,6 +100,18 @@ class Watch(importlib.abc.MetaPathFinder):
         return spec
 
 
+def chain() -> None:
+    """Run the environment's own sitecustomize, if another folder on the path holds one."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for folder in sys.path:
+        other = os.path.join(folder or ".", "sitecustomize.py")
+        if os.path.abspath(folder or ".") != here and os.path.isfile(other):
+            with open(other, encoding="utf-8") as file:
+                exec(compile(file.read(), other, "exec"), {"__name__": "sitecustomize"})
+            return
+
+
 if TRACE:
     event("python")
     sys.meta_path.insert(0, Watch())
+chain()
