@@ -16,6 +16,8 @@ builder:
   worker sent an encoded batch, ``detail`` its conversations), ``received batch`` (the build took
   one);
 - ``in-process batch``: the command's process encoded a batch itself (``--workers 1``).
+
+The environment's own sitecustomize, if another folder on the path holds one, runs after it.
 """
 
 import importlib.abc
