@@ -240,7 +240,7 @@ def check_source_rows(manifest: Manifest, source: Source) -> None:
                 f"manifest pins rows: {pin.rows}"
             )
         if pin.take is not None and pin.take > rows:
-            raise PinnedInputError(
+            raise SourceDataError(
                 f"dataset {pin.origin} ({pin.pattern}): take: {pin.take}, but it has {rows} rows"
             )
 

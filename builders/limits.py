@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 class Limits:
     """The bounds on one conversation (the manifest's ``limits:``)."""
 
-    # the characters of a conversation's text, as read (every message's fields together)
+    # every string of a conversation's messages together (its roles and texts)
     conversation_chars: int = 4_000_000
     # the characters a render of one conversation may print, and any value it builds on the way
     render_chars: int = 8_000_000
@@ -26,3 +26,17 @@ class Limits:
 
 DEFAULT_LIMITS = Limits()
 LIMIT_KEYS = tuple(DEFAULT_LIMITS.as_dict())
+
+
+def conversation_chars(messages) -> int:
+    """The characters of a conversation's text: every string in its messages, keys excepted."""
+    total, pending = 0, [messages]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+    return total

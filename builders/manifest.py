@@ -21,7 +21,7 @@ from builders.errors import ManifestError
 from builders.formats import FORMATS, PEER_FORMATS, RENDER_ARGUMENTS, refusal
 from builders.limits import DEFAULT_LIMITS, LIMIT_KEYS, Limits
 from builders.messages import ARGUMENTS, DEFAULT_KEYS, KEY_NAMES
-from builders.yamlfile import FloatText, parse_yaml, read_text
+from builders.yamlfile import FloatText, LongInteger, parse_yaml, read_text
 
 LOSS_MASKS = tuple(FORMATS)
 # where the chat template may come from
@@ -555,6 +555,10 @@ class FieldChecker:
                 f"expected one of {', '.join(ARGUMENTS)}, got {arguments!r}",
             )
         roles = self.optional(ds, "roles", f"{name}.roles", self.role_names)
+        take = self.optional(ds, "take", f"{name}.take", self.positive_int)
+        rows = self.optional(ds, "rows", f"{name}.rows", self.positive_int)
+        if take is not None and rows is not None and take > rows:
+            self.fail(f"{name}.take", f"{take} is more than the dataset's rows: {rows}")
         return DatasetPin(
             **origin,
             sha256=self.file_digests(ds["sha256"], f"{name}.sha256") if "path" in ds else None,
@@ -565,7 +569,7 @@ class FieldChecker:
                 lambda v, f: self.pattern(v, f, _SPLIT, "a split name such as 'train'"),
             ),
             license=self.optional(ds, "license", f"{name}.license", self.string),
-            rows=self.optional(ds, "rows", f"{name}.rows", self.positive_int),
+            rows=rows,
             permutation_sha256=self.optional(
                 ds, "permutation_sha256", f"{name}.permutation_sha256", self.sha256
             ),
@@ -577,7 +581,7 @@ class FieldChecker:
             id=None
             if "id" in ds and ds["id"] is None
             else self.field_name(ds.get("id", "id"), f"{name}.id"),
-            take=self.optional(ds, "take", f"{name}.take", self.positive_int),
+            take=take,
             tools=self.optional(ds, "tools", f"{name}.tools", self.field_name),
             # tools: null (written out): a row's tools field is deliberately not read
             tools_unused="tools" in ds and ds["tools"] is None,
@@ -852,4 +856,6 @@ def _join(parent: str, key: str) -> str:
 
 
 def _kind(value) -> str:
+    if isinstance(value, LongInteger):
+        return repr(value)
     return "nothing" if value is None else type(value).__name__

@@ -31,7 +31,7 @@ class FloatText(float):
 
 
 class YamlLoader(yaml.SafeLoader):
-    """``yaml.safe_load``'s loader, keeping each float's text."""
+    """``yaml.safe_load``'s loader, keeping each float's text; a too long integer is marked."""
 
 
 def _float_text(loader: YamlLoader, node: yaml.ScalarNode) -> FloatText:
@@ -41,6 +41,33 @@ def _float_text(loader: YamlLoader, node: yaml.ScalarNode) -> FloatText:
 
 
 YamlLoader.add_constructor("tag:yaml.org,2002:float", _float_text)
+
+# longer than any figure: Python reads decimal integers of up to 4,300 digits only
+MAX_INTEGER_CHARS = 1000
+
+
+class LongInteger:
+    """A YAML integer written with too many digits to be a figure.
+
+    It is kept as this marker, not read, so that the field's check names it.
+    """
+
+    def __init__(self, digits: int):
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"an integer of {self.digits:,} digits"
+
+    __str__ = __repr__
+
+
+def _integer(loader: YamlLoader, node: yaml.ScalarNode):
+    if len(node.value) > MAX_INTEGER_CHARS:
+        return LongInteger(len(node.value))
+    return loader.construct_yaml_int(node)
+
+
+YamlLoader.add_constructor("tag:yaml.org,2002:int", _integer)
 
 
 def read_yaml(path: Path, what: str, loader_class: type[YamlLoader] = YamlLoader):

@@ -416,14 +416,16 @@ def test_bad_layout_through_the_command_line(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "fields, problem",
+    "fields, error, problem",
     [
-        ({"take": 7}, "take: 7, but it has 6 rows"),
-        ({"rows": 5}, "has 6 rows, the manifest pins rows: 5"),
+        # too few rows for the manifest: data the contract cannot use (exit 4)
+        ({"take": 7}, SourceDataError, "take: 7, but it has 6 rows"),
+        # not the pinned dataset (exit 3)
+        ({"rows": 5}, PinnedInputError, "has 6 rows, the manifest pins rows: 5"),
     ],
 )
-def test_source_counts_are_checked(tmp_path, fields, problem):
-    with pytest.raises(PinnedInputError, match=problem):
+def test_source_counts_are_checked(tmp_path, fields, error, problem):
+    with pytest.raises(error, match=problem):
         bad_build(tmp_path, {"c.jsonl": jsonl(few())}, {"files": "c.jsonl", **SHAREGPT, **fields})
 
 

@@ -8,7 +8,7 @@ import yaml
 from builders.errors import ManifestError
 from builders.limits import Limits
 from builders.manifest import load_manifest, parse_manifest
-from helpers import MANIFESTS, SELF_CONTAINED
+from helpers import MANIFESTS, SELF_CONTAINED, run_cli
 
 
 def fixture_doc() -> dict:
@@ -56,3 +56,38 @@ def test_the_report_and_card_record_the_limits(built):
     assert report["limits"] == {"conversation_chars": 4_000_000, "render_chars": 8_000_000}
     card = result.parquet.with_suffix(".md").read_text()
     assert "a conversation up to 4,000,000 characters, its render up to 8,000,000" in card
+
+
+def test_the_encoder_refuses_a_conversation_beyond_conversation_chars():
+    from dataclasses import replace
+
+    from tokenizers import Tokenizer
+
+    from builders.encode.encoder import ConversationEncoder
+    from builders.errors import SourceDataError
+    from builders.fixture.make import FIXTURE_TEMPLATE, tokenizer_json
+    from builders.formats import glm5_spec
+
+    spec = replace(glm5_spec(FIXTURE_TEMPLATE.read_text()), limits=Limits(conversation_chars=23))
+    enc = ConversationEncoder(Tokenizer.from_str(tokenizer_json().decode()), spec)
+    # every string counts, the roles too: 4 + 4 + 9 + 6 characters, at the limit
+    at = [{"role": "user", "content": "four"}, {"role": "assistant", "content": "sixsix"}]
+    assert enc.encode([{"index": 0, "id": "a", "messages": at}])[0].ids.size
+    over = [*at[:1], {"role": "assistant", "content": "seven!!"}]
+    with pytest.raises(
+        SourceDataError,
+        match=r"source row 3 \(id 'b'\): the conversation holds 24 characters, more than "
+        r"limits\.conversation_chars \(23\)",
+    ):
+        enc.encode([{"index": 3, "id": "b", "messages": over}])
+
+
+def test_workers_render_within_the_manifest_limit(fixture_cache, tmp_path):
+    manifest = tmp_path / "limited.yaml"
+    manifest.write_text(with_limits({"render_chars": 100}).replace(SELF_CONTAINED, "limited"))
+    done = run_cli(
+        "--manifest", str(manifest), "--out", str(tmp_path), "--workers", "2", hf_home=fixture_cache
+    )
+    assert done.returncode == 4, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "source row" in done.stderr and "limits.render_chars (100)" in done.stderr

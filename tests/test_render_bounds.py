@@ -7,7 +7,9 @@ what the template asked for.
 
 from __future__ import annotations
 
-import resource
+import os
+import subprocess
+import sys
 import tracemalloc
 
 import jinja2
@@ -22,7 +24,7 @@ from builders.fixture.make import FIXTURE_TEMPLATE, tokenizer_json
 from builders.formats.render import ChatRenderer
 from builders.formats.sandbox import RenderLimitError, TemplateFailure
 from builders.messages import normalize_messages
-from helpers import lay_out_build, run_cli
+from helpers import CLI, REPO, cli_env, lay_out_build
 
 HI = [{"role": "user", "content": "hi"}]
 LIMIT = 100_000
@@ -40,6 +42,7 @@ RUNAWAYS = [
     "{{ '{:>999999999}'.format(1) }}",
     "{{ 'x'|indent(10**9) }}",
     "{{ '\\t'.expandtabs(10**9) }}",
+    "{{ ('x' * 1000).translate({120: 'y' * 1000}) }}",
     "{{ lipsum(10**7) }}",
     "{{ [1]|batch(10**9, 0)|list }}",
     "{{ 'a'|replace('a', 'b' * 99999)|replace('b', 'cccccccccc') }}",
@@ -89,6 +92,7 @@ def test_a_runaway_template_is_refused_before_it_takes_the_memory(template):
         ("{{ (1, 2)|sum(start='a') }}", "TypeError"),
         ("{{ raise_exception('no such role') }}", "no such role"),
         ("{% for %}", "Expected an expression"),
+        ("{{ " + "(" * 3000 + "1" + ")" * 3000 + " }}", "RecursionError"),
     ],
 )
 def test_every_failure_of_a_render_is_a_template_error(template, failure):
@@ -99,6 +103,20 @@ def test_every_failure_of_a_render_is_a_template_error(template, failure):
 def test_an_exception_out_of_python_is_carried_with_its_kind():
     with pytest.raises(TemplateFailure, match=r"^RecursionError: "):
         ChatRenderer("{% macro m(n) %}{{ m(n) }}{% endmacro %}{{ m(1) }}").render(HI)
+
+
+@pytest.mark.parametrize(
+    "template, printed",
+    [
+        ("{{ 'call 180055512345 {}'.format(10**9) }}", "call 180055512345 1000000000"),
+        ("{{ 'call 180055512345 %d' % 10**9 }}", "call 180055512345 1000000000"),
+        ("{{ '%s'|format(10**9) }}", "1000000000"),
+        ("{{ '{:>5}|%-4d'.format(1) % 2 }}", "    1|2   "),
+        ("{{ 2 ** 64 }}", str(2**64)),
+    ],
+)
+def test_numbers_that_are_not_widths_print(template, printed):
+    assert ChatRenderer(template, render_chars=LIMIT).render(HI) == printed
 
 
 def test_at_the_limit_a_render_prints_in_full():
@@ -149,12 +167,39 @@ def test_a_runaway_template_ends_the_build_with_exit_4_naming_the_row(tmp_path):
             "chat_template.jinja": b"{{ 'x' * 10**12 }}",
         },
     )
-    done = run_cli("--manifest", str(manifest), "--out", str(tmp_path / "out"), hf_home=tmp_path)
-    assert done.returncode == 4, done.stderr
-    assert "Traceback" not in done.stderr
-    assert "source row" in done.stderr and "(id 'c" in done.stderr
-    assert "chat_template.jinja" in done.stderr
-    assert "limits.render_chars (8,000,000)" in done.stderr
+    stderr = tmp_path / "stderr"
+    with open(stderr, "w") as err:
+        build = subprocess.Popen(
+            [sys.executable, str(CLI), "--manifest", str(manifest), "--out", str(tmp_path / "out")],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=cli_env(tmp_path),
+            cwd=REPO,
+        )
+        # the build's own usage (its workers' included), whatever else this process started
+        _, status, usage = os.wait4(build.pid, 0)
+        build.returncode = os.waitstatus_to_exitcode(status)
+    text = stderr.read_text()
+    assert build.returncode == 4, text
+    assert "Traceback" not in text
+    assert "source row" in text and "(id 'c" in text
+    assert "chat_template.jinja" in text
+    assert "limits.render_chars (8,000,000)" in text
     assert not list((tmp_path / "out").glob("*.parquet"))
-    # every process this test started, the build's included: far from the 12.9 GB it once took
-    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss < 2 * 1024 * 1024
+    # far from the 12.9 GB it once took (ru_maxrss in KiB)
+    assert usage.ru_maxrss < 2 * 1024 * 1024
+
+
+@pytest.mark.parametrize("loss_mask", ["glm5", "hf-generation", "turns"])
+@pytest.mark.parametrize(
+    "template", ["{% for %}", "{{ " + "(" * 3000 + "1" + ")" * 3000 + " }}"], ids=["syntax", "deep"]
+)
+def test_a_template_that_cannot_compile_is_refused_before_any_work(loss_mask, template):
+    from tokenizers import Tokenizer
+
+    from builders.errors import PinnedInputError
+    from builders.formats import FormatSpec, format_class
+
+    spec = FormatSpec(loss_mask, template, "<|endoftext|>", ("<|endoftext|>",))
+    with pytest.raises(PinnedInputError, match=r"\(chat_template\.jinja\) is not valid Jinja"):
+        format_class(loss_mask).check_inputs(spec, Tokenizer.from_str(tokenizer_json().decode()))

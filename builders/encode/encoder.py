@@ -23,6 +23,7 @@ from builders.formats import FormatSpec, make_format
 from builders.formats.base import Annotated, located
 from builders.formats.vocab import Vocab
 from builders.inputs.layout import tool_counts
+from builders.limits import conversation_chars
 
 
 @dataclass(frozen=True)
@@ -115,10 +116,18 @@ class ConversationEncoder:
         The chat format does it (``ChatFormat.annotate``). A row the source could not read as its
         layout says (``layout_error``: ``builders.inputs.source``) is a SourceDataError naming it.
         """
+        limit = self.spec.limits.conversation_chars
         for row in rows:
             if row.get("layout_error"):
                 with located(row):
                     raise ConversationError(row["layout_error"])
+            # the reader refuses a longer row before it parses it; this holds for any caller
+            if (size := conversation_chars(row["messages"])) > limit:
+                with located(row):
+                    raise ConversationError(
+                        f"the conversation holds {size:,} characters, more than "
+                        f"limits.conversation_chars ({limit:,})"
+                    )
         return self.format.annotate(rows, self.engine, tuple(rules))
 
     def materialize(

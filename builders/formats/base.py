@@ -41,6 +41,7 @@ from tokenizers import Tokenizer
 from builders.contract import Contract
 from builders.errors import ConversationError, RefusedConversation
 from builders.formats import FormatSpec, refusal
+from builders.formats.render import check_template
 from builders.formats.vocab import Vocab
 
 # the classes of a format whose mask is fixed
@@ -116,9 +117,10 @@ class ChatFormat(ABC):
     def check_inputs(cls, spec: FormatSpec, tokenizer: Tokenizer) -> None:
         """Refuse, before any work, inputs this format cannot use.
 
-        A refusal is a ManifestError or PinnedInputError; by default nothing is refused.
+        A refusal is a ManifestError or PinnedInputError; by default a chat template that does not
+        compile is refused.
         """
-        return None
+        check_template(spec)
 
     @classmethod
     def refusal(cls, contract: Contract) -> tuple[str, str] | None:

@@ -17,6 +17,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 import jinja2
 from transformers.utils.chat_template_utils import _cached_compile_jinja_template
 
+from builders.errors import PinnedInputError
 from builders.formats.sandbox import BoundedSandbox, TemplateFailure
 from builders.limits import DEFAULT_LIMITS
 
@@ -135,6 +136,19 @@ class ChatRenderer:
             return "".join(blocks)
 
         return _failing_as_template_errors(generate)
+
+
+def check_template(spec) -> None:
+    """Refuse, before any work, a chat template (of ``FormatSpec`` ``spec``) that cannot compile.
+
+    A syntax error, or one Jinja's parser cannot take (nested too deeply): a PinnedInputError.
+    """
+    try:
+        ChatRenderer(spec.chat_template, render_chars=spec.limits.render_chars).environment()
+    except jinja2.TemplateError as err:
+        raise PinnedInputError(
+            f"the pinned chat template ({spec.template_source}) is not valid Jinja: {err}"
+        ) from err
 
 
 def _failing_as_template_errors(work, *args):

@@ -26,14 +26,24 @@ from itertools import islice
 
 import jinja2
 from jinja2.compiler import CodeGenerator, optimizeconst
+from jinja2.runtime import Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace, generate_lorem_ipsum
 
 # a render may build this many times render_chars in all (its values and what it prints)
 BUILD_FACTOR = 16
 _DIGITS = re.compile(r"\d+")
-# a character of str(value) per bit of an int, rounded up
+# a printf field's flags, width and precision ('%-10.3f'); a format field's spec ('{:>10}')
+_PRINTF_FIELD = re.compile(r"%(?:\([^)]*\))?([-#0 +]*[0-9]*(?:\.[0-9]*)?)")
+_FORMAT_SPEC = re.compile(r"\{[^{}:]*:([^{}]*)")
+# a replacement field inside another: its value is a width
+_NESTED_FIELD = re.compile(r"\{[^{}]*\{")
+# the bits of an int per decimal digit (3.32), rounded down: its digits counted high
 _BITS_PER_DIGIT = 3
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+_SIZED = (str, bytes, *_CONTAINERS)
+# measured item by item
+_MEASURED = (*_CONTAINERS, Namespace)
 
 
 class RenderLimitError(jinja2.TemplateError):
@@ -48,44 +58,49 @@ def text_size(value, limit: int) -> int:
     """About the length of ``str(value)``, counted up to just past ``limit``.
 
     Strings count their characters, containers their items' sizes, each item a few characters
-    more; the count stops once it passes ``limit``, so a value of any size is measured in bounded
-    time.
+    more (a container inside itself, as ``str`` prints it, a few); the count stops once it
+    passes ``limit``, so a value of any size is measured in bounded time.
     """
-    total, pending = 0, [value]
+    total, pending, inside = 0, [(value, False)], set()
     while pending and total <= limit:
-        item = pending.pop()
-        if isinstance(item, (str, bytes)):
+        item, leaving = pending.pop()
+        # by type: isinstance would ask a Namespace for its __class__, slowly
+        kind = type(item)
+        if leaving:
+            inside.discard(id(item))
+        elif issubclass(kind, (str, bytes)):
             total += len(item) + 2
-        elif isinstance(item, bool) or item is None:
+        elif kind is bool or item is None:
             total += 5
-        elif isinstance(item, int):
+        elif issubclass(kind, int):
             total += item.bit_length() // _BITS_PER_DIGIT + 2
-        elif isinstance(item, dict):
-            total += 2 + 2 * len(item)
-            pending.extend(islice(_pairs(item), limit))
-        elif isinstance(item, (list, tuple, set, frozenset)):
-            total += 2 + 2 * len(item)
-            pending.extend(islice(item, limit))
-        elif isinstance(item, Namespace):
-            pending.append(item._Namespace__attrs)
+        elif issubclass(kind, _MEASURED):
+            total += 5
+            if id(item) in inside:
+                continue
+            inside.add(id(item))
+            pending.append((item, True))
+            pending.extend((child, False) for child in islice(_items(item), limit))
         else:
             total += 64
     return total
 
 
-def _pairs(mapping: dict):
-    for key, value in mapping.items():
+def _items(container):
+    """What ``str(container)`` prints: its items, a mapping's keys and values."""
+    if issubclass(type(container), Namespace):
+        container = container._Namespace__attrs
+    if not issubclass(type(container), dict):
+        yield from container
+        return
+    for key, value in container.items():
         yield key
         yield value
 
 
-_CONTAINERS = (list, tuple, dict, set, frozenset)
-_SIZED = (str, bytes, *_CONTAINERS)
-
-
 def _length(value) -> int:
     """The characters, items or (about) digits of a value, without looking inside it."""
-    if isinstance(value, _SIZED):
+    if issubclass(type(value), _SIZED):
         return len(value)
     if type(value) is int:
         return value.bit_length() // _BITS_PER_DIGIT
@@ -97,11 +112,15 @@ def _number(value) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def _widths(text) -> int:
-    """The sum of the numbers written in a format string: its widths and precisions at most."""
+def _widths(text, spec: re.Pattern) -> int:
+    """The sum of the widths and precisions of a format string's fields (``spec`` finds them)."""
     if not isinstance(text, str):
         return 0
-    return sum(int(d) if len(d) < 10 else 10**10 for d in _DIGITS.findall(text))
+    return sum(
+        int(d) if len(d) < 10 else 10**10
+        for field in spec.findall(text)
+        for d in _DIGITS.findall(field)
+    )
 
 
 class _CodeGenerator(CodeGenerator):
@@ -133,6 +152,8 @@ class _Buffer(list):
     The block's text becomes a value: it may not be larger than render_chars.
     """
 
+    __slots__ = ("environment", "size")
+
     def __init__(self, environment: BoundedSandbox):
         super().__init__()
         self.environment = environment
@@ -163,7 +184,8 @@ class _NoOtherTemplates(jinja2.BaseLoader):
 class BoundedSandbox(ImmutableSandboxedEnvironment):
     """transformers' template sandbox, refusing values beyond ``render_chars``.
 
-    ``begin()`` starts a render's count; ``printed(text)`` counts what it prints.
+    ``begin()`` starts a render's count; ``printed(text)`` counts what it prints. It counts one
+    render at a time: a renderer is not shared between threads.
     """
 
     code_generator_class = _CodeGenerator
@@ -207,18 +229,15 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
                 f"({self.render_chars:,}) characters in all"
             )
 
-    def refuse_beyond(self, size: int, what) -> None:
-        """Refuse to make ``what``, of about ``size`` characters, beyond render_chars.
-
-        ``what`` names it: a text, or a function that gives it.
-        """
+    def refuse_beyond(self, size: int, what: str) -> None:
+        """Refuse to make ``what``, of about ``size`` characters, beyond render_chars."""
         if size > self.render_chars:
             raise RenderLimitError(
-                f"{what if isinstance(what, str) else what()} would make about {size:,} "
-                f"characters, more than limits.render_chars ({self.render_chars:,})"
+                f"{what} would make about {size:,} characters, more than limits.render_chars "
+                f"({self.render_chars:,})"
             )
 
-    def checked(self, value, what):
+    def checked(self, value, what: str):
         """``value``, counted; refused where it is larger than render_chars."""
         if type(value) is str:
             # the common case, first
@@ -226,7 +245,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
             self.spend(len(value))
             return value
         size = _length(value)
-        if isinstance(value, _CONTAINERS) or type(value) is Namespace:
+        if issubclass(type(value), _MEASURED):
             self.refuse_beyond(text_size(value, self.render_chars), what)
         self.refuse_beyond(size, what)
         self.spend(size)
@@ -249,11 +268,15 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         return self.checked(super().call_binop(context, operator, left, right), f"{operator!r}")
 
     def call(__self, __context, __obj, *args, **kwargs):
-        def name() -> str:
-            return getattr(getattr(__obj, "__wrapped__", __obj), "__name__", "a call")
-
-        __self.refuse_beyond(_call_size(__obj, args, kwargs, __self.render_chars), name)
-        return __self.checked(super().call(__context, __obj, *args, **kwargs), name)
+        size = _call_size(__obj, args, kwargs, __self.render_chars)
+        if size > __self.render_chars:
+            __self.refuse_beyond(size, _call_name(__obj))
+        value = super().call(__context, __obj, *args, **kwargs)
+        if type(value) is str and len(value) <= __self.render_chars:
+            # the common case (a macro's text, a string method's), first
+            __self.spend(len(value))
+            return value
+        return __self.checked(value, _call_name(__obj))
 
     def _bounded(self, name: str, function):
         """Filter ``name``, refused beyond render_chars before and after it runs."""
@@ -277,6 +300,10 @@ def _sized(size, env: BoundedSandbox, args: tuple, kwargs: dict) -> int:
         return 0
 
 
+def _call_name(obj) -> str:
+    return getattr(getattr(obj, "__wrapped__", obj), "__name__", "a call")
+
+
 def _binop_size(operator: str, left, right, limit: int) -> int:
     """The size of ``left operator right``'s result, where it can be large; 0 otherwise."""
     if operator == "*":
@@ -292,7 +319,7 @@ def _binop_size(operator: str, left, right, limit: int) -> int:
     if operator == "%" and isinstance(left, (str, bytes)):
         args = right if isinstance(right, tuple) else (right,)
         stars = sum(abs(_number(a)) for a in args) if b"*" in _ascii(left) else 0
-        return len(left) + _widths(_text(left)) + stars + text_size(args, limit)
+        return len(left) + _widths(_text(left), _PRINTF_FIELD) + stars + text_size(args, limit)
     return 0
 
 
@@ -314,11 +341,15 @@ _SIZED_CALLS = _PADDING | {
     "join",
     "strftime",
     "strftime_now",
+    "translate",
 }
 
 
 def _call_size(obj, args: tuple, kwargs: dict, limit: int) -> int:
     """The size of the result of a call that can build a large value; 0 otherwise."""
+    if type(obj) is Macro:
+        # a macro's text is measured as it is built
+        return 0
     target = getattr(obj, "__wrapped__", obj)
     name = getattr(target, "__name__", "")
     if name not in _SIZED_CALLS and target is not generate_lorem_ipsum:
@@ -335,10 +366,21 @@ def _call_size(obj, args: tuple, kwargs: dict, limit: int) -> int:
             return _replaced_size(owner, *values[:3])
         if name in ("format", "format_map"):
             return (
-                len(owner) + _widths(owner) + text_size(values, limit) + sum(map(_number, values))
+                len(owner)
+                + _widths(_text(owner), _FORMAT_SPEC)
+                + text_size(values, limit)
+                # a width given by an argument: '{:{}}'
+                + (
+                    sum(abs(_number(v)) for v in values)
+                    if _NESTED_FIELD.search(_text(owner))
+                    else 0
+                )
             )
         if name == "join" and values:
             return _joined_size(owner, values[0], limit)
+        if name == "translate" and values and isinstance(values[0], dict):
+            longest = max((len(v) for v in values[0].values() if isinstance(v, str)), default=1)
+            return len(owner) * longest
     if target is generate_lorem_ipsum:
         count, *_ = (*args, kwargs.get("n", 5))
         return _number(count) * 100 * 12

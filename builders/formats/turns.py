@@ -35,7 +35,7 @@ from builders.contract import Contract
 from builders.errors import ConversationError, ManifestError, PinnedInputError, UsageError
 from builders.formats import tools as tool_calls
 from builders.formats.base import Annotated, ChatFormat, located
-from builders.formats.render import ChatRenderer
+from builders.formats.render import ChatRenderer, check_template
 from builders.formats.vocab import char_spans
 from builders.messages import TEXT_FIELDS, normalize_messages, split_step_loss_mask
 
@@ -596,13 +596,8 @@ def check_spec(spec, tokenizer) -> None:
                     f"{name}: {token!r} is not a special token of the pinned tokenizer.json "
                     f"(the turns mask needs each to be one special token)"
                 )
-    try:
-        clock = calls_strftime_now(spec.chat_template)
-    except jinja2.TemplateSyntaxError as err:
-        raise PinnedInputError(
-            f"the pinned chat template ({spec.template_source}) is not valid Jinja: {err}"
-        ) from err
-    if clock and spec.render_date is None:
+    check_template(spec)
+    if calls_strftime_now(spec.chat_template) and spec.render_date is None:
         raise ManifestError(
             "tokenizer.render_date: the chat template calls strftime_now (it prints a date); "
             "pin the date it sees with render_date: YYYY-MM-DD, "

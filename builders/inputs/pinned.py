@@ -363,7 +363,8 @@ def open_source(manifest: Manifest, snapshots: Snapshots) -> Source:
         [
             (pin, dataset_files(pin, folder))
             for pin, folder in zip(manifest.datasets, snapshots.datasets, strict=True)
-        ]
+        ],
+        manifest.limits.conversation_chars,
     )
 
 
