@@ -135,6 +135,12 @@ def test_a_file_alone_verifies_against_its_rows_sha256(moved, tmp_path):
     assert done.returncode == 5
     result = json.loads(done.stdout)
     assert result["verified"] is False and result["figures"]["rows_sha256"] == pinned
+    assert "the pin is likely mistyped" in result["notes"][0]
+    # another build's rows entirely
+    other = "ab" * 32
+    done = run_cli("--verify", str(alone), "--rows-sha256", other)
+    assert done.returncode == 5 and f"DIFFERS     rows_sha256: expected {other}" in done.stdout
+    assert f"the rows are not the rows {other} names" in done.stderr
 
 
 @pytest.mark.parametrize(
