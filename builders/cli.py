@@ -1,4 +1,4 @@
-"""Command line: build, verify, inspect, diff, download, explain.
+"""Command line: build, plan, pin, verify, inspect, diff, download, explain.
 
 The commands build, verify, inspect, diff, download and explain row files named by manifests; write
 the manifest a recipe card implies, and check a card against its manifest.
@@ -18,11 +18,19 @@ import traceback
 from pathlib import Path
 
 from builders import __version__
-from builders.errors import BuildError, OutputError, UsageError, VerificationError
+from builders.errors import (
+    BuildError,
+    OutputError,
+    SourceDataError,
+    UsageError,
+    VerificationError,
+)
 from builders.runtime import stopping
 
 COMMANDS = (
     "build",
+    "plan",
+    "pin",
     "verify",
     "inspect",
     "diff",
@@ -46,6 +54,8 @@ examples:
   %(prog)s --build glm47flash-tulu3-fixed8192-v1          # manifests/NAME.yaml → out/NAME.parquet
   %(prog)s --build fixture-synthetic-v1 --fixture-cache .fixture-cache   # self-contained, offline
   %(prog)s --manifest my.yaml --out /data/rows
+  %(prog)s plan --manifest my.yaml --all                  # what the build will give, nothing written
+  %(prog)s pin --dataset ./chats --files "*.jsonl"        # the pinned YAML block of a folder (or a repo)
   %(prog)s --verify out/glm47flash-tulu3-fixed8192-v1.parquet
   %(prog)s verify moved/NAME.parquet --rows-sha256 HEX  # a file without its report: the card's hash
   %(prog)s download --build glm47flash-tulu3-fixed8192-v1  # fetch the pinned inputs, then build offline
@@ -56,8 +66,8 @@ examples:
   %(prog)s check-recipe CARD.yaml --rows out/NAME.parquet # CI: the card's figures = its manifest's (and the file's)
   %(prog)s export out/NAME.parquet --to trl --to miles    # beside it: NAME.trl.parquet, NAME.miles.parquet
 
-commands (each has --help): build (the default), verify, inspect, diff, download, explain, manifest,
-check-recipe, export.
+commands (each has --help): build (the default), plan, pin, verify, inspect, diff, download,
+explain, manifest, check-recipe, export.
 -q, -v and --json go before or after the command.
 inputs come from the Hugging Face Hub, or offline from the HF cache (HF_HOME, HF_HUB_OFFLINE=1).
 
@@ -68,6 +78,7 @@ exit codes:
   2   bad command line, manifest, recipe card, or input file (no such file, not a parquet row file)
   3   a pinned input is missing, unresolvable or does not match its sha256
   4   the source holds a conversation the row contract cannot render, or too few rows
+      (plan: the build would stop so)
   5   a figure differs from the manifest (a build keeps its file as NAME.unverified.parquet);
       explain: no reading of the row contract reproduces the pinned rows_sha256;
       check-recipe: a figure on the card differs from the manifest's, or the --rows file's
@@ -110,17 +121,34 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--no-card", action="store_true", help="do not write the data card and its plots"
     )
-    b.add_argument(
-        "--workers",
-        type=_workers,
-        default="auto",
-        metavar="N|auto",
-        help="processes that decode, render and tokenize (default auto: one per core the build may "
-        "use, or this process alone, whose tokenizer uses every core, on 2 cores or fewer, where "
-        "that measured fastest: see docs/performance.md); the rows are the same for any number",
-    )
+    _workers_option(b)
     _engine_option(b)
     _hub_options(b)
+
+    pl = command(
+        "plan",
+        "what a build will give, streamed as the build streams, nothing written: rows, "
+        "conversations, tokens, supervised ratio, refused conversations, rows the source can give",
+    )
+    _manifest_options(pl)
+    pl.add_argument(
+        "--all",
+        dest="everything",
+        action="store_true",
+        help="read every source row: count every row the source gives and list every refused "
+        "conversation (a build stops at the first, or past leave_out_refused)",
+    )
+    _workers_option(pl)
+    _engine_option(pl)
+    _hub_options(pl)
+
+    pn = command(
+        "pin",
+        "write the pinned YAML block of a dataset or tokenizer: a Hub repo (its revision resolved "
+        "online, or read from the HF cache offline) or a local folder; what it cannot know it "
+        "leaves out and says so",
+    )
+    _pin_options(pn)
 
     v = command("verify", "re-read a built file and check it against its manifest")
     v.add_argument("file", type=Path, help="the parquet file to verify")
@@ -310,6 +338,24 @@ def _manifest_options(p, default_help: str | None = None) -> None:
     )
 
 
+def _workers_option(p) -> None:
+    p.add_argument(
+        "--workers",
+        type=_workers,
+        default="auto",
+        metavar="N|auto",
+        help="processes that decode, render and tokenize (default auto: one per core the build may "
+        "use, or this process alone, whose tokenizer uses every core, on 2 cores or fewer, where "
+        "that measured fastest: see docs/performance.md); the rows are the same for any number",
+    )
+
+
+def _pin_options(p) -> None:
+    from builders.inputs.pin_command import add_options
+
+    add_options(p)
+
+
 def _engine_option(p) -> None:
     p.add_argument(
         "--engine",
@@ -348,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
         stopping.install()
         return {
             "build": _build,
+            "plan": _plan,
+            "pin": _pin,
             "verify": _verify,
             "inspect": _inspect,
             "diff": _diff,
@@ -416,7 +464,8 @@ def _hub(args, manifest):
     from builders.fixture.make import OWNER, make_fixture_cache, shared_dir, shared_repos
     from builders.inputs.pinned import Hub
 
-    repos = {manifest.tokenizer.repo, *(pin.repo for pin in manifest.datasets)}
+    pins = (manifest.tokenizer, *manifest.datasets)
+    repos = {pin.repo for pin in pins if not pin.local}
     if args.fixture_cache is None:
         fixtures = frozenset(repo for repo in repos if repo.startswith(f"{OWNER}/"))
         # fixture repos are never on the Hub: no time is spent asking it for them
@@ -427,6 +476,8 @@ def _hub(args, manifest):
             f"{manifest.name} is made from the real data folder (pinned/ and data/): add --shared "
             "DIR or set FIXED_SFT_SHARED"
         )
+    if not (args.quiet or args.json):
+        print(f"laying out the fixture HF cache in {args.fixture_cache}", file=sys.stderr)
     make_fixture_cache(args.fixture_cache, shared)
     return Hub(cache_dir=args.fixture_cache / "hub", offline=True)
 
@@ -503,6 +554,32 @@ def _build(args) -> int:
         _print_checks(result.verification)
         print(f"{_outcome(result.verification)}: {result.parquet} (report: {result.report})")
     return _exit_code(result.verification)
+
+
+def _plan(args) -> int:
+    from builders.views.plan import describe, plan
+
+    manifest = _manifest(args)
+    result = plan(
+        manifest,
+        _hub(args, manifest),
+        _reporter(args),
+        everything=args.everything,
+        workers=args.workers,
+        engine=args.engine,
+    )
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2, sort_keys=True, ensure_ascii=False))
+    else:
+        for line in describe(result):
+            print(line)
+    return 0 if result.ok else SourceDataError.exit_code
+
+
+def _pin(args) -> int:
+    from builders.inputs.pin_command import run
+
+    return run(args, quiet=args.quiet)
 
 
 def _verify(args) -> int:
@@ -596,6 +673,7 @@ def _inspect(args) -> int:
     else:
         manifest = _manifest(args)
     hub = _hub(args, manifest)
+    _reporter(args).info(f"reading the pinned inputs of {manifest.name}")
     if args.source_index is not None:
         view = inspect_source(manifest, hub, args.source_index)
     else:

@@ -208,14 +208,15 @@ def test_workers_encode_as_this_process_does():
             encoding.submit(table.slice(0, 25), positions[:25], waiting)
             encoding.submit(table.slice(25), positions[25:], waiting)
             for position in positions.tolist():
-                try:
-                    out[position] = encoding.take(waiting, position)
-                except SourceDataError as err:
-                    out[position] = str(err)
+                item = encoding.take(waiting, position)
+                # a refused conversation, by where it is and why
+                refused = isinstance(item, SourceDataError)
+                out[position] = item.as_dict() if refused else item
         return out
 
     here, there = encoded(InProcess()), encoded(Pool(2))
-    assert "role 'function'" in here[107] and there[107] == here[107]
+    assert "role 'function'" in here[107]["reason"] and there[107] == here[107]
+    assert here[107]["source_index"] == 7
     for position in positions.tolist():
         mine, theirs = here[position], there[position]
         if position != 107:

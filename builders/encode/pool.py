@@ -34,11 +34,11 @@ import pyarrow as pa
 from builders.encode import engines
 from builders.encode.encoder import ConversationEncoder, EncodedConversation
 from builders.encode.worker import Worker, encode_rows
-from builders.errors import EngineDisagreement, SourceDataError
+from builders.errors import EngineDisagreement, RefusedConversation
 from builders.inputs.layout import conversations
 from builders.inputs.source import Source
 
-# stream position → EncodedConversation, or the SourceDataError of that conversation
+# stream position → EncodedConversation, or the RefusedConversation of that conversation
 Encoded = dict
 # cores on which --workers auto encodes in this process
 IN_PROCESS_UP_TO = 2
@@ -73,7 +73,9 @@ class Encoding(Protocol):
     def finish(self) -> None: ...
     def submit(self, table: pa.Table, positions: np.ndarray, encoded: Encoded) -> None: ...
     def ready(self, encoded: Encoded, position: int) -> bool: ...
-    def take(self, encoded: Encoded, position: int) -> EncodedConversation: ...
+    def take(
+        self, encoded: Encoded, position: int
+    ) -> EncodedConversation | RefusedConversation: ...
 
 
 class InProcess:
@@ -129,8 +131,9 @@ class InProcess:
     def ready(self, encoded: Encoded, position: int) -> bool:
         return position in encoded
 
-    def take(self, encoded: Encoded, position: int) -> EncodedConversation:
-        return _unwrap(encoded.pop(position))
+    def take(self, encoded: Encoded, position: int) -> EncodedConversation | RefusedConversation:
+        """The conversation at ``position``, or why the contract refused it."""
+        return encoded.pop(position)
 
 
 class Pool(InProcess):
@@ -233,12 +236,12 @@ class Pool(InProcess):
             self._collect(encoded, block=False)
         return position in encoded
 
-    def take(self, encoded: Encoded, position: int) -> EncodedConversation:
+    def take(self, encoded: Encoded, position: int) -> EncodedConversation | RefusedConversation:
         while position not in encoded:
             if not any(worker.in_flight for worker in self.workers):
                 raise RuntimeError(f"stream position {position} was never submitted for encoding")
             self._collect(encoded, block=True)
-        return _unwrap(encoded.pop(position))
+        return encoded.pop(position)
 
     def _collect(self, encoded: Encoded, block: bool) -> None:
         """Take what the workers have sent.
@@ -270,9 +273,3 @@ def encoding(workers: int) -> Encoding:
     told what to encode with by ``start``.
     """
     return InProcess() if workers <= 1 else Pool(workers)
-
-
-def _unwrap(item) -> EncodedConversation:
-    if isinstance(item, SourceDataError):
-        raise item
-    return item

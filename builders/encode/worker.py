@@ -53,7 +53,12 @@ from builders import errors
 from builders.contract import Contract
 from builders.encode import engines
 from builders.encode.encoder import ConversationEncoder, EncodedConversation
-from builders.errors import BuildError, SourceDataError, UsageError, WorkerError
+from builders.errors import (
+    BuildError,
+    RefusedConversation,
+    UsageError,
+    WorkerError,
+)
 from builders.formats import FormatSpec
 from builders.inputs.layout import conversations
 from builders.inputs.source import Source
@@ -136,7 +141,7 @@ class Worker:
     def receive(self) -> tuple[list[tuple[int, object]], pa.Table | None]:
         """The next message.
 
-        For a task, each position's EncodedConversation or SourceDataError, and for a group the
+        For a task, each position's EncodedConversation or RefusedConversation, and for a group the
         rows held back (with their ``position``); nothing for ``ready``. A worker that died raises
         WorkerError; one that failed, the user's error it met, or RuntimeError (a fault in the
         builder).
@@ -164,7 +169,7 @@ class Worker:
             self.started, self.choice = True, header["engine"]
             return [], None
         self.in_flight -= 1
-        failed = [(position, SourceDataError(message)) for position, message in header["errors"]]
+        failed = [(error[0], RefusedConversation(*error[1:])) for error in header["errors"]]
         return _conversations(results) + failed, later
 
     def stop(self) -> None:
@@ -273,9 +278,9 @@ def serve(fd: int) -> None:
                 _fail(channel, err)
                 return
             failed = [
-                (position, str(item))
+                (position, item.index, item.id, item.reason)
                 for position, item in results
-                if isinstance(item, SourceDataError)
+                if isinstance(item, RefusedConversation)
             ]
             channel.send_bytes(
                 json.dumps(
@@ -395,20 +400,20 @@ def _group_rows(
 def encode_rows(
     encoder: ConversationEncoder, rows: list[dict], positions
 ) -> list[tuple[int, object]]:
-    """Each row's encoded conversation (or its SourceDataError).
+    """Each row's encoded conversation (or its RefusedConversation).
 
     Each comes with its position.
     """
     positions = [int(p) for p in positions]
     try:
         return list(zip(positions, encoder.encode(rows), strict=True))
-    except SourceDataError:
+    except RefusedConversation:
         # which of them: one at a time
         out = []
         for row, position in zip(rows, positions, strict=True):
             try:
                 out.append((position, encoder.encode([row])[0]))
-            except SourceDataError as err:
+            except RefusedConversation as err:
                 out.append((position, err))
         return out
 

@@ -149,7 +149,7 @@ class Layout:
             normalized = normalize_messages(
                 renamed,
                 fields=MESSAGE_KEYS,
-                roles=READ_ROLES,
+                peer=True,
                 arguments=self.arguments,
                 names=self.stored,
             )

@@ -217,7 +217,11 @@ def verify(figures: dict, manifest: Manifest, built_from: dict | None = None) ->
             "rows",
             manifest.rows,
             figures["rows"],
-            "ok" if figures["rows"] == manifest.rows else "differs",
+            "not pinned"
+            if manifest.rows is None
+            else "ok"
+            if figures["rows"] == manifest.rows
+            else "differs",
         )
     ]
     for name in PINNED_FIGURES:

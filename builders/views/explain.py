@@ -458,6 +458,13 @@ def explain(
 
     With ``everything``, all of them; else up to the first that reproduces rows_sha256.
     """
+    if manifest.rows is None or manifest.leave_out_refused:
+        raise UsageError(
+            f"{manifest.path}: explain compares readings over a fixed number of rows with no "
+            "conversation left out: pin rows: N (the report's figures.rows) and leave out "
+            "leave_out_refused"
+        )
+    reporter.info(f"reading the pinned inputs of {manifest.name}")
     pinned, source = pinned_inputs(manifest, hub)
     check_source_rows(manifest, source)
     chosen = engines.choose(engine, pinned.tokenizer, pinned.tokenizer_json, pinned.chat_template)
