@@ -202,3 +202,11 @@ def test_a_moved_build_of_local_folders_pinned_by_relative_path(fixture_cache, t
     done = run_cli("inspect", str(moved), "--row", "1", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["spans"]
+
+
+def test_diff_decodes_with_the_manifest_the_report_records(moved, fixture_cache):
+    folder, _ = moved
+    file = str(folder / f"{NAME}.parquet")
+    done = run_cli("diff", file, file, hf_home=fixture_cache)
+    assert done.returncode == 0, done.stderr
+    assert "no decoded text" not in done.stderr
