@@ -31,7 +31,9 @@ from builders.inputs.pinned import (
     Hub,
     PinnedTokenizer,
     hashed_files,
-    pinned_inputs,
+    load_pinned_tokenizer,
+    open_source,
+    resolve,
     source_files,
 )
 from builders.inputs.source import Source
@@ -97,8 +99,11 @@ def build(
                     rows = packed(manifest, source, reference, stream, stats, manifest.rows)
                     figures = _write_rows(manifest, rows, parquet.temporary, stats, reporter)
                     _report_left_out(stream, stats, reporter)
-                    # the last cross-checks, before anything is kept
+                    # the engine each worker chose, and the last cross-checks, before anything is
+                    # kept
+                    chosen = encoding.settle()
                     encoding.finish()
+                reporter.info(chosen.describe())
                 with timings.stage("hash_s"):
                     computed = {**figures.as_dict(), **file_hash(parquet.temporary)}
                     hashed_sources = [
@@ -117,7 +122,7 @@ def build(
                 stats,
                 (requested, workers),
                 hashed_sources,
-                inputs.chosen,
+                chosen,
                 stream,
                 reference.format.describe(),
             )
@@ -150,7 +155,6 @@ class Prepared:
     encoding: parallel.Encoding
     # encoded with ``encoding``
     stream: Stream
-    chosen: engines.Choice
 
 
 @contextmanager
@@ -178,26 +182,32 @@ def prepared(
     )
     with ExitStack() as scope:
         with timings.stage("resolve_inputs_s"):
-            # workers start while inputs open
+            # workers start while inputs open, and load what they encode with while the build
+            # checks and plans (see builders.encode.pool)
             encoding = scope.enter_context(parallel.encoding(workers))
-            pinned, source = pinned_inputs(manifest, hub)
+            snapshots = resolve(manifest, hub)
+            encoding.load(
+                snapshots.tokenizer / "tokenizer.json", manifest.tokenizer.sha256["tokenizer.json"]
+            )
+            pinned = load_pinned_tokenizer(
+                manifest.tokenizer, snapshots.tokenizer, manifest.loss_mask, manifest.limits
+            )
+            source = open_source(manifest, snapshots)
+            encoding.start(pinned, manifest.contract, engine, source)
             # every source file's bytes are hashed beside the build, and checked before anything
             # is put in place
             source_hashes = scope.enter_context(hashed_files(source_files(source)))
             order = _checked_order(manifest, source)
             reference = ConversationEncoder(pinned.tokenizer, pinned.spec, manifest.contract)
-            # the engine is chosen (in the workers, where there are workers) while the build plans
-            encoding.start(reference, engine, pinned.tokenizer_json, source)
             leave_out = None if whole_source else manifest.leave_out_refused
             stream = Stream(source, order, needed_tokens, leave_out)
             stream.plan(reference)
-            chosen = encoding.settle()
+            encoding.begin(reference)
         reporter.info(
             f"inputs resolved: {source.num_rows:,} source rows in {len(source.files)} files"
             + (f" of {len(source.pins)} datasets, {len(order):,} kept" if manifest.mixture else "")
             + " (their bytes are hashed and checked beside the build)"
         )
-        reporter.info(chosen.describe())
         reporter.detail(
             f"tokenizer snapshot {pinned.snapshot}; source files: "
             f"{', '.join(str(f.path) for f in source.files)}"
@@ -214,7 +224,6 @@ def prepared(
             reference,
             encoding,
             stream.encoded_with(encoding),
-            chosen,
         )
 
 
@@ -408,6 +417,12 @@ def _report(
         "workers": workers[1],
         "workers_requested": workers[0],
         "cores": len(os.sched_getaffinity(0)),
-        "engine": {**chosen.as_dict(), "conversations_cross_checked": stats.cross_checked},
+        # with tokenizers chosen, nothing was compared (engines.Provisional sampled some before)
+        "engine": {
+            **chosen.as_dict(),
+            "conversations_cross_checked": stats.cross_checked
+            if chosen.name != "tokenizers"
+            else 0,
+        },
         "argv": sys.argv,
     }
