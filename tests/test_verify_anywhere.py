@@ -16,6 +16,7 @@ import shutil
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from test_local_pins import local_manifest
 from tokenizers import Tokenizer
 
 from builders.fixture.make import tokenizer_json
@@ -135,6 +136,12 @@ def test_a_file_alone_verifies_against_its_rows_sha256(moved, tmp_path):
     assert done.returncode == 5
     result = json.loads(done.stdout)
     assert result["verified"] is False and result["figures"]["rows_sha256"] == pinned
+    assert "the pin is likely mistyped" in result["notes"][0]
+    # another build's rows entirely
+    other = "ab" * 32
+    done = run_cli("--verify", str(alone), "--rows-sha256", other)
+    assert done.returncode == 5 and f"DIFFERS     rows_sha256: expected {other}" in done.stdout
+    assert f"the rows are not the rows {other} names" in done.stderr
 
 
 @pytest.mark.parametrize(
@@ -171,3 +178,35 @@ def test_an_unpinned_build_says_the_same_on_its_card_and_command_line(fixture_ca
     assert "built, nothing pinned to verify:" in done.stdout
     card = (tmp_path / "out" / f"{NAME}.md").read_text()
     assert "**Built, nothing pinned to verify**" in card and "Verified" not in card
+
+
+def test_a_moved_build_of_local_folders_pinned_by_relative_path(fixture_cache, tmp_path):
+    """The recorded manifest's relative paths resolve against its folder, as at the build."""
+    shipped = yaml.safe_load((MANIFESTS / f"{SELF_CONTAINED}.yaml").read_text())
+    snapshots = fixture_cache / "hub"
+    for repo, kind, to in (("dataset", "datasets", "chats"), ("tokenizer", "models", "tok")):
+        pin = shipped[repo]
+        name = f"{kind}--{pin['repo'].replace('/', '--')}"
+        shutil.copytree(snapshots / name / "snapshots" / pin["revision"], tmp_path / "in" / to)
+    manifest = local_manifest(tmp_path / "in", name="local-v1")
+    # named relative to where it was built; verified from elsewhere
+    relative = str(manifest.relative_to(tmp_path))
+    built = run_cli("--manifest", relative, "--out", str(tmp_path / "out"), "-q", cwd=tmp_path)
+    assert built.returncode == 0, built.stderr
+    manifest.unlink()
+    shutil.move(tmp_path / "out", tmp_path / "moved")
+    moved = tmp_path / "moved" / "local-v1.parquet"
+    done = run_cli("--verify", str(moved))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"ok          rows_sha256: {shipped['expect']['rows_sha256']}" in done.stdout
+    done = run_cli("inspect", str(moved), "--row", "1", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["spans"]
+
+
+def test_diff_decodes_with_the_manifest_the_report_records(moved, fixture_cache):
+    folder, _ = moved
+    file = str(folder / f"{NAME}.parquet")
+    done = run_cli("diff", file, file, hf_home=fixture_cache)
+    assert done.returncode == 0, done.stderr
+    assert "no decoded text" not in done.stderr

@@ -155,7 +155,7 @@ def differing_characters(digest: str, pinned: str) -> int:
 
 
 def mistyped_pin(digest: str, pinned: str) -> str | None:
-    """What to say of a pinned hash ``digest`` is near; None where it is not near."""
+    """What to say where ``digest`` is near the pinned hash; None where it is not near."""
     differing = differing_characters(digest, pinned)
     if differing > NEAR_CHARACTERS:
         return None
@@ -297,25 +297,27 @@ def recorded_manifest(path: Path) -> Manifest | None:
 
 def verify_rows_sha256(figures: dict, rows_sha256: str) -> Verification:
     """Compare a file's figures with a ``rows_sha256`` alone (as a recipe card publishes it)."""
+    got = figures["rows_sha256"]
     checks = [
-        Check(
-            name,
-            rows_sha256 if name == "rows_sha256" else None,
-            figures[name],
-            ("ok" if figures[name] == rows_sha256 else "differs")
-            if name == "rows_sha256"
-            else "not pinned",
-        )
+        Check(name, rows_sha256, got, "ok" if got == rows_sha256 else "differs")
+        if name == "rows_sha256"
+        else Check(name, None, figures[name], "not pinned")
         for name in ("rows", *PINNED_FIGURES)
     ]
-    notes = []
-    if checks[1].status == "differs":
-        notes.append(
-            f"the rows are not the rows {rows_sha256} names (hashed as data/ROWS.md's default "
-            "`hash: u4-u1` reading: token ids as little-endian uint32, then the mask as uint8, row "
-            "by row): other rows, or a card whose build hashed them under another `hash` reading"
-        )
-    return Verification(checks, notes)
+    if got == rows_sha256:
+        return Verification(checks, [])
+    mistyped = mistyped_pin(got, rows_sha256)
+    return Verification(
+        checks,
+        [
+            f"these rows have {mistyped}"
+            if mistyped
+            else f"the rows are not the rows {rows_sha256} names (hashed as data/ROWS.md's default "
+            "`hash: u4-u1` reading: token ids as little-endian uint32, then the mask as uint8, "
+            "row by row): other rows, or a card whose build hashed them under another `hash` "
+            "reading"
+        ],
+    )
 
 
 def _row_groups_note(row_groups: list[int] | None) -> str:
