@@ -4,6 +4,8 @@ Every one ends in the right file or a clear error, never a wrong file at the fin
 input, faults and tampering).
 """
 
+import hashlib
+import json
 import os
 import resource
 import signal
@@ -370,6 +372,91 @@ def test_bad_input_names_the_file_and_writes_nothing(tmp_path, case):
     assert done.returncode == 3, done.stderr
     assert expected in done.stderr and "Traceback" not in done.stderr
     assert not out.exists()
+
+
+def snapshot_of(hf_home: Path, repo: str) -> Path:
+    return next((hf_home / "hub" / repo / "snapshots").iterdir())
+
+
+@pytest.mark.parametrize(
+    "link", ["data/train-00001-of-00002.parquet", "chat_template.jinja", "to a device"]
+)
+def test_a_link_out_of_the_snapshots_cache_is_refused(tmp_path, link):
+    """A snapshot file that links outside its repo's cache folder: exit 3 naming it.
+
+    Even where the bytes it reaches are the right ones.
+    """
+    rows = synthetic_rows(seed=2, count=40)
+    files = parquet_shards(rows, shards=2, row_group_rows=8, message_type=MESSAGE)
+    manifest = lay_out_build(tmp_path / "hf", rows, dataset_files=files)
+    repo = (
+        "models--someone--custom-tokenizer"
+        if link == "chat_template.jinja"
+        else ("datasets--someone--custom-chat")
+    )
+    if link == "to a device":
+        placed, target = (
+            snapshot_of(tmp_path / "hf", repo) / "data/train-00001-of-00002.parquet",
+            (Path("/dev/zero")),
+        )
+    else:
+        placed, target = snapshot_of(tmp_path / "hf", repo) / link, tmp_path / "elsewhere"
+        target.write_bytes(placed.read_bytes())
+    placed.unlink()
+    placed.symlink_to(target)
+    out = tmp_path / "out"
+    done = run_cli("--manifest", str(manifest), "--out", str(out), hf_home=tmp_path / "hf")
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.startswith(f"error: {placed}: a link out of the snapshot's cache"), (
+        done.stderr
+    )
+    assert str(target) in done.stderr and "Traceback" not in done.stderr
+    assert not out.exists()
+
+
+def git_hash_object(data: bytes) -> str:
+    """git's own blob id of ``data`` (``git hash-object``), or the formula where git is absent."""
+    try:
+        done = subprocess.run(
+            ["git", "hash-object", "--stdin"], input=data, capture_output=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+    return done.stdout.decode().strip()
+
+
+def test_files_stored_in_git_are_checked_against_their_git_blob_id(tmp_path):
+    """A dataset file stored in git (not LFS) is checked as an LFS file is.
+
+    Its blob in the HF cache is named by its git blob id; the report says what each file was
+    checked against. Changed bytes are exit 3, naming the file.
+    """
+    rows = synthetic_rows(seed=2, count=40)
+    files = parquet_shards(rows, shards=2, row_group_rows=8, message_type=MESSAGE)
+    in_git = "data/train-00000-of-00002.parquet"
+    hf_home = tmp_path / "hf"
+    manifest = lay_out_build(hf_home, rows, dataset_files=files, dataset_in_git=(in_git,))
+    blob = Path(os.path.realpath(snapshot_of(hf_home, "datasets--someone--custom-chat") / in_git))
+    assert blob.name == git_hash_object(files[in_git])
+    out = tmp_path / "out"
+    done = run_cli("--manifest", str(manifest), "--out", str(out), hf_home=hf_home)
+    assert done.returncode == 0, done.stderr
+    report = json.loads((out / "custom.report.json").read_text())
+    assert {f["name"]: f["checked_against"] for f in report["source_files"]} == {
+        in_git: "its git blob id (the name of its blob in the HF cache)",
+        "data/train-00001-of-00002.parquet": "its LFS object id (the name of its blob in the HF "
+        "cache)",
+    }
+    # the same rows in other row groups: a file that reads, whose bytes are not the pinned ones
+    assert "(checked against its git blob id)" in (out / "custom.md").read_text()
+    changed = parquet_shards(rows, shards=2, row_group_rows=5, message_type=MESSAGE)[in_git]
+    blob.unlink()
+    blob.write_bytes(changed)
+    again = run_cli("--manifest", str(manifest), "--out", str(tmp_path / "again"), hf_home=hf_home)
+    assert again.returncode == 3, again.stderr
+    assert f"the git blob id of its bytes is {git_hash_object(changed)}" in again.stderr
+    assert in_git in again.stderr and blob.name in again.stderr, again.stderr
+    assert not (tmp_path / "again" / "custom.parquet").exists()
 
 
 def _parquet(table):

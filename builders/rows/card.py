@@ -141,7 +141,7 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         "|---|---|---|---|",
         *[
             f"| dataset: `{f['name']}` ({f['bytes']:,} bytes) | `{f['repo']}` | `{f['revision']}` "
-            f"| `{f['sha256']}`{' (its LFS object id)' if f['checked_against'] else ''} |"
+            f"| `{f['sha256']}`{_checked(f['checked_against'])} |"
             for f in report["source_files"]
         ],
         *[
@@ -377,3 +377,11 @@ def _plot_supervision(stats: BuildStats, manifest: Manifest) -> bytes:
     return _png(
         plt, fig, ax, f"{manifest.name}: supervised fraction per row", "row", "supervised fraction"
     )
+
+
+def _checked(against: str | None) -> str:
+    """What a source file's sha256 was checked as, in the card's table of pinned inputs."""
+    if against is None:
+        return ""
+    # an LFS object id is the sha256 itself; a git blob id is another hash of the bytes
+    return " (its LFS object id)" if "LFS" in against else " (checked against its git blob id)"
