@@ -110,7 +110,7 @@ def test_rendering_and_tokens_match_apply_chat_template(template, tmp_path):
     [
         ([{"role": "function", "content": "x"}], "role 'function'"),
         ([{"role": "user"}], "no content"),
-        ([{"role": "user", "content": ["a", "b"]}], "content of type list"),
+        ([{"role": "user", "content": ["a", "b"]}], "content is a list"),
         (
             [{"role": "user", "content": "x", "tool_calls": [{"name": "f"}]}],
             "unsupported field 'tool_calls'",

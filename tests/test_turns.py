@@ -238,7 +238,7 @@ def test_an_untrained_answer_is_rendered_but_not_supervised():
             ],
             "'tool_calls'",
         ),
-        ([{"role": "user", "content": [{"type": "text", "text": "x"}]}], "content of type list"),
+        ([{"role": "user", "content": [{"type": "text", "text": "x"}]}], "content is a list"),
         ([{"role": "user", "content": "x", "name": "bob"}], "'name'"),
     ],
 )

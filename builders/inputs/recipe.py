@@ -32,12 +32,12 @@ import yaml
 
 from builders.errors import ManifestError
 from builders.manifest import (
+    PINNED_FIGURES,
     FieldChecker,
     Manifest,
     Ratio,
     parse_manifest,
 )
-from builders.rows.figures import PINNED_FIGURES
 from builders.yamlfile import YamlLoader, read_yaml
 
 # the tokenizer files a card's manifest pins (glm5's)
