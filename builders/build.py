@@ -36,7 +36,7 @@ from builders.rows.packing import Packer, Row
 from builders.rows.rowfile import RowWriter
 from builders.rows.stats import BuildStats
 from builders.runtime import stopping
-from builders.runtime.atomic import outputs, remove_stale_temporaries
+from builders.runtime.atomic import outputs, remove_stale_temporaries, spill_folder
 from builders.runtime.progress import Reporter
 from builders.runtime.timings import Timings
 from builders.versions import toolchain
@@ -104,6 +104,7 @@ def build(
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
             remove_stale_temporaries(out_dir, manifest.name)
+            spill = build_scope.enter_context(spill_folder(out_dir, manifest.name))
         except OSError as err:
             raise OutputError(
                 f"{out_dir}: cannot write the build output here ({err.strerror or err})"
@@ -113,7 +114,7 @@ def build(
                 with timings.stage("build_s"):
                     stats = _build_stats(manifest, reference)
                     rows = _packed(
-                        manifest, source, reference, stream.encoded_with(encoding), stats
+                        manifest, source, reference, stream.encoded_with(encoding, spill), stats
                     )
                     figures = _write_rows(manifest, rows, parquet.temporary, stats, reporter)
                     # the last cross-checks, before anything is kept

@@ -17,10 +17,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import builders.encode.stream as stream_module
+from builders.build import build
 from builders.cli import main as cli_main
 from builders.errors import ManifestError, SourceDataError
 from builders.fixture.hf_cache import MESSAGE, parquet_shards
 from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows
+from builders.inputs.pinned import Hub
+from builders.manifest import load_manifest
 from builders.runtime.stopping import STOPPED
 from builders.text import shown
 from builders.yamlfile import read_yaml
@@ -293,6 +297,41 @@ def test_two_builds_into_one_folder_at_once(big_build, tmp_path):
     assert (out / "big.parquet").read_bytes() == expected
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
     assert "big.parquet" in {p.name for p in out.iterdir()}
+
+
+def test_spilled_rows_wait_beside_the_output_and_stale_spills_are_removed(tmp_path, monkeypatch):
+    """Rows waiting on disk go in ``OUT/.NAME.PID.spill``, removed when the build ends.
+
+    A spill folder a build killed outright left (its process gone) is removed by the next build
+    of that name; a live process's is kept.
+    """
+    hf_home, out = tmp_path / "hf", tmp_path / "out"
+    manifest = load_manifest(
+        lay_out_build(hf_home, synthetic_rows(seed=5, count=200), build_rows=60, row_group_rows=5)
+    )
+    out.mkdir()
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    stale = out / f".custom.{ended.pid}.spill"
+    stale.mkdir()
+    (stale / "bucket-0.arrow").write_bytes(b"rows of a killed build")
+    alive = out / f".custom.{os.getppid()}.spill"
+    alive.mkdir()
+    read_back = []
+
+    def bucket(path):
+        read_back.append(path.parent)
+        return real_bucket(path)
+
+    real_bucket = stream_module._bucket
+    monkeypatch.setattr(stream_module, "_bucket", bucket)
+    monkeypatch.setattr(stream_module, "MEMORY_ROWS_BYTES", 1)
+    monkeypatch.setattr(stream_module, "ENCODE_BATCH", 16)
+    build(manifest, out, Hub(hf_home / "hub", offline=True), card=False, workers=1)
+    assert read_back and set(read_back) == {out / f".custom.{os.getpid()}.spill"}, read_back
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [alive.name, "custom.parquet", "custom.report.json"]
+    )
 
 
 def limit_file_size():

@@ -9,7 +9,7 @@ depends on the tokens, so it is known only at the end. The stream plans for it:
 - one pass decodes every row group once (``READ_THREADS`` at a time) and keeps its rows whose
   stream position lies before the horizon: in memory up to ``MEMORY_ROWS_BYTES`` of decoded rows
   (half of them already encoded), the rest spilled to disk in position buckets (Arrow IPC files
-  in a temporary folder) and read back in order;
+  in the build's spill folder, ``OUT/.NAME.PID.spill``) and read back in order;
 - the conversations surely consumed (before ``EAGER_SHARE`` of the estimate) are encoded as soon
   as their row group is decoded, in whatever order, while the other groups decode; the rest are
   encoded in stream order, in batches, only as far as the rows need (with workers, the batches
@@ -25,7 +25,6 @@ so the error is always the first bad conversation in stream order.
 from __future__ import annotations
 
 import math
-import tempfile
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -82,6 +81,7 @@ class Stream:
         self.source, self.order, self.needed_tokens = source, order, needed_tokens
         # set by encoded_with
         self.encoding: Encoding | None = None
+        self.spill: Path | None = None
         # -1: not in the stream
         self.position = np.full(source.num_rows, -1, dtype=np.int64)
         self.position[order] = np.arange(len(order), dtype=np.int64)
@@ -113,12 +113,13 @@ class Stream:
         mean = max(1.0, sum(tokens) / max(1, len(tokens)))
         self.stats.estimated_conversations = max(ENCODE_BATCH, math.ceil(self.needed_tokens / mean))
 
-    def encoded_with(self, encoding: Encoding) -> Stream:
-        """Encode with ``encoding``.
+    def encoded_with(self, encoding: Encoding, spill: Path) -> Stream:
+        """Encode with ``encoding``; rows wanted later than memory allows wait in ``spill``.
 
-        It is this process, or a pool (``builders.encode.pool``).
+        ``encoding`` is this process, or a pool (``builders.encode.pool``); ``spill`` an existing
+        folder (``builders.runtime.atomic.spill_folder``).
         """
-        self.encoding = encoding
+        self.encoding, self.spill = encoding, spill
         return self
 
     def __iter__(self) -> Iterator[EncodedConversation]:
@@ -131,11 +132,10 @@ class Stream:
         )
         self.stats.horizon = min(n, end)
         start, end, eager = 0, min(n, end), min(n, int(EAGER_SHARE * estimate))
-        with tempfile.TemporaryDirectory(prefix="fixed-sft-spill-") as spill:
-            while start < n:
-                yield from self._pass(start, end, eager, Path(spill))
-                # outrun: another stretch as long
-                start, end, eager = end, min(n, 2 * end - start), end
+        while start < n:
+            yield from self._pass(start, end, eager, self.spill)
+            # outrun: another stretch as long
+            start, end, eager = end, min(n, 2 * end - start), end
 
     def _read(self, group: int) -> pa.Table:
         table = self._decoded.pop(group, None)
