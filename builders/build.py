@@ -229,6 +229,7 @@ def _packed(
             mask,
             int(source.dataset_of(conversation.index)),
             conversation.tool_counts,
+            conversation.id,
         )
         for row in packer.cut(ids, mask, conversation.index, conversation.id):
             stats.windows_skipped = packer.windows_skipped

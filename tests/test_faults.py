@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -332,6 +333,51 @@ def test_spilled_rows_wait_beside_the_output_and_stale_spills_are_removed(tmp_pa
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [alive.name, "custom.parquet", "custom.report.json"]
     )
+
+
+@pytest.mark.parametrize("copies", [2, 1000])
+def test_the_same_dataset_twice_in_a_mixture_is_refused(tmp_path, copies):
+    """An identical pin (the same files of a repo at a revision) twice: exit 2, both named."""
+    single = lay_out_build(tmp_path / "hf", synthetic_rows(seed=2, count=20)).read_text()
+    pin = next(line for line in single.splitlines() if line.startswith("dataset: "))
+    other = pin.removeprefix("dataset: ").replace("split: train", "files: 'data/*.parquet'")
+    pins = [other] + [pin.removeprefix("dataset: ")] * copies
+    mixture = tmp_path / "mixture.yaml"
+    mixture.write_text(
+        single.replace(pin, "datasets:\n" + "".join(f"  - {p}\n" for p in pins)).replace(
+            "\n\n", "\n"
+        )
+    )
+    with pytest.raises(ManifestError) as refused:
+        load_manifest(mixture)
+    message = str(refused.value)
+    assert refused.value.exit_code == 2
+    assert message.startswith(f"{mixture}: datasets[2]: the same files as datasets[1] ("), message
+    assert "someone/custom-chat" in message and "data/train-*.parquet" in message, message
+
+
+def test_repeated_conversation_ids_are_counted_not_refused(tmp_path):
+    """Conversations sharing an id are built; the report and card count them."""
+    rows = synthetic_rows(seed=2, count=40)
+    # the stream's order, as data/ROWS.md defines it: repeats among its first conversations
+    order = np.random.default_rng(3).permutation(len(rows))
+    for later, earlier in ((4, 1), (7, 1), (6, 2)):
+        rows[order[later]]["id"] = rows[order[earlier]]["id"]
+    manifest = lay_out_build(tmp_path / "hf", rows, seed=3, build_rows=30)
+    out = tmp_path / "out"
+    done = run_cli("--manifest", str(manifest), "--out", str(out), hf_home=tmp_path / "hf")
+    assert done.returncode == 0, done.stderr
+    stats = json.loads((out / "custom.report.json").read_text())["stats"]
+    seen, repeated = set(), []
+    for i in order[: stats["conversations_consumed"]]:
+        if rows[i]["id"] in seen:
+            repeated.append(rows[i]["id"])
+        seen.add(rows[i]["id"])
+    assert repeated, "the build consumed no repeated id: choose others"
+    assert stats["conversations_with_a_repeated_id"] == len(repeated)
+    assert stats["repeated_ids"] == repeated[:5]
+    card = (out / "custom.md").read_text()
+    assert f"(repeated ids, not refused): {len(repeated)} (the first: {repeated[0]!r}" in card
 
 
 def limit_file_size():

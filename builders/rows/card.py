@@ -184,6 +184,8 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         f"answer empty): {summary['conversations_training_only_stop_tokens']:,}",
         f"- conversations with no supervised token at all (no answer, or none trained): "
         f"{summary['conversations_unsupervised']:,}",
+        "- conversations whose id an earlier one in the rows has (repeated ids, not refused): "
+        f"{summary['conversations_with_a_repeated_id']:,}" + _examples(summary["repeated_ids"]),
         *(
             [
                 "- conversations left out by the mask rule (no answer header found): "
@@ -425,3 +427,8 @@ def _checked(against: str | None) -> str:
         return ""
     # an LFS object id is the sha256 itself; a git blob id is another hash of the bytes
     return " (its LFS object id)" if "LFS" in against else " (checked against its git blob id)"
+
+
+def _examples(ids: list[str]) -> str:
+    """The first repeated ids, as the card lists them."""
+    return f" (the first: {', '.join(map(repr, ids))})" if ids else ""
