@@ -147,7 +147,13 @@ def spill_folder(folder: Path, name: str) -> Iterator[Path]:
     removes (``remove_stale_temporaries``).
     """
     path = folder / f".{name}.{os.getpid()}.spill"
-    path.mkdir(exist_ok=True)
+    try:
+        path.mkdir(exist_ok=True)
+    except OSError as err:
+        raise OutputError(
+            f"cannot write {path}: {os.strerror(err.errno) if err.errno else err}; nothing was "
+            f"put in {folder}"
+        ) from err
     try:
         yield path
     finally:
