@@ -538,9 +538,10 @@ def _workers(text: str) -> str | int:
 
 
 def _build(args) -> int:
+    # the manifest first: a bad one is refused before the build's modules load
+    manifest = _manifest(args)
     from builders.build import build
 
-    manifest = _manifest(args)
     result = build(
         manifest,
         args.out,
