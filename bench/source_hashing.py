@@ -55,10 +55,11 @@ from pathlib import Path
 import builders.inputs.pinned
 
 class Unhashed:
-    def __init__(self, paths):
+    def __init__(self, paths, git_blob_ids=None):
         self.digests = [Future() for _ in paths]
         for digest, path in zip(self.digests, paths):
-            digest.set_result((Path(os.path.realpath(path)).name, Path(path).stat().st_size))
+            blob = Path(os.path.realpath(path)).name
+            digest.set_result((blob, Path(path).stat().st_size, blob))
 
     def stop(self):
         pass

@@ -45,7 +45,7 @@ from builders.rows.packing import Packer, Row
 from builders.rows.rowfile import RowWriter
 from builders.rows.stats import BuildStats
 from builders.runtime import stopping
-from builders.runtime.atomic import outputs, remove_stale_temporaries
+from builders.runtime.atomic import outputs, remove_stale_temporaries, spill_folder
 from builders.runtime.progress import Reporter
 from builders.runtime.timings import Timings
 from builders.versions import toolchain
@@ -92,7 +92,8 @@ def build(
             raise OutputError(
                 f"{out_dir}: cannot write the build output here ({err.strerror or err})"
             ) from err
-        with outputs(out_dir) as files:
+        with spill_folder(out_dir, manifest.name) as spill, outputs(out_dir) as files:
+            stream.spill_into(spill)
             with files.writing(f"{manifest.name}.parquet") as parquet:
                 with timings.stage("build_s"):
                     stats = build_stats(manifest, reference)
@@ -302,6 +303,7 @@ def packed(
             mask,
             int(source.dataset_of(conversation.index)),
             conversation.tool_counts,
+            conversation.id,
         )
         for row in packer.cut(ids, mask, conversation.index, conversation.id):
             stats.windows_skipped = packer.windows_skipped

@@ -26,6 +26,7 @@ from builders.errors import (
     VerificationError,
 )
 from builders.runtime import stopping
+from builders.text import shown
 
 COMMANDS = (
     "build",
@@ -408,8 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     except BuildError as err:
         # -v: the whole chain, with what caused it
         if getattr(args, "verbose", False):
-            traceback.print_exception(err, file=sys.stderr)
-        print(f"error: {err}", file=sys.stderr)
+            print(shown("".join(traceback.format_exception(err)), keep_lines=True), file=sys.stderr)
+        # its values are escaped where it quotes them; no control character gets through here
+        print(f"error: {shown(err, keep_lines=True)}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print(stopping.STOPPED, file=sys.stderr)
@@ -536,9 +538,10 @@ def _workers(text: str) -> str | int:
 
 
 def _build(args) -> int:
+    # the manifest first: a bad one is refused before the build's modules load
+    manifest = _manifest(args)
     from builders.build import build
 
-    manifest = _manifest(args)
     result = build(
         manifest,
         args.out,
@@ -855,7 +858,8 @@ def _manifest_from_recipe(args) -> int:
     elif args.output is None:
         print(implied.text, end="")
     else:
-        print(f"wrote {args.output}: the manifest {implied.manifest.name} of {args.from_recipe}")
+        name = shown(implied.manifest.name)
+        print(f"wrote {args.output}: the manifest {name} of {args.from_recipe}")
     _print_notes(implied.notes, args)
     return 0
 
@@ -953,13 +957,13 @@ def _print_field(check) -> None:
 def _shown(value) -> str:
     from builders.manifest import Ratio
 
-    return value.text if isinstance(value, Ratio) else str(value)
+    return shown(value.text if isinstance(value, Ratio) else value)
 
 
 def _print_notes(notes, args) -> None:
     if not args.quiet:
         for note in notes:
-            print(f"note: {note}", file=sys.stderr)
+            print(f"note: {shown(note)}", file=sys.stderr)
 
 
 def _print_checks(verification) -> None:
@@ -973,4 +977,4 @@ def _print_checks(verification) -> None:
         else:
             print(f"  not pinned  {check.figure}: {check.got}")
     for note in verification.notes:
-        print(f"note: {note}", file=sys.stderr)
+        print(f"note: {shown(note)}", file=sys.stderr)

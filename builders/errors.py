@@ -8,6 +8,8 @@ is a bug and exits 1.
 
 from __future__ import annotations
 
+from builders.text import shown
+
 
 class BuildError(Exception):
     """Base class: a failure with a message meant for the user."""
@@ -82,6 +84,10 @@ class ConversationError(ValueError):
 
     # where a batch was checked at once: the conversation's place in it
     conversation: int | None = None
+
+    def __init__(self, message: str):
+        # it quotes the conversation, or the template's raise_exception: one line, escaped
+        super().__init__(shown(message))
 
     @classmethod
     def at(cls, conversation: int, message: str) -> ConversationError:

@@ -501,9 +501,20 @@ class FieldChecker:
         pins = top["datasets"]
         if not isinstance(pins, list) or not pins:
             self.fail("datasets", f"expected a non-empty list of dataset pins, got {pins!r}")
-        return tuple(
+        mixture = tuple(
             self.dataset_pin(pin, f"datasets[{j}]", mixture=True) for j, pin in enumerate(pins)
         )
+        first: dict[tuple[str, str, str], int] = {}
+        for j, pin in enumerate(mixture):
+            k = first.setdefault((pin.repo, pin.revision, pin.pattern), j)
+            if k != j:
+                self.fail(
+                    f"datasets[{j}]",
+                    f"the same files as datasets[{k}] ({pin.repo} at {pin.revision}, "
+                    f"{pin.pattern}): a mixture names each dataset once (its take: keeps fewer "
+                    "rows)",
+                )
+        return mixture
 
     def dataset_pin(self, value, name: str, mixture: bool) -> DatasetPin:
         # a mixture's permutation is of all its sources

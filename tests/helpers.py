@@ -167,10 +167,12 @@ def lay_out_build(
     row_group_rows: int = 5,
     dataset_files: dict | None = None,
     tokenizer_files: dict | None = None,
+    dataset_in_git: tuple[str, ...] = (),
 ) -> Path:
     """Lay out a dataset and tokenizer repo in ``hf_home``.
 
-    Then write a manifest naming them.
+    Then write a manifest naming them. The dataset's files ``dataset_in_git`` are stored in git,
+    the others in LFS.
     """
     dataset_files = dataset_files or parquet_shards(
         rows, shards=shards, row_group_rows=row_group_rows, message_type=MESSAGE_WITH_REASONING
@@ -179,7 +181,9 @@ def lay_out_build(
         "tokenizer.json": tokenizer_json(),
         "chat_template.jinja": FIXTURE_TEMPLATE.read_bytes(),
     }
-    dataset = put_snapshot(hf_home, f"someone/{name}-chat", "dataset", dataset_files)
+    dataset = put_snapshot(
+        hf_home, f"someone/{name}-chat", "dataset", dataset_files, in_git=dataset_in_git
+    )
     tokenizer = put_snapshot(hf_home, f"someone/{name}-tokenizer", "model", tokenizer_files)
     sha = ", ".join(f"{k}: {hashlib.sha256(v).hexdigest()}" for k, v in tokenizer_files.items())
     manifest = hf_home / f"{name}.yaml"

@@ -106,23 +106,27 @@ def test_the_report_records_the_sha256_of_the_bytes_read(tmp_path):
     assert all(f["sha256"] in card for f in expected)
 
 
-def test_a_file_whose_blob_is_not_named_by_sha256_is_hashed_and_recorded(tmp_path):
-    """A git-stored file is recorded, a sha256-named one is checked.
+def test_each_file_is_checked_against_the_id_its_blob_is_named_by(tmp_path):
+    """An LFS file against its sha256, a git-stored one against its git blob id.
 
-    A file stored in git itself (not LFS) has a blob named by its git sha1: nothing to check it
-    against, so the hash read is recorded; one named by a sha256 is checked.
+    A file stored in git itself (not LFS) has a blob named by its git blob id (a sha1 of a header
+    and the bytes); one named by neither id is hashed and recorded only.
     """
     plain, lfs = tmp_path / "plain.jsonl", tmp_path / "lfs.parquet"
     plain.write_bytes(b'{"a": 1}\n')
     lfs.write_bytes(b"PAR1 and more")
-    blob = tmp_path / "blobs" / hashlib.sha1(b"git's own blob id").hexdigest()
+    data = b'[{"messages": []}]'
+    blob = tmp_path / "blobs" / hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
     blob.parent.mkdir()
-    blob.write_bytes(b"not what any sha256 names")
+    blob.write_bytes(data)
     (tmp_path / "linked.json").symlink_to(blob)
     files = pinned_files(
         {"data/plain.jsonl": plain, "data/linked.json": tmp_path / "linked.json"}.items()
     )
-    assert [f.expected_sha256 for f in files] == [None, None]
+    assert [(f.expected_sha256, f.expected_git_blob) for f in files] == [
+        (None, None),
+        (None, blob.name),
+    ]
     named = [
         PinnedFile(
             "data/lfs.parquet",
@@ -142,9 +146,9 @@ def test_a_file_whose_blob_is_not_named_by_sha256_is_hashed_and_recorded(tmp_pat
         },
         {
             "name": "data/linked.json",
-            "bytes": len(blob.read_bytes()),
-            "sha256": hashlib.sha256(blob.read_bytes()).hexdigest(),
-            "checked_against": None,
+            "bytes": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "checked_against": "its git blob id (the name of its blob in the HF cache)",
         },
         {
             "name": "data/lfs.parquet",
@@ -198,7 +202,11 @@ def test_a_hashing_process_that_dies_is_a_worker_error(tmp_path):
     first.write_bytes(b"PAR1")
     os.mkfifo(fifo)
     hashing = HashingProcess([first, fifo])
-    assert hashing.digests[0].result(timeout=30) == (hashlib.sha256(b"PAR1").hexdigest(), 4)
+    assert hashing.digests[0].result(timeout=30) == (
+        hashlib.sha256(b"PAR1").hexdigest(),
+        4,
+        None,
+    )
     hashing.process.kill()
     with pytest.raises(
         WorkerError, match=r"the process hashing the source files died .*killed by SIGKILL"

@@ -9,7 +9,8 @@ depends on the tokens, so it is known only at the end. The stream plans for it:
 - one pass decodes every row group once (``READ_THREADS`` at a time) and keeps its rows whose
   stream position lies before the horizon: in memory up to ``MEMORY_ROWS_BYTES`` of decoded rows
   (half of them already encoded), the rest spilled to disk in position buckets (Arrow IPC files
-  in a temporary folder) and read back in order;
+  in the build's spill folder, ``OUT/.NAME.PID.spill``, beside its outputs) and read back in
+  order;
 - the conversations surely consumed (before ``EAGER_SHARE`` of the estimate) are encoded as soon
   as their row group is decoded, in whatever order, while the other groups decode; the rest are
   encoded in stream order, in batches, only as far as the rows need (with workers, the batches
@@ -31,6 +32,7 @@ import tempfile
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from itertools import islice
 from pathlib import Path
@@ -93,8 +95,9 @@ class Stream:
         self.leave_out = leave_out
         # the conversations left out, in stream order
         self.refused: list[RefusedConversation] = []
-        # set by encoded_with
+        # set by encoded_with, and spill_into
         self.encoding: Encoding | None = None
+        self.spill: Path | None = None
         # -1: not in the stream
         self.position = np.full(source.num_rows, -1, dtype=np.int64)
         self.position[order] = np.arange(len(order), dtype=np.int64)
@@ -138,6 +141,14 @@ class Stream:
         self.encoding = encoding
         return self
 
+    def spill_into(self, folder: Path) -> None:
+        """Rows wanted later than memory allows wait in ``folder``, an existing folder.
+
+        A build's is beside its outputs (``builders.runtime.atomic.spill_folder``); without
+        one (``plan``), a temporary folder of the system's.
+        """
+        self.spill = folder
+
     def __iter__(self) -> Iterator[EncodedConversation]:
         """The encoded conversations in stream order, refused ones left out up to the bound."""
         for item in self._in_order():
@@ -166,7 +177,11 @@ class Stream:
         )
         self.stats.horizon = min(n, end)
         start, end, eager = 0, min(n, end), min(n, int(EAGER_SHARE * estimate))
-        with tempfile.TemporaryDirectory(prefix="fixed-sft-spill-") as spill:
+        with (
+            nullcontext(self.spill)
+            if self.spill is not None
+            else tempfile.TemporaryDirectory(prefix="fixed-sft-spill-")
+        ) as spill:
             while start < n:
                 yield from self._pass(start, end, eager, Path(spill))
                 # outrun: another stretch as long

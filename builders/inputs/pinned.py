@@ -7,8 +7,10 @@ exactly the files a build reads (``PinnedRepo.patterns``), so online a build fet
 and ``download`` fetches the same. The tokenizer files are read once, as bytes, and hashed before
 anything parses them: what is parsed is exactly what was checked. The source files, too large to
 read twice before a build, are hashed in a process beside it (``hashed_files``) and checked against
-the sha256 that names them before its output is kept: a Hub file's LFS object id, a local folder's
-file's pinned sha256 (every file a build reads from a folder must be pinned).
+the id that names them before its output is kept: a Hub file's LFS object id (its sha256) or, for
+a file stored in git, its git blob id (each the name of its blob in the HF cache); a local
+folder's file's pinned sha256 (every file a build reads from a folder must be pinned). A Hub
+snapshot's file that links out of its repo's folder of the cache is refused.
 """
 
 from __future__ import annotations
@@ -233,7 +235,10 @@ def load_pinned_tokenizer(
     pin: TokenizerPin, snapshot: Path, loss_mask: str, limits: Limits = DEFAULT_LIMITS
 ) -> PinnedTokenizer:
     """Check the snapshot's tokenizer files by sha256, then parse them."""
-    contents = {name: read_checked(snapshot / name, pin.sha256[name]) for name in pin.files}
+    contents = {
+        name: read_checked(in_its_cache(snapshot / name, snapshot), pin.sha256[name])
+        for name in pin.files
+    }
     try:
         tokenizer_json = contents["tokenizer.json"].decode("utf-8")
         tokenizer = Tokenizer.from_str(tokenizer_json)
@@ -433,49 +438,72 @@ def matching_files(pattern: str, snapshot: Path) -> list[tuple[str, Path]]:
             (
                 path.relative_to(snapshot).as_posix()
                 for path in snapshot.rglob("*")
-                if path.is_file()
+                if path.is_file() or path.is_symlink()
             ),
             allow_patterns=[pattern],
         )
     )
-    return [(name, snapshot / name) for name in names]
+    return [(name, in_its_cache(snapshot / name, snapshot)) for name in names]
+
+
+def in_its_cache(path: Path, snapshot: Path) -> Path:
+    """``path``, a file of ``snapshot``, where it stays within the repo's folder of the HF cache.
+
+    A snapshot's files link to the repo's blobs; a link that leaves the repo's folder (to
+    ``/etc/passwd``, another repo, a device) is refused, naming it. A local folder (``path:``) is
+    not a snapshot: its files are pinned by the manifest's sha256, wherever they are.
+    """
+    snapshot = Path(os.path.realpath(snapshot))
+    if snapshot.parent.name != "snapshots":
+        return path
+    folder = snapshot.parent.parent
+    target = Path(os.path.realpath(path))
+    if not target.is_relative_to(folder):
+        raise PinnedInputError(
+            f"{path}: a link out of the snapshot's cache ({folder}) to {target}: refused (a "
+            "pinned file is read only from its repo's folder of the HF cache)"
+        )
+    return path
 
 
 @dataclass(frozen=True)
 class PinnedFile:
-    """An input file, and the sha256 its bytes must have.
+    """An input file, and the sha256 (or git blob id) its bytes must have.
 
-    The sha256 is None where nothing names it: it is then recorded only.
+    With neither, nothing names its bytes: its sha256 is then recorded only.
     """
 
     name: str  # its path in the repo
     path: Path  # where it is read
     expected_sha256: str | None
-    # what names that sha256, as messages and the report say it
+    # what names the expected id, as messages and the report say it
     expected_from: str | None
+    # the git blob id its bytes must have (a file stored in git, not LFS)
+    expected_git_blob: str | None = None
     # pinned by the manifest (a local folder), not by the HF cache
     local: bool = False
 
 
-def pinned_files(files: Iterable[tuple[str, Path]]) -> list[PinnedFile]:
-    """Snapshot files (repo path, local path), with the sha256 each must have.
+LFS_OBJECT_ID = "its LFS object id (the name of its blob in the HF cache)"
+GIT_BLOB_ID = "its git blob id (the name of its blob in the HF cache)"
 
-    Each is expected to hash to the name of the HF cache blob it links to where that name is a
-    sha256: a Git LFS file's object id. A file stored in git itself has a blob named by its git
-    object id (a sha1 of a header and the bytes): its sha256 is recorded, not checked.
+
+def pinned_files(files: Iterable[tuple[str, Path]]) -> list[PinnedFile]:
+    """Snapshot files (repo path, local path), with the id each must have.
+
+    The HF cache names a file's blob by what names its bytes on the Hub: a Git LFS file's object
+    id (its sha256), or a file stored in git itself by its git blob id (a sha1 of a header and the
+    bytes). Each is checked against it; a file whose blob has neither name is recorded only.
     """
     pins = []
     for name, path in files:
         blob = Path(os.path.realpath(path)).name
-        lfs = re.fullmatch(r"[0-9a-f]{64}", blob) is not None
-        pins.append(
-            PinnedFile(
-                name,
-                path,
-                blob if lfs else None,
-                "its LFS object id (the name of its blob in the HF cache)" if lfs else None,
-            )
-        )
+        if re.fullmatch(r"[0-9a-f]{64}", blob):
+            pins.append(PinnedFile(name, path, blob, LFS_OBJECT_ID))
+        elif re.fullmatch(r"[0-9a-f]{40}", blob):
+            pins.append(PinnedFile(name, path, None, GIT_BLOB_ID, blob))
+        else:
+            pins.append(PinnedFile(name, path, None, None))
     return pins
 
 
@@ -498,7 +526,7 @@ class FileHashes:
         recorded = []
         for file, digest in zip(self._files, self._digests, strict=True):
             try:
-                sha256, size = digest.result()
+                sha256, size, git_blob = digest.result()
             except OSError as err:
                 raise PinnedInputError(
                     f"{file.path}: cannot read the pinned file: {err.strerror or err}"
@@ -508,12 +536,16 @@ class FileHashes:
                     f"{file.path}: sha256 is {sha256}, but the manifest pins "
                     f"{file.expected_sha256}: the folder does not hold the pinned file"
                 )
-            if file.expected_sha256 is not None and sha256 != file.expected_sha256:
-                raise PinnedInputError(
-                    f"{file.path}: the sha256 of its bytes is {sha256}, but {file.expected_from} "
-                    f"is {file.expected_sha256}: the file was changed after it was downloaded; "
-                    f"remove {os.path.realpath(file.path)} and download it again"
-                )
+            for kind, got, expected in (
+                ("sha256", sha256, file.expected_sha256),
+                ("git blob id", git_blob, file.expected_git_blob),
+            ):
+                if expected is not None and got != expected:
+                    raise PinnedInputError(
+                        f"{file.path}: the {kind} of its bytes is {got}, but "
+                        f"{file.expected_from} is {expected}: the file was changed after it was "
+                        f"downloaded; remove {os.path.realpath(file.path)} and download it again"
+                    )
             recorded.append(
                 {
                     "name": file.name,
@@ -533,7 +565,9 @@ def hashed_files(files: list[PinnedFile]) -> Iterator[FileHashes]:
     cannot render, say) first waits for the hashes: a file that is not what names it is the cause
     to report. Otherwise the block's end does not wait: the process is ended.
     """
-    hashing = HashingProcess([file.path for file in files])
+    hashing = HashingProcess(
+        [file.path for file in files], [file.expected_git_blob is not None for file in files]
+    )
     hashes = FileHashes(files, hashing.digests)
     try:
         yield hashes

@@ -202,6 +202,8 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         f"answer empty): {summary['conversations_training_only_stop_tokens']:,}",
         f"- conversations with no supervised token at all (no answer, or none trained): "
         f"{summary['conversations_unsupervised']:,}",
+        "- conversations whose id an earlier one in the rows has (repeated ids, not refused): "
+        f"{summary['conversations_with_a_repeated_id']:,}" + _examples(summary["repeated_ids"]),
         *(
             [
                 "- conversations left out by the mask rule (no answer header found): "
@@ -282,9 +284,13 @@ def _repo_cells(where: dict) -> str:
 
 
 def _checked(against: str | None) -> str:
+    """What a source file's sha256 was checked as, in the card's table of pinned inputs."""
     if against is None:
         return ""
-    return " (pinned by the manifest)" if against == PINNED_BY_MANIFEST else " (its LFS object id)"
+    if against == PINNED_BY_MANIFEST:
+        return " (pinned by the manifest)"
+    # an LFS object id is the sha256 itself; a git blob id is another hash of the bytes
+    return " (its LFS object id)" if "LFS" in against else " (checked against its git blob id)"
 
 
 def _fmt_value(value) -> str:
@@ -489,3 +495,8 @@ def _plot_supervision(stats: BuildStats, manifest: Manifest) -> bytes:
     return _png(
         plt, fig, ax, f"{manifest.name}: supervised fraction per row", "row", "supervised fraction"
     )
+
+
+def _examples(ids: list[str]) -> str:
+    """The first repeated ids, as the card lists them."""
+    return f" (the first: {', '.join(map(repr, ids))})" if ids else ""

@@ -13,6 +13,8 @@ import numpy as np
 from builders.rows.packing import Row
 
 PERCENTILES = (0, 10, 50, 90, 99, 100)
+# repeated conversation ids the report and card name (all are counted)
+DUPLICATE_EXAMPLES = 5
 
 
 # a conversation whose row has no ``source`` value
@@ -56,6 +58,11 @@ class BuildStats:
     # over the consumed conversations: with tools given, with calls, calls whose arguments were
     # stored as a JSON string and as an object, tool messages
     tool_uses: dict = field(default_factory=lambda: dict.fromkeys(TOOL_COUNTS, 0))
+    # the consumed conversations' ids; those whose id an earlier consumed one has (not refused:
+    # counted, with the first few)
+    ids_seen: set = field(default_factory=set)
+    duplicate_ids: int = 0
+    duplicate_id_examples: list = field(default_factory=list)
 
     def add_conversation(
         self,
@@ -64,12 +71,20 @@ class BuildStats:
         mask: np.ndarray,
         dataset: int,
         tool_counts: tuple[int, int, int, int] = (0, 0, 0, 0),
+        conversation_id: str | None = None,
     ) -> None:
         """Count one conversation's part of the stream, from ``dataset``.
 
         The part is its tokens and the EOS after them; ``tool_counts`` is what it holds of tool
-        use (``EncodedConversation.tool_counts``).
+        use (``EncodedConversation.tool_counts``); ``conversation_id`` its id, counted where an
+        earlier conversation had it.
         """
+        if conversation_id is not None:
+            if conversation_id in self.ids_seen:
+                self.duplicate_ids += 1
+                if len(self.duplicate_id_examples) < DUPLICATE_EXAMPLES:
+                    self.duplicate_id_examples.append(conversation_id)
+            self.ids_seen.add(conversation_id)
         tools, strings, objects, tool_messages = tool_counts
         for key, value in zip(
             TOOL_COUNTS,
@@ -154,6 +169,8 @@ class BuildStats:
             "conversations_left_out": self.left_out,
             "conversations_training_only_stop_tokens": self.only_stop_tokens,
             "conversations_unsupervised": self.unsupervised,
+            "conversations_with_a_repeated_id": self.duplicate_ids,
+            "repeated_ids": self.duplicate_id_examples,
             "conversation_tokens_percentiles": {
                 f"p{p}": int(np.percentile(lengths, p, method="inverted_cdf")) for p in PERCENTILES
             }

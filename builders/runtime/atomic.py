@@ -5,14 +5,16 @@ disk (``fsync``), renames them into place and syncs the folder, so neither a cra
 loss leaves a partial file at a final path. A write that fails (a full disk, no permission) is an
 ``OutputError`` naming the file, and leaves nothing of the build: its temporaries are removed, and
 files already put in place by a commit that failed half-way are removed again.
-``remove_stale_temporaries`` removes the temporaries of processes that no longer exist (a build
-killed outright cannot remove its own).
+A build's rows that wait on disk go in its spill folder, ``.NAME.PID.spill`` beside them
+(``spill_folder``). ``remove_stale_temporaries`` removes the temporaries and spill folders of
+processes that no longer exist (a build killed outright cannot remove its own).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from glob import escape
@@ -21,7 +23,7 @@ from pathlib import Path
 from builders.errors import OutputError
 from builders.runtime import stopping
 
-_TEMPORARY = re.compile(r"\.(?P<final>.+)\.(?P<pid>[0-9]+)\.tmp")
+_LEFT_BY_A_PROCESS = re.compile(r"\.(?P<final>.+)\.(?P<pid>[0-9]+)\.(tmp|spill)")
 
 
 class Staged:
@@ -136,15 +138,41 @@ def _sync(path: Path) -> None:
         os.close(descriptor)
 
 
-def remove_stale_temporaries(folder: Path, name: str) -> None:
-    """Remove the stale temporaries of files named ``NAME.*``.
+@contextmanager
+def spill_folder(folder: Path, name: str) -> Iterator[Path]:
+    """The folder where build ``name``'s rows wait on disk: ``folder/.NAME.PID.spill``.
 
-    A temporary is stale where the process that wrote it no longer exists.
+    It is beside the build's temporaries, on the output's disk; whatever ends the block, it is
+    removed with what it holds. One a build killed outright leaves, the next build of ``name``
+    removes (``remove_stale_temporaries``).
     """
-    for path in folder.glob(f".{escape(name)}.*.tmp"):
-        match = _TEMPORARY.fullmatch(path.name)
+    path = folder / f".{name}.{os.getpid()}.spill"
+    try:
+        path.mkdir(exist_ok=True)
+    except OSError as err:
+        raise OutputError(
+            f"cannot write {path}: {os.strerror(err.errno) if err.errno else err}; nothing was "
+            f"put in {folder}"
+        ) from err
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_stale_temporaries(folder: Path, name: str) -> None:
+    """Remove the stale temporaries and spill folders of build ``NAME``'s files (``NAME.*``).
+
+    One is stale where the process that wrote it no longer exists.
+    """
+    pattern = f".{escape(name)}.*"
+    for path in [*folder.glob(f"{pattern}.tmp"), *folder.glob(f"{pattern}.spill")]:
+        match = _LEFT_BY_A_PROCESS.fullmatch(path.name)
         if match and not _alive(int(match["pid"])):
-            path.unlink(missing_ok=True)
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:

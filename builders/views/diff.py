@@ -17,6 +17,7 @@ from itertools import zip_longest
 from pathlib import Path
 
 from builders.rows import RowReader
+from builders.text import shown
 
 CONTEXT_TOKENS = 12  # decoded on each side of the first differing token
 Decode = Callable[[list[int]], str]
@@ -156,5 +157,5 @@ def describe(diff: Diff, a: Path, b: Path) -> str:
 
 
 def _shown(text: str) -> str:
-    """Decoded text on one line: line breaks and tabs written as escapes."""
-    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
+    """Decoded text on one line: backslashes doubled, control characters written as escapes."""
+    return shown(text.replace("\\", "\\\\"))

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from builders.text import shown
+
 GREEN, MAGENTA, DIM, RESET = "\033[42;30m", "\033[4;35m", "\033[2m", "\033[0m"
 LEGEND = (
     "legend: ⟦…⟧ supervised (loss_mask 1) · ⏎ the EOS after a conversation · "
@@ -81,7 +83,7 @@ class View:
         def dim(text: str) -> str:
             return f"{DIM}{text}{RESET}" if color else text
 
-        out = [self.title, "\n", dim(self.chat_format), "\n", dim(LEGEND)]
+        out = [shown(self.title), "\n", dim(shown(self.chat_format)), "\n", dim(LEGEND)]
         current, inside = None, False
         for span in self.spans:
             if span.conversation != current or span.supervised != inside:
@@ -89,11 +91,14 @@ class View:
                     out.append("⟧")
                 if span.conversation != current:
                     current = span.conversation
-                    out.append(dim(f"\n── {self.labels[current]} ──") + "\n")
+                    out.append(dim(f"\n── {shown(self.labels[current])} ──") + "\n")
                 if span.supervised and not color:
                     out.append("⟦")
                 inside = span.supervised
-            text = span.text if span.literal else span.text.replace(self.eos, "⏎" + self.eos + "\n")
+            # the conversation's own text: its line breaks kept, other control characters escaped
+            text = shown(span.text, keep_lines=True)
+            if not span.literal:
+                text = text.replace(self.eos, "⏎" + self.eos + "\n")
             if color:
                 style = (MAGENTA if span.literal else "") + (GREEN if span.supervised else "")
                 out.append(f"{style}{text}{RESET}" if style else text)
