@@ -493,3 +493,16 @@ def test_unreadable_json_through_the_command_line_is_exit_4(tmp_path, data, word
     assert words in done.stderr and "d.jsonl" in done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "out" / "layout.parquet").exists()
+
+
+def test_parquet_struct_tools_are_refused_with_the_reason(tmp_path):
+    rows = [
+        {"id": "s", "tools": [WEATHER], "messages": [{"role": "user", "content": "q"}]},
+        {"id": "b", "tools": [{"name": "f"}], "messages": [{"role": "user", "content": "q"}]},
+    ]
+    for row in read(write(tmp_path, "x.parquet", rows), tools="tools"):
+        assert row["layout_error"] == (
+            f"x.parquet row {row['index']} (id {row['id']!r}): field 'tools' is stored as a "
+            "parquet list of structs: absent keys read back as null; store the tools as a JSON "
+            "string"
+        )

@@ -70,9 +70,7 @@ class ParquetFile:
         schema = metadata.schema_arrow
         _check_schema(name, schema, layout)
         self.columns = [c for c in (*layout.row_fields, "source") if c in schema.names]
-        self.struct_arguments = _struct_arguments(
-            schema.field(layout.messages).type.value_type, layout.stored["tool_calls"]
-        )
+        self.structs = _structs(schema, layout)
         md = metadata.metadata
         self.block_rows = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
         self.message_bytes = sum(
@@ -93,10 +91,10 @@ class ParquetFile:
             table.validate(full=True)
         except (pa.ArrowException, OSError) as err:
             raise PinnedInputError(f"{self.name}: cannot read row group {block}: {err}") from err
-        return _parquet_rows(table, self.layout, self.struct_arguments)
+        return _parquet_rows(table, self.layout, self.structs)
 
 
-def _parquet_rows(table: pa.Table, layout: Layout, struct_arguments: bool) -> pa.Table:
+def _parquet_rows(table: pa.Table, layout: Layout, structs: frozenset[str]) -> pa.Table:
     """A row group's rows as ``ROW_SCHEMA``.
 
     Rows whose messages hold text fields only are renamed column by column; the rest go through
@@ -161,7 +159,7 @@ def _parquet_rows(table: pa.Table, layout: Layout, struct_arguments: bool) -> pa
                     )
                 )
             else:
-                checked.append(_checked(layout, raw[k], struct_arguments))
+                checked.append(_checked(layout, raw[k], structs))
         parts.append(pa.Table.from_pylist(checked, schema=ROW_SCHEMA))
     if not special.size:
         return parts[0]
@@ -247,10 +245,10 @@ def _mapped_roles(layout: Layout, role: pa.Array) -> pa.Array:
     )
 
 
-def _checked(layout: Layout, raw: dict, struct_arguments: bool = False) -> dict:
+def _checked(layout: Layout, raw: dict, structs: frozenset[str] = frozenset()) -> dict:
     """``Layout.row`` of ``raw``, or the row of its problem."""
     try:
-        return layout.row(raw, struct_arguments)
+        return layout.row(raw, structs)
     except ConversationError as err:
         identity = raw.get(layout.id) if layout.id is not None else None
         if isinstance(identity, int) and not isinstance(identity, bool):
@@ -517,24 +515,37 @@ def _check_schema(name: str, schema: pa.Schema, layout: Layout) -> None:
             fail(f"column {layout.messages!r} has type {messages}")
 
 
-def _struct_arguments(message: pa.StructType, tool_calls: str) -> bool:
-    """Whether a message type stores a call's ``arguments`` as a struct."""
-    index = message.get_field_index(tool_calls)
-    if index < 0:
-        return False
-    calls = message.field(index).type
-    if not (pa.types.is_list(calls) or pa.types.is_large_list(calls)):
-        return False
-    call = calls.value_type
-    if not pa.types.is_struct(call):
-        return False
-    holders = [call]
-    if call.get_field_index("function") >= 0 and pa.types.is_struct(call.field("function").type):
-        holders.append(call.field("function").type)
-    return any(
-        h.get_field_index("arguments") >= 0 and pa.types.is_struct(h.field("arguments").type)
-        for h in holders
-    )
+def _structs(schema: pa.Schema, layout: Layout) -> frozenset[str]:
+    """What a parquet file stores as structs of the tool data: ``arguments``, ``tools``.
+
+    A struct column reads back every row's keys, absent ones as null.
+    """
+    out = set()
+    message = schema.field(layout.messages).type.value_type
+    index = message.get_field_index(layout.stored["tool_calls"])
+    call = _item(message.field(index).type) if index >= 0 else None
+    if call is not None:
+        holders = [call]
+        if call.get_field_index("function") >= 0 and pa.types.is_struct(
+            call.field("function").type
+        ):
+            holders.append(call.field("function").type)
+        if any(
+            h.get_field_index("arguments") >= 0 and pa.types.is_struct(h.field("arguments").type)
+            for h in holders
+        ):
+            out.add("arguments")
+    tools = layout.tools or layout.unread_tools
+    if tools in schema.names and _item(schema.field(tools).type) is not None:
+        out.add("tools")
+    return frozenset(out)
+
+
+def _item(data_type: pa.DataType) -> pa.StructType | None:
+    """The struct a list type holds (None: not a list of structs)."""
+    if not (pa.types.is_list(data_type) or pa.types.is_large_list(data_type)):
+        return None
+    return data_type.value_type if pa.types.is_struct(data_type.value_type) else None
 
 
 def _skip_bom(file) -> int:

@@ -111,10 +111,11 @@ class Layout:
             "unread (raise the limit in the manifest, or split the conversation in the source)"
         )
 
-    def row(self, raw: dict, struct_arguments: bool = False) -> dict:
+    def row(self, raw: dict, structs: frozenset[str] = frozenset()) -> dict:
         """The row ``raw`` as the build reads it (a ``ROW_SCHEMA`` row).
 
-        ``struct_arguments``: the file stores a call's arguments as a parquet struct.
+        ``structs``: what of ``arguments`` and ``tools`` the file stores as parquet structs
+        (refused where a row holds them: absent keys read back as null).
         """
         identity = _id(raw.get(self.id), self.id) if self.id is not None else None
         source = raw.get("source")
@@ -132,6 +133,11 @@ class Layout:
                     f"{self.unread_tools}; or tools: null to leave the field unread)"
                 )
         tools = None
+        if "tools" in structs and raw.get(self.tools or self.unread_tools):
+            raise ConversationError(
+                f"field {self.tools or self.unread_tools!r} is stored as a parquet list of "
+                "structs: absent keys read back as null; store the tools as a JSON string"
+            )
         if self.tools is not None:
             tools = normalize_tools(raw.get(self.tools), f"field {self.tools!r}")
         messages = raw.get(self.messages)
@@ -142,7 +148,7 @@ class Layout:
                 f"field {self.messages!r} is {kind(messages)}, not a list of messages"
             )
         renamed = [
-            self._renamed(message, position, struct_arguments)
+            self._renamed(message, position, "arguments" in structs)
             for position, message in enumerate(messages)
         ]
         try:
