@@ -306,6 +306,8 @@ def _report(
         "contract": manifest.contract.as_dict(),
         # what the rows were built from, checked against the manifest
         "recipe": manifest.recipe(),
+        # the bounds on one conversation (they refuse, never change rows)
+        "limits": manifest.limits.as_dict(),
         "chat_format": chat_format,
         "figures": computed,
         "checks": [asdict(check) for check in verification.checks],

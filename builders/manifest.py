@@ -1,9 +1,9 @@
 """Load and validate a build manifest.
 
 A manifest is the YAML format of the row contract. It names every pinned input and the figures a
-build must reproduce. It is untrusted input: it is read with ``yaml.safe_load`` and every field is
-checked, with an error that names the field, before anything else happens.
-"""
+build must reproduce. It is untrusted input: it is read by the bounded YAML loader
+(``builders/yamlfile.py``) and every field is checked, with an error that names the field, before
+anything else happens."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
-import yaml
-
 from builders.contract import DEFAULT, KEYS, Contract, valid
 from builders.errors import ManifestError
-from builders.formats import FORMATS, PEER_FORMATS, refusal
+from builders.formats import FORMATS, PEER_FORMATS, RENDER_ARGUMENTS, refusal
+from builders.limits import DEFAULT_LIMITS, LIMIT_KEYS, Limits
 from builders.messages import ARGUMENTS, DEFAULT_KEYS, KEY_NAMES
+from builders.yamlfile import FloatText, parse_yaml, read_yaml
 
 LOSS_MASKS = tuple(FORMATS)
 # where the chat template may come from
@@ -175,6 +175,17 @@ class Expect:
     writer: str | None = None
 
 
+# the figures of a file a manifest may pin (``expect.*`` but the writer)
+PINNED_FIGURES = (
+    "rows_sha256",
+    "segments_sha256",
+    "parquet_sha256",
+    "parquet_bytes",
+    "supervised_token_ratio",
+    "padding_tokens",
+)
+
+
 @dataclass(frozen=True)
 class Manifest:
     name: str
@@ -188,6 +199,8 @@ class Manifest:
     expect: Expect = field(default_factory=Expect)
     contract: Contract = DEFAULT
     path: Path | None = None
+    # bounds on one conversation; they refuse, never change rows (not in the recipe)
+    limits: Limits = DEFAULT_LIMITS
 
     def recipe(self) -> dict:
         """Everything the manifest says that the rows depend on, by field name.
@@ -231,31 +244,6 @@ class Manifest:
     @property
     def mixture(self) -> bool:
         return len(self.datasets) > 1
-
-
-class _FloatText(float):
-    """A YAML float that remembers how it was written.
-
-    ``0.670`` stays three decimals.
-    """
-
-    text: str
-
-
-class YamlLoader(yaml.SafeLoader):
-    """``yaml.safe_load``'s loader, keeping each float's text.
-
-    Manifests and recipe cards are read with it.
-    """
-
-
-def _float_text(loader: YamlLoader, node: yaml.ScalarNode) -> _FloatText:
-    value = _FloatText(loader.construct_yaml_float(node))
-    value.text = node.value
-    return value
-
-
-YamlLoader.add_constructor("tag:yaml.org,2002:float", _float_text)
 
 
 def cli_command(command: str, manifest: Manifest, portable: bool = False) -> str:
@@ -317,37 +305,25 @@ def shipped_manifest(name: str, folder: str | Path | None = None) -> Manifest:
     return load_manifest(path)
 
 
-def safe_load_yaml(text: str, loader_class: type[YamlLoader] = YamlLoader):
-    """``yaml.safe_load`` with the float text kept."""
-    loader = loader_class(text)
-    try:
-        return loader.get_single_data()
-    finally:
-        loader.dispose()
-
-
 def load_manifest(path: str | Path) -> Manifest:
     """Read and validate the manifest at ``path``."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ManifestError(f"{path}: cannot read the manifest: {err}") from err
-    return parse_manifest(text, source=str(path), path=path)
+    return _validate(read_yaml(path, "manifest"), source=str(path), path=path)
 
 
 def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = None) -> Manifest:
     """Validate manifest YAML text; ``source`` names it in error messages."""
-    try:
-        doc = safe_load_yaml(text)
-    except yaml.YAMLError as err:
-        raise ManifestError(f"{source}: not valid YAML: {err}") from err
+    return _validate(parse_yaml(text, source, "manifest"), source, path)
+
+
+def _validate(doc, source: str, path: Path | None) -> Manifest:
+    """The manifest ``doc`` (its YAML, loaded) describes; ``source`` names it."""
     check = FieldChecker(source)
     top = check.mapping(
         doc,
         "",
         required=("name", "tokenizer", "loss_mask", "seed", "row_tokens", "rows"),
-        optional=("dataset", "datasets", "expect", "contract"),
+        optional=("dataset", "datasets", "expect", "contract", "limits"),
     )
     datasets = check.datasets(top)
     tok = check.mapping(
@@ -427,6 +403,7 @@ def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = No
         ),
         contract=contract,
         path=path,
+        limits=check.limits(top.get("limits")),
     )
 
 
@@ -610,13 +587,15 @@ class FieldChecker:
         return self.pattern(value, name, _SHA256, "a 64-hex sha256 (lower case)")
 
     def non_negative_int(self, value, name: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            self.fail(name, f"expected a whole number >= 0, got {value!r}")
-        return value
+        return self.whole_number(value, name, ">= 0", 0)
 
     def positive_int(self, value, name: str) -> int:
-        if self.non_negative_int(value, name) == 0:
-            self.fail(name, "expected a whole number > 0, got 0")
+        return self.whole_number(value, name, "> 0", 1)
+
+    def whole_number(self, value, name: str, bound: str, least: int) -> int:
+        """An int (not a bool) of at least ``least``; ``bound`` says so in the error."""
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            self.fail(name, f"expected a whole number {bound}, got {value!r}")
         return value
 
     def contract(self, value) -> Contract:
@@ -634,6 +613,15 @@ class FieldChecker:
                     f"unknown reading {reading!r} (valid: {', '.join(valid(key))})",
                 )
         return Contract(**readings)
+
+    def limits(self, value) -> Limits:
+        """The ``limits:`` mapping; absent keys take the default."""
+        if value is None:
+            return DEFAULT_LIMITS
+        given = self.mapping(value, "limits", optional=LIMIT_KEYS)
+        return Limits(
+            **{key: self.positive_int(number, f"limits.{key}") for key, number in given.items()}
+        )
 
     def format_fields(self, tok: dict, loss_mask: str) -> dict:
         """The chat-format fields of ``tokenizer:``.
@@ -699,6 +687,13 @@ class FieldChecker:
         """
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
             self.fail(name, f"expected a mapping of variable names to values, got {_kind(value)}")
+        for reserved in RENDER_ARGUMENTS:
+            if reserved in value:
+                self.fail(
+                    f"{name}.{reserved}",
+                    f"the builder passes {reserved} to the chat template itself "
+                    f"(as apply_chat_template does); a variable cannot set it",
+                )
 
         def plain(item):
             if isinstance(item, (date, datetime)):
@@ -725,7 +720,7 @@ class FieldChecker:
             self.fail(name, f"expected a number, got {_kind(value)}")
         text = (
             value.text
-            if isinstance(value, _FloatText)
+            if isinstance(value, FloatText)
             else value
             if isinstance(value, str)
             else repr(value)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from test_layouts import lay_out
 
 from builders.errors import SourceDataError
@@ -506,3 +507,19 @@ def test_parquet_struct_tools_are_refused_with_the_reason(tmp_path):
             "parquet list of structs: absent keys read back as null; store the tools as a JSON "
             "string"
         )
+
+
+def test_the_manifest_limit_reaches_the_readers(tmp_path):
+    rows = [{"id": "long", "messages": [{"role": "user", "content": "q" * 3000}]}]
+    manifest = lay_out(
+        tmp_path,
+        [({"d.jsonl": write(tmp_path, "d.jsonl", rows).read_bytes()}, {"files": "d.jsonl"})],
+        rows=5,
+    )
+    doc = yaml.safe_load(manifest.read_text())
+    doc["limits"] = {"conversation_chars": 1000}
+    manifest.write_text(yaml.safe_dump(doc))
+    done = run_cli("--manifest", str(manifest), "--out", str(tmp_path / "out"), hf_home=tmp_path)
+    assert done.returncode == 4, done.stderr
+    assert "d.jsonl row 0: its text is 3,0" in done.stderr, done.stderr
+    assert f"longer than {LIMIT_KEY} (1,000)" in done.stderr

@@ -57,6 +57,7 @@ from builders.errors import BuildError, SourceDataError, UsageError, WorkerError
 from builders.formats import FormatSpec
 from builders.inputs.layout import conversations
 from builders.inputs.source import Source
+from builders.limits import Limits
 from builders.manifest import DatasetPin
 
 # the folder that holds this package: workers run the same code
@@ -355,7 +356,14 @@ def _source(datasets: list, conversation_chars: int) -> Source:
 
 
 def _format_spec(data: dict) -> FormatSpec:
-    return FormatSpec(**{**data, "stop": tuple(data["stop"]), "prefills": tuple(data["prefills"])})
+    return FormatSpec(
+        **{
+            **data,
+            "stop": tuple(data["stop"]),
+            "prefills": tuple(data["prefills"]),
+            "limits": Limits(**data["limits"]),
+        }
+    )
 
 
 def batch_message(table: pa.Table, positions: np.ndarray) -> pa.Buffer:

@@ -30,7 +30,7 @@ class Glm5Format(ChatFormat):
 
     def __init__(self, spec, tokenizer, vocab):
         super().__init__(spec, tokenizer, vocab)
-        self.renderer = ChatRenderer(spec.chat_template)
+        self.renderer = ChatRenderer(spec.chat_template, render_chars=spec.limits.render_chars)
         self.stop_ids = np.array(
             [vocab.token_id(t, self.name) for t in glm5.STOP_TOKENS], dtype=np.int64
         )
@@ -100,7 +100,9 @@ class Glm5Format(ChatFormat):
         try:
             rendered = self.renderer.render(messages)
         except jinja2.TemplateError as err:
-            raise ConversationError(f"the chat template failed: {err}") from err
+            raise ConversationError(
+                f"the chat template failed ({self.spec.template_source}): {err}"
+            ) from err
         _same(rendered, lay.text)
         return lay
 

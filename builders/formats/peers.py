@@ -64,7 +64,7 @@ class PeerFormat(ChatFormat):
 
     def __init__(self, spec, tokenizer, vocab):
         super().__init__(spec, tokenizer, vocab)
-        self.renderer = ChatRenderer(spec.chat_template, spec.render_date)
+        self.renderer = ChatRenderer(spec.chat_template, spec.render_date, spec.limits.render_chars)
         self.variables = {**spec.special_tokens, **spec.template_vars}
 
     def class_mask(self, contract: Contract) -> np.ndarray:
@@ -132,7 +132,7 @@ class PeerFormat(ChatFormat):
                     render([conversation])
                 except jinja2.TemplateError as err:
                     raise ConversationError.at(
-                        position, f"the chat template failed: {err}"
+                        position, f"the chat template failed ({self.spec.template_source}): {err}"
                     ) from err
             raise
 

@@ -48,7 +48,7 @@ class TurnsFormat(ChatFormat):
         super().__init__(spec, tokenizer, vocab)
         self.check_inputs(spec, tokenizer)
         self.variables = {**spec.special_tokens, **spec.template_vars}
-        self.renderer = ChatRenderer(spec.chat_template, spec.render_date)
+        self.renderer = ChatRenderer(spec.chat_template, spec.render_date, spec.limits.render_chars)
         self.literals = markup_literals(spec.chat_template)
         self._literal = (
             re.compile("|".join(map(re.escape, sorted(self.literals, key=len, reverse=True))))
@@ -173,7 +173,9 @@ class TurnsFormat(ChatFormat):
                     try:
                         self.renderer.render_all([messages], self.variables)
                     except jinja2.TemplateError as err:
-                        raise ConversationError(f"the chat template failed: {err}") from err
+                        raise ConversationError(
+                            f"the chat template failed ({self.spec.template_source}): {err}"
+                        ) from err
             raise
 
     def _placeholders(self, messages: list[dict]) -> tuple[list[dict], list[tuple[int, str]]]:

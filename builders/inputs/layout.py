@@ -19,6 +19,7 @@ from functools import cached_property
 import pyarrow as pa
 
 from builders.errors import ConversationError
+from builders.limits import DEFAULT_LIMITS
 from builders.manifest import DatasetPin
 from builders.messages import (
     MESSAGE_KEYS,
@@ -29,9 +30,9 @@ from builders.messages import (
 )
 from builders.strictjson import kind
 
-# the most a row may hold (data/ROWS.md, "Limits"): its text in a JSON file, in bytes; the UTF-8
-# bytes of its message strings in parquet
-CONVERSATION_CHARS = 4_000_000
+# the most a row may hold (data/ROWS.md, "Reading a dataset"): its text in a JSON file, in bytes;
+# the UTF-8 bytes of its message strings in parquet
+CONVERSATION_CHARS = DEFAULT_LIMITS.conversation_chars
 LIMIT_KEY = "limits.conversation_chars"
 # message fields held in a table as JSON text
 JSON_HELD = ("tool_calls", STEP_LOSS_MASK)

@@ -203,6 +203,8 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         + (f"; {engine['note']}" if engine["note"] else ""),
         f"- encoded in {_workers(report)} (`--workers {report['workers_requested']}`, "
         f"{report['cores']} cores available; the rows are the same for any number)",
+        f"- limits: a conversation up to {report['limits']['conversation_chars']:,} characters, "
+        f"its render up to {report['limits']['render_chars']:,} (`limits:`; more is refused)",
         "",
         *_datasets_table(manifest, summary),
         *_sources_table(summary, stats, name),

@@ -16,7 +16,7 @@ import numpy as np
 
 from builders.errors import VerificationError
 from builders.inputs.digest import file_digest
-from builders.manifest import Manifest, cli_command
+from builders.manifest import PINNED_FIGURES, Manifest, cli_command
 from builders.rows.rowfile import ROW_GROUP_ROWS, iter_row_batches, writer_version
 from builders.rows.segments import SegmentHash, supervised_segment_starts
 
@@ -133,16 +133,6 @@ class Check:
     expected: object
     got: object
     status: str  # "ok", "differs" or "not pinned"
-
-
-PINNED_FIGURES = (
-    "rows_sha256",
-    "segments_sha256",
-    "parquet_sha256",
-    "parquet_bytes",
-    "supervised_token_ratio",
-    "padding_tokens",
-)
 
 
 @dataclass(frozen=True)
