@@ -13,16 +13,21 @@ import copy
 import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
 from test_layouts import lay_out
 
+from builders.build import build
 from builders.errors import SourceDataError
-from builders.inputs.layout import LIMIT_KEY, conversations
+from builders.fixture.make import synthetic_rows
+from builders.inputs.layout import LIMIT_KEY, conversations, tool_counts
+from builders.inputs.pinned import Hub
 from builders.inputs.source import Source
-from builders.manifest import DatasetPin
+from builders.manifest import DatasetPin, load_manifest
+from builders.rows.stats import BuildStats
 from helpers import run_cli
 
 WEATHER = {
@@ -523,3 +528,87 @@ def test_the_manifest_limit_reaches_the_readers(tmp_path):
     assert done.returncode == 4, done.stderr
     assert "d.jsonl row 0: its text is 3,0" in done.stderr, done.stderr
     assert f"longer than {LIMIT_KEY} (1,000)" in done.stderr
+
+
+def test_the_report_and_card_count_tool_use(tmp_path):
+    """Conversations with tools and tool messages, counted over what the stream consumed.
+
+    The expected counts come from the rows written here and the consumed source indices in the
+    built file's metadata; a build with worker processes counts the same. (Calls are counted by
+    ``test_build_stats_count_calls_by_stored_form``: no chat format takes them yet.)
+    """
+    rows = synthetic_rows(seed=21, count=60)
+    for k, row in enumerate(rows):
+        if k % 3:
+            row["tools"] = [BARE] if k % 2 else json.dumps([WEATHER])
+        if k % 2 == 0:
+            row["messages"] = [
+                *row["messages"][:2],
+                {"role": "tool", "content": "r"},
+                *row["messages"][2:],
+            ]
+    manifest = lay_out(
+        tmp_path,
+        [
+            (
+                {"d.jsonl": write(tmp_path, "d.jsonl", rows).read_bytes()},
+                {"files": "d.jsonl", "tools": "tools"},
+            )
+        ],
+        rows=20,
+        row_tokens=128,
+    )
+    counted = []
+    for workers in (1, 2):
+        result = build(
+            load_manifest(manifest),
+            tmp_path / f"out{workers}",
+            Hub(tmp_path / "hub", offline=True),
+            workers=workers,
+        )
+        counted.append(json.loads(result.report.read_text())["stats"]["tool_calls"])
+    consumed = dict.fromkeys(
+        i
+        for m in pq.read_table(result.parquet).column("metadata").to_pylist()
+        for i in m["source_index"]
+    )
+    expected = {
+        "conversations_with_tools": sum("tools" in rows[i] for i in consumed),
+        "conversations_with_calls": 0,
+        "calls": 0,
+        "calls_string_arguments": 0,
+        "calls_object_arguments": 0,
+        "tool_messages": sum(m["role"] == "tool" for i in consumed for m in rows[i]["messages"]),
+        "tools_field_unread": [],
+    }
+    assert expected["conversations_with_tools"] and expected["tool_messages"]
+    assert counted == [expected, expected]
+    card = (tmp_path / "out2" / "layout.md").read_text()
+    assert "### Tool calls" in card
+    assert (
+        f"| {expected['conversations_with_tools']:,} | 0 | 0 | 0 | 0 "
+        f"| {expected['tool_messages']:,} |" in card
+    )
+
+
+def test_build_stats_count_calls_by_stored_form():
+    stats = BuildStats(8, ["d"], tools_unread=["d"])
+    ids, mask = np.zeros(3, np.int32), np.ones(3, np.uint8)
+    stats.add_conversation(None, ids, mask, 0, (1, 2, 1, 3))
+    stats.add_conversation(None, ids, mask, 0, (0, 0, 0, 0))
+    stats.add_conversation(None, ids, mask, 0, (0, 0, 2, 1))
+    assert stats.summary()["tool_calls"] == {
+        "conversations_with_tools": 1,
+        "conversations_with_calls": 2,
+        "calls": 5,
+        "calls_string_arguments": 2,
+        "calls_object_arguments": 3,
+        "tool_messages": 4,
+        "tools_field_unread": ["d"],
+    }
+
+
+def test_tool_counts_of_a_row(tmp_path):
+    openai, flat = read(write(tmp_path, "x.jsonl", rows_as_users_store_them()[1:3]), tools="tools")
+    assert tool_counts(openai) == (1, 1, 0, 1)
+    assert tool_counts(flat) == (1, 2, 0, 2)
