@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from builders.errors import ConversationError, PinnedInputError, SourceDataError
-from builders.inputs.layout import MESSAGE_TYPE, ROW_SCHEMA, Layout, problem_row
+from builders.inputs.layout import MESSAGE_TYPE, ROW_SCHEMA, Layout, problem_row, rows_table
 from builders.messages import MESSAGE_KEYS, READ_ROLES, STEP_LOSS_MASK
 from builders.strictjson import kind, loads
 
@@ -160,7 +160,7 @@ def _parquet_rows(table: pa.Table, layout: Layout, structs: frozenset[str]) -> p
                 )
             else:
                 checked.append(_checked(layout, raw[k], structs))
-        parts.append(pa.Table.from_pylist(checked, schema=ROW_SCHEMA))
+        parts.append(rows_table(checked))
     if not special.size:
         return parts[0]
     order = np.argsort(np.concatenate([kept, special]), kind="stable")
@@ -271,7 +271,7 @@ class _JsonFile:
         self.message_bytes = path.stat().st_size
 
     def _rows(self, texts: list[bytes]) -> pa.Table:
-        return pa.Table.from_pylist([self._row(text) for text in texts], schema=ROW_SCHEMA)
+        return rows_table([self._row(text) for text in texts])
 
     def _row(self, data: bytes) -> dict:
         if len(data) > self.layout.limit:

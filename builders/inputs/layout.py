@@ -251,6 +251,36 @@ def _held(message: dict) -> dict:
     }
 
 
+def rows_table(rows: list[dict]) -> pa.Table:
+    """``ROW_SCHEMA`` rows as a table, column by column (nested dicts convert slowly)."""
+    fields = {f.name: [] for f in MESSAGE_TYPE.value_type}
+    offsets, valid = [0], []
+    for row in rows:
+        messages = row["messages"]
+        valid.append(messages is not None)
+        for message in messages or ():
+            for key, values in fields.items():
+                values.append(message.get(key))
+        offsets.append(len(fields["role"]))
+    structs = pa.StructArray.from_arrays(
+        [pa.array(values, pa.string()) for values in fields.values()],
+        fields=list(MESSAGE_TYPE.value_type),
+    )
+    messages = pa.ListArray.from_arrays(
+        pa.array(offsets, pa.int32()),
+        structs,
+        type=MESSAGE_TYPE,
+        mask=pa.array([not v for v in valid], pa.bool_()),
+    )
+    columns = {
+        f.name: messages
+        if f.name == "messages"
+        else pa.array([row[f.name] for row in rows], f.type)
+        for f in ROW_SCHEMA
+    }
+    return pa.table(columns, schema=ROW_SCHEMA)
+
+
 def problem_row(problem: str, identity: str | None = None, source: str | None = None) -> dict:
     """A ``ROW_SCHEMA`` row that cannot be read, and why."""
     return {
