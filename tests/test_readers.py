@@ -454,7 +454,7 @@ def test_a_row_that_cannot_be_read_is_named(tmp_path, name, data, problem):
 def test_no_rows_is_exit_4(tmp_path, name, data):
     path = tmp_path / name
     path.write_bytes(data)
-    with pytest.raises(SourceDataError, match=r"dataset o/d: no rows \(x\.json") as err:
+    with pytest.raises(SourceDataError, match=r"dataset o/d\S*: no rows \(x\.json") as err:
         read(path)
     assert err.value.exit_code == 4
 
@@ -531,16 +531,16 @@ def test_the_manifest_limit_reaches_the_readers(tmp_path):
 
 
 def test_the_report_and_card_count_tool_use(tmp_path):
-    """Conversations with tools and tool messages, counted over what the stream consumed.
+    """Tool messages counted over what the stream consumed; a tools field left unread, named.
 
-    The expected counts come from the rows written here and the consumed source indices in the
-    built file's metadata; a build with worker processes counts the same. (Calls are counted by
-    ``test_build_stats_count_calls_by_stored_form``: no chat format takes them yet.)
+    The expected count comes from the rows written here and the consumed source indices in the
+    built file's metadata; a build with worker processes counts the same. (Tools and calls are
+    counted by ``test_build_stats_count_calls_by_stored_form`` and ``test_tool_counts_of_a_row``:
+    the fixture template prints no tools.)
     """
     rows = synthetic_rows(seed=21, count=60)
     for k, row in enumerate(rows):
-        if k % 3:
-            row["tools"] = [BARE] if k % 2 else json.dumps([WEATHER])
+        row["tools"] = [BARE] if k % 3 else None
         if k % 2 == 0:
             row["messages"] = [
                 *row["messages"][:2],
@@ -552,7 +552,7 @@ def test_the_report_and_card_count_tool_use(tmp_path):
         [
             (
                 {"d.jsonl": write(tmp_path, "d.jsonl", rows).read_bytes()},
-                {"files": "d.jsonl", "tools": "tools"},
+                {"files": "d.jsonl", "tools": None},
             )
         ],
         rows=20,
@@ -572,23 +572,22 @@ def test_the_report_and_card_count_tool_use(tmp_path):
         for m in pq.read_table(result.parquet).column("metadata").to_pylist()
         for i in m["source_index"]
     )
+    unread = ["someone/layout-data-0 (d.jsonl)"]
     expected = {
-        "conversations_with_tools": sum("tools" in rows[i] for i in consumed),
+        "conversations_with_tools": 0,
         "conversations_with_calls": 0,
         "calls": 0,
         "calls_string_arguments": 0,
         "calls_object_arguments": 0,
         "tool_messages": sum(m["role"] == "tool" for i in consumed for m in rows[i]["messages"]),
-        "tools_field_unread": [],
+        "tools_field_unread": unread,
     }
-    assert expected["conversations_with_tools"] and expected["tool_messages"]
+    assert expected["tool_messages"]
     assert counted == [expected, expected]
     card = (tmp_path / "out2" / "layout.md").read_text()
     assert "### Tool calls" in card
-    assert (
-        f"| {expected['conversations_with_tools']:,} | 0 | 0 | 0 | 0 "
-        f"| {expected['tool_messages']:,} |" in card
-    )
+    assert f"| 0 | 0 | 0 | 0 | 0 | {expected['tool_messages']:,} |" in card
+    assert "A `tools` field is deliberately not read (`tools: null`) in: `someone/" in card
 
 
 def test_build_stats_count_calls_by_stored_form():
