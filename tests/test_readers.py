@@ -424,8 +424,8 @@ def test_list_content_in_json_lines_says_what_to_do(tmp_path):
         ),
         (
             "x.jsonl",
-            b'{"a": "\\ud800"}\n',
-            "x.jsonl row 0: a string holds half of a surrogate pair",
+            b'{"id": "a", "messages": [{"role": "user", "content": "\\ud800"}]}\n',
+            "x.jsonl row 0 (id 'a'): a string holds half of a surrogate pair",
         ),
         ("x.jsonl", b"[" * 100000 + b"\n", "row 0 is not JSON Lines"),
         (

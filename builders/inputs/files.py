@@ -17,8 +17,6 @@ build reaches the row; a file that is not what its extension says, at once.
 from __future__ import annotations
 
 import itertools
-import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -36,9 +34,6 @@ BLOCK_BYTES = 4 << 20
 # a JSON list scanned at a time for its top-level commas
 SCAN_BYTES = 1 << 20
 BOM = b"\xef\xbb\xbf"
-# a \u escape of a surrogate: a row holding one is checked for a lone half of a pair, which no
-# UTF-8 text can hold
-_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def open_file(path: Path, name: str, layout: Layout):
@@ -288,10 +283,6 @@ class _JsonFile:
             return problem_row(f"{err}{self.hint}")
         if not isinstance(value, dict):
             return problem_row(f"{kind(value)}, not a JSON object")
-        if _SURROGATE.search(data) and _lone_surrogate(value):
-            return problem_row(
-                "a string holds half of a surrogate pair (a \\ud800-\\udfff escape alone): not text"
-            )
         return _checked(self.layout, value)
 
 
@@ -553,15 +544,6 @@ def _skip_bom(file) -> int:
     at = 3 if file.read(3) == BOM else 0
     file.seek(at)
     return at
-
-
-def _lone_surrogate(value) -> bool:
-    """Whether a parsed JSON value holds a string with half a surrogate pair."""
-    try:
-        json.dumps(value, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 def _is_text(data_type: pa.DataType) -> bool:

@@ -258,6 +258,39 @@ def _held(message: dict) -> dict:
 
 
 def rows_table(rows: list[dict]) -> pa.Table:
+    """``ROW_SCHEMA`` rows as a table.
+
+    A row holding a string no UTF-8 text can hold (half a surrogate pair, from a JSON escape)
+    becomes the row of that problem.
+    """
+    try:
+        return _table(rows)
+    except UnicodeEncodeError:
+        out = []
+        for row in rows:
+            try:
+                _table([row])
+            except UnicodeEncodeError:
+                row = problem_row(
+                    "a string holds half of a surrogate pair (a \\ud800-\\udfff escape alone): "
+                    "not text",
+                    row["id"] if _encodes(row["id"]) else None,
+                    row["source"] if _encodes(row["source"]) else None,
+                )
+            out.append(row)
+        return _table(out)
+
+
+def _encodes(text: str | None) -> bool:
+    """Whether ``text`` (None: none) is text UTF-8 can hold."""
+    try:
+        text is None or text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _table(rows: list[dict]) -> pa.Table:
     """``ROW_SCHEMA`` rows as a table, column by column (nested dicts convert slowly)."""
     fields = {f.name: [] for f in MESSAGE_TYPE.value_type}
     offsets, valid = [0], []
