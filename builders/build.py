@@ -199,10 +199,11 @@ def prepared(
             source_hashes = scope.enter_context(hashed_files(source_files(source)))
             order = _checked_order(manifest, source)
             reference = ConversationEncoder(pinned.tokenizer, pinned.spec, manifest.contract)
+            # in this process, the engine is chosen while the build plans
+            encoding.begin(reference)
             leave_out = None if whole_source else manifest.leave_out_refused
             stream = Stream(source, order, needed_tokens, leave_out)
             stream.plan(reference)
-            encoding.begin(reference)
         reporter.info(
             f"inputs resolved: {source.num_rows:,} source rows in {len(source.files)} files"
             + (f" of {len(source.pins)} datasets, {len(order):,} kept" if manifest.mixture else "")
