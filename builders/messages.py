@@ -20,8 +20,6 @@ PEER_ROLES = ("developer", "function")
 READ_ROLES = (*ROLES, *PEER_ROLES)
 # what a template may print of a message as text
 TEXT_FIELDS = ("content", "reasoning_content")
-# read where a file has them; the role and content are the layout's keys
-OPTIONAL_TEXT_FIELDS = TEXT_FIELDS[1:]
 TOOL_FIELDS = ("tool_calls", "tool_call_id", "name")
 # the fields every chat format takes
 PLAIN_KEYS = ("role", *TEXT_FIELDS)

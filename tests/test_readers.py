@@ -13,15 +13,21 @@ import copy
 import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from test_layouts import lay_out
 
+from builders.build import build
 from builders.errors import SourceDataError
-from builders.inputs.layout import LIMIT_KEY, conversations
+from builders.fixture.make import synthetic_rows
+from builders.inputs.layout import LIMIT_KEY, conversations, tool_counts
+from builders.inputs.pinned import Hub
 from builders.inputs.source import Source
-from builders.manifest import DatasetPin
+from builders.manifest import DatasetPin, load_manifest
+from builders.rows.stats import BuildStats
 from helpers import run_cli
 
 WEATHER = {
@@ -418,8 +424,8 @@ def test_list_content_in_json_lines_says_what_to_do(tmp_path):
         ),
         (
             "x.jsonl",
-            b'{"a": "\\ud800"}\n',
-            "x.jsonl row 0: a string holds half of a surrogate pair",
+            b'{"id": "a", "messages": [{"role": "user", "content": "\\ud800"}]}\n',
+            "x.jsonl row 0 (id 'a'): a string holds half of a surrogate pair",
         ),
         ("x.jsonl", b"[" * 100000 + b"\n", "row 0 is not JSON Lines"),
         (
@@ -448,7 +454,7 @@ def test_a_row_that_cannot_be_read_is_named(tmp_path, name, data, problem):
 def test_no_rows_is_exit_4(tmp_path, name, data):
     path = tmp_path / name
     path.write_bytes(data)
-    with pytest.raises(SourceDataError, match=r"dataset o/d: no rows \(x\.json") as err:
+    with pytest.raises(SourceDataError, match=r"dataset o/d\S*: no rows \(x\.json") as err:
         read(path)
     assert err.value.exit_code == 4
 
@@ -493,3 +499,115 @@ def test_unreadable_json_through_the_command_line_is_exit_4(tmp_path, data, word
     assert words in done.stderr and "d.jsonl" in done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "out" / "layout.parquet").exists()
+
+
+def test_parquet_struct_tools_are_refused_with_the_reason(tmp_path):
+    rows = [
+        {"id": "s", "tools": [WEATHER], "messages": [{"role": "user", "content": "q"}]},
+        {"id": "b", "tools": [{"name": "f"}], "messages": [{"role": "user", "content": "q"}]},
+    ]
+    for row in read(write(tmp_path, "x.parquet", rows), tools="tools"):
+        assert row["layout_error"] == (
+            f"x.parquet row {row['index']} (id {row['id']!r}): field 'tools' is stored as a "
+            "parquet list of structs: absent keys read back as null; store the tools as a JSON "
+            "string"
+        )
+
+
+def test_the_manifest_limit_reaches_the_readers(tmp_path):
+    rows = [{"id": "long", "messages": [{"role": "user", "content": "q" * 3000}]}]
+    manifest = lay_out(
+        tmp_path,
+        [({"d.jsonl": write(tmp_path, "d.jsonl", rows).read_bytes()}, {"files": "d.jsonl"})],
+        rows=5,
+    )
+    doc = yaml.safe_load(manifest.read_text())
+    doc["limits"] = {"conversation_chars": 1000}
+    manifest.write_text(yaml.safe_dump(doc))
+    done = run_cli("--manifest", str(manifest), "--out", str(tmp_path / "out"), hf_home=tmp_path)
+    assert done.returncode == 4, done.stderr
+    assert "d.jsonl row 0: its text is 3,0" in done.stderr, done.stderr
+    assert f"longer than {LIMIT_KEY} (1,000)" in done.stderr
+
+
+def test_the_report_and_card_count_tool_use(tmp_path):
+    """Tool messages counted over what the stream consumed; a tools field left unread, named.
+
+    The expected count comes from the rows written here and the consumed source indices in the
+    built file's metadata; a build with worker processes counts the same. (Tools and calls are
+    counted by ``test_build_stats_count_calls_by_stored_form`` and ``test_tool_counts_of_a_row``:
+    the fixture template prints no tools.)
+    """
+    rows = synthetic_rows(seed=21, count=60)
+    for k, row in enumerate(rows):
+        row["tools"] = [BARE] if k % 3 else None
+        if k % 2 == 0:
+            row["messages"] = [
+                *row["messages"][:2],
+                {"role": "tool", "content": "r"},
+                *row["messages"][2:],
+            ]
+    manifest = lay_out(
+        tmp_path,
+        [
+            (
+                {"d.jsonl": write(tmp_path, "d.jsonl", rows).read_bytes()},
+                {"files": "d.jsonl", "tools": None},
+            )
+        ],
+        rows=20,
+        row_tokens=128,
+    )
+    counted = []
+    for workers in (1, 2):
+        result = build(
+            load_manifest(manifest),
+            tmp_path / f"out{workers}",
+            Hub(tmp_path / "hub", offline=True),
+            workers=workers,
+        )
+        counted.append(json.loads(result.report.read_text())["stats"]["tool_calls"])
+    consumed = dict.fromkeys(
+        i
+        for m in pq.read_table(result.parquet).column("metadata").to_pylist()
+        for i in m["source_index"]
+    )
+    unread = ["someone/layout-data-0 (d.jsonl)"]
+    expected = {
+        "conversations_with_tools": 0,
+        "conversations_with_calls": 0,
+        "calls": 0,
+        "calls_string_arguments": 0,
+        "calls_object_arguments": 0,
+        "tool_messages": sum(m["role"] == "tool" for i in consumed for m in rows[i]["messages"]),
+        "tools_field_unread": unread,
+    }
+    assert expected["tool_messages"]
+    assert counted == [expected, expected]
+    card = (tmp_path / "out2" / "layout.md").read_text()
+    assert "### Tool calls" in card
+    assert f"| 0 | 0 | 0 | 0 | 0 | {expected['tool_messages']:,} |" in card
+    assert "A `tools` field is deliberately not read (`tools: null`) in: `someone/" in card
+
+
+def test_build_stats_count_calls_by_stored_form():
+    stats = BuildStats(8, ["d"], tools_unread=["d"])
+    ids, mask = np.zeros(3, np.int32), np.ones(3, np.uint8)
+    stats.add_conversation(None, ids, mask, 0, (1, 2, 1, 3))
+    stats.add_conversation(None, ids, mask, 0, (0, 0, 0, 0))
+    stats.add_conversation(None, ids, mask, 0, (0, 0, 2, 1))
+    assert stats.summary()["tool_calls"] == {
+        "conversations_with_tools": 1,
+        "conversations_with_calls": 2,
+        "calls": 5,
+        "calls_string_arguments": 2,
+        "calls_object_arguments": 3,
+        "tool_messages": 4,
+        "tools_field_unread": ["d"],
+    }
+
+
+def test_tool_counts_of_a_row(tmp_path):
+    openai, flat = read(write(tmp_path, "x.jsonl", rows_as_users_store_them()[1:3]), tools="tools")
+    assert tool_counts(openai) == (1, 1, 0, 1)
+    assert tool_counts(flat) == (1, 2, 0, 2)

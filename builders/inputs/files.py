@@ -17,8 +17,6 @@ build reaches the row; a file that is not what its extension says, at once.
 from __future__ import annotations
 
 import itertools
-import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from builders.errors import ConversationError, PinnedInputError, SourceDataError
-from builders.inputs.layout import MESSAGE_TYPE, ROW_SCHEMA, Layout, problem_row
+from builders.inputs.layout import MESSAGE_TYPE, ROW_SCHEMA, Layout, problem_row, rows_table
 from builders.messages import MESSAGE_KEYS, READ_ROLES, STEP_LOSS_MASK
 from builders.strictjson import kind, loads
 
@@ -36,9 +34,6 @@ BLOCK_BYTES = 4 << 20
 # a JSON list scanned at a time for its top-level commas
 SCAN_BYTES = 1 << 20
 BOM = b"\xef\xbb\xbf"
-# a \u escape of a surrogate: a row holding one is checked for a lone half of a pair, which no
-# UTF-8 text can hold
-_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def open_file(path: Path, name: str, layout: Layout):
@@ -70,9 +65,7 @@ class ParquetFile:
         schema = metadata.schema_arrow
         _check_schema(name, schema, layout)
         self.columns = [c for c in (*layout.row_fields, "source") if c in schema.names]
-        self.struct_arguments = _struct_arguments(
-            schema.field(layout.messages).type.value_type, layout.stored["tool_calls"]
-        )
+        self.structs = _structs(schema, layout)
         md = metadata.metadata
         self.block_rows = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
         self.message_bytes = sum(
@@ -93,10 +86,10 @@ class ParquetFile:
             table.validate(full=True)
         except (pa.ArrowException, OSError) as err:
             raise PinnedInputError(f"{self.name}: cannot read row group {block}: {err}") from err
-        return _parquet_rows(table, self.layout, self.struct_arguments)
+        return _parquet_rows(table, self.layout, self.structs)
 
 
-def _parquet_rows(table: pa.Table, layout: Layout, struct_arguments: bool) -> pa.Table:
+def _parquet_rows(table: pa.Table, layout: Layout, structs: frozenset[str]) -> pa.Table:
     """A row group's rows as ``ROW_SCHEMA``.
 
     Rows whose messages hold text fields only are renamed column by column; the rest go through
@@ -161,8 +154,8 @@ def _parquet_rows(table: pa.Table, layout: Layout, struct_arguments: bool) -> pa
                     )
                 )
             else:
-                checked.append(_checked(layout, raw[k], struct_arguments))
-        parts.append(pa.Table.from_pylist(checked, schema=ROW_SCHEMA))
+                checked.append(_checked(layout, raw[k], structs))
+        parts.append(rows_table(checked))
     if not special.size:
         return parts[0]
     order = np.argsort(np.concatenate([kept, special]), kind="stable")
@@ -247,10 +240,10 @@ def _mapped_roles(layout: Layout, role: pa.Array) -> pa.Array:
     )
 
 
-def _checked(layout: Layout, raw: dict, struct_arguments: bool = False) -> dict:
+def _checked(layout: Layout, raw: dict, structs: frozenset[str] = frozenset()) -> dict:
     """``Layout.row`` of ``raw``, or the row of its problem."""
     try:
-        return layout.row(raw, struct_arguments)
+        return layout.row(raw, structs)
     except ConversationError as err:
         identity = raw.get(layout.id) if layout.id is not None else None
         if isinstance(identity, int) and not isinstance(identity, bool):
@@ -273,7 +266,7 @@ class _JsonFile:
         self.message_bytes = path.stat().st_size
 
     def _rows(self, texts: list[bytes]) -> pa.Table:
-        return pa.Table.from_pylist([self._row(text) for text in texts], schema=ROW_SCHEMA)
+        return rows_table([self._row(text) for text in texts])
 
     def _row(self, data: bytes) -> dict:
         if len(data) > self.layout.limit:
@@ -290,10 +283,6 @@ class _JsonFile:
             return problem_row(f"{err}{self.hint}")
         if not isinstance(value, dict):
             return problem_row(f"{kind(value)}, not a JSON object")
-        if _SURROGATE.search(data) and _lone_surrogate(value):
-            return problem_row(
-                "a string holds half of a surrogate pair (a \\ud800-\\udfff escape alone): not text"
-            )
         return _checked(self.layout, value)
 
 
@@ -517,24 +506,37 @@ def _check_schema(name: str, schema: pa.Schema, layout: Layout) -> None:
             fail(f"column {layout.messages!r} has type {messages}")
 
 
-def _struct_arguments(message: pa.StructType, tool_calls: str) -> bool:
-    """Whether a message type stores a call's ``arguments`` as a struct."""
-    index = message.get_field_index(tool_calls)
-    if index < 0:
-        return False
-    calls = message.field(index).type
-    if not (pa.types.is_list(calls) or pa.types.is_large_list(calls)):
-        return False
-    call = calls.value_type
-    if not pa.types.is_struct(call):
-        return False
-    holders = [call]
-    if call.get_field_index("function") >= 0 and pa.types.is_struct(call.field("function").type):
-        holders.append(call.field("function").type)
-    return any(
-        h.get_field_index("arguments") >= 0 and pa.types.is_struct(h.field("arguments").type)
-        for h in holders
-    )
+def _structs(schema: pa.Schema, layout: Layout) -> frozenset[str]:
+    """What a parquet file stores as structs of the tool data: ``arguments``, ``tools``.
+
+    A struct column reads back every row's keys, absent ones as null.
+    """
+    out = set()
+    message = schema.field(layout.messages).type.value_type
+    index = message.get_field_index(layout.stored["tool_calls"])
+    call = _item(message.field(index).type) if index >= 0 else None
+    if call is not None:
+        holders = [call]
+        if call.get_field_index("function") >= 0 and pa.types.is_struct(
+            call.field("function").type
+        ):
+            holders.append(call.field("function").type)
+        if any(
+            h.get_field_index("arguments") >= 0 and pa.types.is_struct(h.field("arguments").type)
+            for h in holders
+        ):
+            out.add("arguments")
+    tools = layout.tools or layout.unread_tools
+    if tools in schema.names and _item(schema.field(tools).type) is not None:
+        out.add("tools")
+    return frozenset(out)
+
+
+def _item(data_type: pa.DataType) -> pa.StructType | None:
+    """The struct a list type holds (None: not a list of structs)."""
+    if not (pa.types.is_list(data_type) or pa.types.is_large_list(data_type)):
+        return None
+    return data_type.value_type if pa.types.is_struct(data_type.value_type) else None
 
 
 def _skip_bom(file) -> int:
@@ -542,15 +544,6 @@ def _skip_bom(file) -> int:
     at = 3 if file.read(3) == BOM else 0
     file.seek(at)
     return at
-
-
-def _lone_surrogate(value) -> bool:
-    """Whether a parsed JSON value holds a string with half a surrogate pair."""
-    try:
-        json.dumps(value, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 def _is_text(data_type: pa.DataType) -> bool:

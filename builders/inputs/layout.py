@@ -19,6 +19,7 @@ from functools import cached_property
 import pyarrow as pa
 
 from builders.errors import ConversationError
+from builders.limits import DEFAULT_LIMITS
 from builders.manifest import DatasetPin
 from builders.messages import (
     MESSAGE_KEYS,
@@ -29,9 +30,9 @@ from builders.messages import (
 )
 from builders.strictjson import kind
 
-# the most a row may hold (data/ROWS.md, "Limits"): its text in a JSON file, in bytes; the UTF-8
-# bytes of its message strings in parquet
-CONVERSATION_CHARS = 4_000_000
+# the most a row may hold (data/ROWS.md, "Reading a dataset"): its text in a JSON file, in bytes;
+# the UTF-8 bytes of its message strings in parquet
+CONVERSATION_CHARS = DEFAULT_LIMITS.conversation_chars
 LIMIT_KEY = "limits.conversation_chars"
 # message fields held in a table as JSON text
 JSON_HELD = ("tool_calls", STEP_LOSS_MASK)
@@ -111,10 +112,11 @@ class Layout:
             "unread (raise the limit in the manifest, or split the conversation in the source)"
         )
 
-    def row(self, raw: dict, struct_arguments: bool = False) -> dict:
+    def row(self, raw: dict, structs: frozenset[str] = frozenset()) -> dict:
         """The row ``raw`` as the build reads it (a ``ROW_SCHEMA`` row).
 
-        ``struct_arguments``: the file stores a call's arguments as a parquet struct.
+        ``structs``: what of ``arguments`` and ``tools`` the file stores as parquet structs
+        (refused where a row holds them: absent keys read back as null).
         """
         identity = _id(raw.get(self.id), self.id) if self.id is not None else None
         source = raw.get("source")
@@ -132,6 +134,11 @@ class Layout:
                     f"{self.unread_tools}; or tools: null to leave the field unread)"
                 )
         tools = None
+        if "tools" in structs and raw.get(self.tools or self.unread_tools):
+            raise ConversationError(
+                f"field {self.tools or self.unread_tools!r} is stored as a parquet list of "
+                "structs: absent keys read back as null; store the tools as a JSON string"
+            )
         if self.tools is not None:
             tools = normalize_tools(raw.get(self.tools), f"field {self.tools!r}")
         messages = raw.get(self.messages)
@@ -142,7 +149,7 @@ class Layout:
                 f"field {self.messages!r} is {kind(messages)}, not a list of messages"
             )
         renamed = [
-            self._renamed(message, position, struct_arguments)
+            self._renamed(message, position, "arguments" in structs)
             for position, message in enumerate(messages)
         ]
         try:
@@ -248,6 +255,69 @@ def _held(message: dict) -> dict:
         key: json.dumps(value, ensure_ascii=False) if key in JSON_HELD else value
         for key, value in message.items()
     }
+
+
+def rows_table(rows: list[dict]) -> pa.Table:
+    """``ROW_SCHEMA`` rows as a table.
+
+    A row holding a string no UTF-8 text can hold (half a surrogate pair, from a JSON escape)
+    becomes the row of that problem.
+    """
+    try:
+        return _table(rows)
+    except UnicodeEncodeError:
+        out = []
+        for row in rows:
+            try:
+                _table([row])
+            except UnicodeEncodeError:
+                row = problem_row(
+                    "a string holds half of a surrogate pair (a \\ud800-\\udfff escape alone): "
+                    "not text",
+                    row["id"] if _encodes(row["id"]) else None,
+                    row["source"] if _encodes(row["source"]) else None,
+                )
+            out.append(row)
+        return _table(out)
+
+
+def _encodes(text: str | None) -> bool:
+    """Whether ``text`` (None: none) is text UTF-8 can hold."""
+    try:
+        text is None or text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _table(rows: list[dict]) -> pa.Table:
+    """``ROW_SCHEMA`` rows as a table, column by column (nested dicts convert slowly)."""
+    fields = {f.name: [] for f in MESSAGE_TYPE.value_type}
+    offsets, valid = [0], []
+    for row in rows:
+        messages = row["messages"]
+        valid.append(messages is not None)
+        for message in messages or ():
+            for key, values in fields.items():
+                values.append(message.get(key))
+        offsets.append(len(fields["role"]))
+    structs = pa.StructArray.from_arrays(
+        [pa.array(values, pa.string()) for values in fields.values()],
+        fields=list(MESSAGE_TYPE.value_type),
+    )
+    messages = pa.ListArray.from_arrays(
+        pa.array(offsets, pa.int32()),
+        structs,
+        type=MESSAGE_TYPE,
+        mask=pa.array([not v for v in valid], pa.bool_()),
+    )
+    columns = {
+        f.name: messages
+        if f.name == "messages"
+        else pa.array([row[f.name] for row in rows], f.type)
+        for f in ROW_SCHEMA
+    }
+    return pa.table(columns, schema=ROW_SCHEMA)
 
 
 def problem_row(problem: str, identity: str | None = None, source: str | None = None) -> dict:

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from builders.errors import SourceDataError
 from builders.inputs.files import open_file
-from builders.inputs.layout import CONVERSATION_CHARS, MESSAGE_TYPE, Layout
+from builders.inputs.layout import CONVERSATION_CHARS, Layout
 from builders.manifest import DatasetPin
 
 
@@ -84,7 +84,6 @@ class Source:
         self._message_bytes = sum(reader.message_bytes for reader in self._readers)
         self.num_rows = int(self._group_start[-1])
         self.num_groups = len(groups)
-        self.message_type = MESSAGE_TYPE
 
     def bytes_per_row(self) -> float:
         """The mean size of a row's messages, from the files.
