@@ -31,6 +31,7 @@ import pytest
 from tokenizers import AddedToken, Tokenizer
 
 from builders.build import build
+from builders.encode.encoder import ConversationEncoder
 from builders.errors import ConversationError, ManifestError, UsageError
 from builders.fixture.conversations import hard_cases, synthetic
 from builders.fixture.hf_cache import parquet_shards
@@ -315,13 +316,41 @@ PEER_TEMPLATE = {"miles-qwen": "qwen3", "miles-qwen3": "qwen3", "hf-generation":
 
 
 def peer_source() -> list[dict]:
-    hard = [
-        {"id": f"hard_{i}", "source": "hard", "messages": m} for i, m in enumerate(QWEN_HARD_CASES)
+    """The hard cases and synthetic conversations, every answer's step_loss_mask written.
+
+    In a parquet file whose messages have the field, miles trains no answer where it is null (it
+    tests ``!= 1``), so every answer states it, 1 where the conversation does not say 0.
+    """
+    conversations = [("hard", i, m) for i, m in enumerate(QWEN_HARD_CASES)]
+    conversations += [("synthetic", k, m) for k, m in enumerate(synthetic(5, 30))]
+    return [
+        {
+            "id": f"{source}_{k}",
+            "source": source,
+            "messages": [
+                {"step_loss_mask": 1, **m} if m["role"] == "assistant" else m for m in messages
+            ],
+        }
+        for source, k, messages in conversations
     ]
-    return hard + [
-        {"id": f"synthetic_{k}", "source": "synthetic", "messages": m}
-        for k, m in enumerate(synthetic(5, 30))
+
+
+def test_a_null_step_loss_mask_trains_nothing_under_miles(qwen_json):
+    """Where messages have the field, null where not written (parquet): miles trains none."""
+    rows = [
+        {"index": k, "id": f"s{k}", "messages": [{**m, "step_loss_mask": None} for m in messages]}
+        for k, messages in enumerate(synthetic(5, 30))
     ]
+    spec = FormatSpec("miles-qwen", trl_templates()["qwen3"], eos="<|endoftext|>")
+    encoded = ConversationEncoder(Tokenizer.from_str(qwen_json), spec).encode(rows)
+    assert len(encoded) == 30 and not any(c.mask.any() for c in encoded)
+    with_one = [
+        {**r, "messages": [{**m, "step_loss_mask": 1} for m in r["messages"]]} for r in rows
+    ]
+    assert any(
+        c.mask.any()
+        for c in ConversationEncoder(Tokenizer.from_str(qwen_json), spec).encode(with_one)
+    )
 
 
 def lay_out_peer(hf_home: Path, qwen_json: str, template_name: str, loss_mask: str) -> Path:
