@@ -57,7 +57,7 @@ print(json.dumps({"rows": source.num_rows, "blocks": source.num_groups, "message
 FULL_MB = 400
 SHAREGPT = {
     "messages": "conversations",
-    "keys": ("from", "value"),
+    "keys": ("from", "value", "reasoning_content", "tool_calls", "tool_call_id", "name"),
     "roles": [["system", "system"], ["human", "user"], ["gpt", "assistant"], ["tool", "tool"]],
 }
 

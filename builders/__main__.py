@@ -5,6 +5,6 @@ The same command line as data/generate_fixed_sft.py and fixed-sft.
 
 import sys
 
-from builders.cli import main
+from builders.runtime.stopping import run_command_line
 
-sys.exit(main())
+sys.exit(run_command_line())

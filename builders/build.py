@@ -223,7 +223,11 @@ def _packed(
             continue
         ids, mask = packer.joined(conversation)
         stats.add_conversation(
-            conversation.source, ids, mask, int(source.dataset_of(conversation.index))
+            conversation.source,
+            ids,
+            mask,
+            int(source.dataset_of(conversation.index)),
+            conversation.tool_counts,
         )
         for row in packer.cut(ids, mask, conversation.index, conversation.id):
             stats.windows_skipped = packer.windows_skipped
@@ -267,10 +271,14 @@ def _build_stats(manifest: Manifest, encoder: ConversationEncoder) -> BuildStats
         [encoder.vocab.token_id(t, encoder.format.name) for t in encoder.format.stop_tokens],
         np.int64,
     )
+    names = [f"{pin.repo} ({pin.pattern})" for pin in manifest.datasets]
     return BuildStats(
         manifest.row_tokens,
-        [f"{pin.repo} ({pin.pattern})" for pin in manifest.datasets],
+        names,
         stop_ids=stop_ids,
+        tools_unread=[
+            name for name, pin in zip(names, manifest.datasets, strict=True) if pin.tools_unused
+        ],
     )
 
 
@@ -298,6 +306,8 @@ def _report(
         "contract": manifest.contract.as_dict(),
         # what the rows were built from, checked against the manifest
         "recipe": manifest.recipe(),
+        # the bounds on one conversation (they refuse, never change rows)
+        "limits": manifest.limits.as_dict(),
         "chat_format": chat_format,
         "figures": computed,
         "checks": [asdict(check) for check in verification.checks],

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
-import signal
 import sys
 import traceback
 from pathlib import Path
@@ -36,7 +35,6 @@ COMMANDS = (
 GLOBAL_FLAGS = ("-q", "--quiet", "-v", "--verbose", "--json")
 # diff: the two files' rows differ
 FILES_DIFFER = 8
-INTERRUPTED = 130
 
 EPILOG = """\
 examples:
@@ -333,9 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     args = None
     try:
         args = parser().parse_args(_with_command(sys.argv[1:] if argv is None else argv))
-        # unwind, so temporary files are removed
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, stopping.ask)
+        # unwind, so temporary files are removed (the entry point installed it already)
+        stopping.install()
         return {
             "build": _build,
             "verify": _verify,
@@ -354,8 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
-        print("error: interrupted; nothing was left at the final path", file=sys.stderr)
-        return INTERRUPTED
+        print(stopping.STOPPED, file=sys.stderr)
+        return stopping.INTERRUPTED
 
 
 def _with_command(argv: list[str]) -> list[str]:

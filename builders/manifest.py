@@ -1,9 +1,9 @@
 """Load and validate a build manifest.
 
 A manifest is the YAML format of the row contract. It names every pinned input and the figures a
-build must reproduce. It is untrusted input: it is read with ``yaml.safe_load`` and every field is
-checked, with an error that names the field, before anything else happens.
-"""
+build must reproduce. It is untrusted input: it is read by the bounded YAML loader
+(``builders/yamlfile.py``) and every field is checked, with an error that names the field, before
+anything else happens."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
-import yaml
-
 from builders.contract import DEFAULT, KEYS, Contract, valid
 from builders.errors import ManifestError
-from builders.formats import FORMATS, PEER_FORMATS, refusal
+from builders.formats import FORMATS, PEER_FORMATS, RENDER_ARGUMENTS, refusal
+from builders.limits import DEFAULT_LIMITS, LIMIT_KEYS, Limits
+from builders.messages import ARGUMENTS, DEFAULT_KEYS, KEY_NAMES
+from builders.yamlfile import FloatText, parse_yaml, read_yaml
 
 LOSS_MASKS = tuple(FORMATS)
 # where the chat template may come from
@@ -55,14 +56,26 @@ class DatasetPin:
     files: str | None = None
     # the column (field) holding the conversation
     messages: str = "messages"
-    # the fields of a message holding its role and its content
-    keys: tuple[str, str] = ("role", "content")
+    # the stored name of each message field, in ``KEY_NAMES`` order (role, content, reasoning,
+    # tool_calls, tool_call_id, name)
+    keys: tuple[str, ...] = DEFAULT_KEYS
     # (stored name, template's name); None: as stored
     roles: tuple[tuple[str, str], ...] | None = None
     # the provenance id's column; None: the source index is the id
     id: str | None = "id"
     # keep this many rows, chosen by the seed (mixtures)
     take: int | None = None
+    # the row field holding the conversation's tools; None: no such field
+    tools: str | None = None
+    # ``tools: null``: a row's ``tools`` field is deliberately not read (the report says so)
+    tools_unused: bool = False
+    # ``object``: a string ``arguments`` is parsed as JSON; ``as-is``: passed unchanged
+    arguments: str = "object"
+
+    @property
+    def fields(self) -> dict[str, str]:
+        """Each message key (``KEY_NAMES``) and the stored field holding it."""
+        return dict(zip(KEY_NAMES, self.keys, strict=True))
 
     @property
     def pattern(self) -> str:
@@ -79,10 +92,16 @@ class DatasetPin:
             "files": self.files,
             "messages": None if self.messages == "messages" else self.messages,
             "keys": None
-            if self.keys == ("role", "content")
-            else dict(zip(("role", "content"), self.keys, strict=True)),
+            if self.keys == DEFAULT_KEYS
+            else {
+                key: stored
+                for key, stored, default in zip(KEY_NAMES, self.keys, DEFAULT_KEYS, strict=True)
+                if key in ("role", "content") or stored != default
+            },
             "roles": None if self.roles is None else dict(self.roles),
             "take": self.take,
+            "tools": self.tools,
+            "arguments": None if self.arguments == "object" else self.arguments,
         }
         if self.id != "id":
             layout["id"] = self.id
@@ -180,6 +199,8 @@ class Manifest:
     expect: Expect = field(default_factory=Expect)
     contract: Contract = DEFAULT
     path: Path | None = None
+    # bounds on one conversation; they refuse, never change rows (not in the recipe)
+    limits: Limits = DEFAULT_LIMITS
 
     def recipe(self) -> dict:
         """Everything the manifest says that the rows depend on, by field name.
@@ -223,31 +244,6 @@ class Manifest:
     @property
     def mixture(self) -> bool:
         return len(self.datasets) > 1
-
-
-class _FloatText(float):
-    """A YAML float that remembers how it was written.
-
-    ``0.670`` stays three decimals.
-    """
-
-    text: str
-
-
-class YamlLoader(yaml.SafeLoader):
-    """``yaml.safe_load``'s loader, keeping each float's text.
-
-    Manifests and recipe cards are read with it.
-    """
-
-
-def _float_text(loader: YamlLoader, node: yaml.ScalarNode) -> _FloatText:
-    value = _FloatText(loader.construct_yaml_float(node))
-    value.text = node.value
-    return value
-
-
-YamlLoader.add_constructor("tag:yaml.org,2002:float", _float_text)
 
 
 def cli_command(command: str, manifest: Manifest, portable: bool = False) -> str:
@@ -309,37 +305,25 @@ def shipped_manifest(name: str, folder: str | Path | None = None) -> Manifest:
     return load_manifest(path)
 
 
-def safe_load_yaml(text: str, loader_class: type[YamlLoader] = YamlLoader):
-    """``yaml.safe_load`` with the float text kept."""
-    loader = loader_class(text)
-    try:
-        return loader.get_single_data()
-    finally:
-        loader.dispose()
-
-
 def load_manifest(path: str | Path) -> Manifest:
     """Read and validate the manifest at ``path``."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ManifestError(f"{path}: cannot read the manifest: {err}") from err
-    return parse_manifest(text, source=str(path), path=path)
+    return _validate(read_yaml(path, "manifest"), source=str(path), path=path)
 
 
 def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = None) -> Manifest:
     """Validate manifest YAML text; ``source`` names it in error messages."""
-    try:
-        doc = safe_load_yaml(text)
-    except yaml.YAMLError as err:
-        raise ManifestError(f"{source}: not valid YAML: {err}") from err
+    return _validate(parse_yaml(text, source, "manifest"), source, path)
+
+
+def _validate(doc, source: str, path: Path | None) -> Manifest:
+    """The manifest ``doc`` (its YAML, loaded) describes; ``source`` names it."""
     check = FieldChecker(source)
     top = check.mapping(
         doc,
         "",
         required=("name", "tokenizer", "loss_mask", "seed", "row_tokens", "rows"),
-        optional=("dataset", "datasets", "expect", "contract"),
+        optional=("dataset", "datasets", "expect", "contract", "limits"),
     )
     datasets = check.datasets(top)
     tok = check.mapping(
@@ -419,6 +403,7 @@ def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = No
         ),
         contract=contract,
         path=path,
+        limits=check.limits(top.get("limits")),
     )
 
 
@@ -485,6 +470,8 @@ class FieldChecker:
             "roles",
             "id",
             "take",
+            "tools",
+            "arguments",
             *(() if mixture else ("permutation_sha256",)),
         )
         ds = self.mapping(value, name, required=("repo", "revision"), optional=optional)
@@ -494,11 +481,25 @@ class FieldChecker:
                 f"{name}.split",
                 "missing (it names the files data/{split}-*.parquet; or give files:)",
             )
-        keys = self.mapping(
-            ds.get("keys") or {"role": "role", "content": "content"},
-            f"{name}.keys",
-            required=("role", "content"),
-        )
+        keys = {
+            **dict(zip(KEY_NAMES, DEFAULT_KEYS, strict=True)),
+            **self.mapping(
+                ds.get("keys") or {"role": "role", "content": "content"},
+                f"{name}.keys",
+                required=("role", "content"),
+                optional=KEY_NAMES[2:],
+            ),
+        }
+        stored = [self.field_name(keys[key], f"{name}.keys.{key}") for key in KEY_NAMES]
+        for key, field_name in zip(KEY_NAMES, stored, strict=True):
+            if stored.count(field_name) > 1:
+                self.fail(f"{name}.keys.{key}", f"{field_name!r} names two message keys")
+        arguments = ds.get("arguments", "object")
+        if arguments not in ARGUMENTS:
+            self.fail(
+                f"{name}.arguments",
+                f"expected one of {', '.join(ARGUMENTS)}, got {arguments!r}",
+            )
         roles = self.optional(ds, "roles", f"{name}.roles", self.role_names)
         return DatasetPin(
             repo=self.repo_id(ds["repo"], f"{name}.repo"),
@@ -516,16 +517,17 @@ class FieldChecker:
             ),
             files=files,
             messages=self.field_name(ds.get("messages", "messages"), f"{name}.messages"),
-            keys=(
-                self.field_name(keys["role"], f"{name}.keys.role"),
-                self.field_name(keys["content"], f"{name}.keys.content"),
-            ),
+            keys=tuple(stored),
             roles=roles,
             # id: null (written out) means the source index is the id; absent means the column 'id'
             id=None
             if "id" in ds and ds["id"] is None
             else self.field_name(ds.get("id", "id"), f"{name}.id"),
             take=self.optional(ds, "take", f"{name}.take", self.positive_int),
+            tools=self.optional(ds, "tools", f"{name}.tools", self.field_name),
+            # tools: null (written out): a row's tools field is deliberately not read
+            tools_unused="tools" in ds and ds["tools"] is None,
+            arguments=arguments,
         )
 
     def glob(self, value, name: str) -> str:
@@ -585,13 +587,15 @@ class FieldChecker:
         return self.pattern(value, name, _SHA256, "a 64-hex sha256 (lower case)")
 
     def non_negative_int(self, value, name: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            self.fail(name, f"expected a whole number >= 0, got {value!r}")
-        return value
+        return self.whole_number(value, name, ">= 0", 0)
 
     def positive_int(self, value, name: str) -> int:
-        if self.non_negative_int(value, name) == 0:
-            self.fail(name, "expected a whole number > 0, got 0")
+        return self.whole_number(value, name, "> 0", 1)
+
+    def whole_number(self, value, name: str, bound: str, least: int) -> int:
+        """An int (not a bool) of at least ``least``; ``bound`` says so in the error."""
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            self.fail(name, f"expected a whole number {bound}, got {value!r}")
         return value
 
     def contract(self, value) -> Contract:
@@ -609,6 +613,15 @@ class FieldChecker:
                     f"unknown reading {reading!r} (valid: {', '.join(valid(key))})",
                 )
         return Contract(**readings)
+
+    def limits(self, value) -> Limits:
+        """The ``limits:`` mapping; absent keys take the default."""
+        if value is None:
+            return DEFAULT_LIMITS
+        given = self.mapping(value, "limits", optional=LIMIT_KEYS)
+        return Limits(
+            **{key: self.positive_int(number, f"limits.{key}") for key, number in given.items()}
+        )
 
     def format_fields(self, tok: dict, loss_mask: str) -> dict:
         """The chat-format fields of ``tokenizer:``.
@@ -674,6 +687,13 @@ class FieldChecker:
         """
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
             self.fail(name, f"expected a mapping of variable names to values, got {_kind(value)}")
+        for reserved in RENDER_ARGUMENTS:
+            if reserved in value:
+                self.fail(
+                    f"{name}.{reserved}",
+                    f"the builder passes {reserved} to the chat template itself "
+                    f"(as apply_chat_template does); a variable cannot set it",
+                )
 
         def plain(item):
             if isinstance(item, (date, datetime)):
@@ -700,7 +720,7 @@ class FieldChecker:
             self.fail(name, f"expected a number, got {_kind(value)}")
         text = (
             value.text
-            if isinstance(value, _FloatText)
+            if isinstance(value, FloatText)
             else value
             if isinstance(value, str)
             else repr(value)

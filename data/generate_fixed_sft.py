@@ -4,17 +4,12 @@
 See --help and README.md.
 """
 
+import os
 import sys
 
-# Ctrl-C while the command line loads ends as it does later: a one-line message, exit 130
-try:
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from builders.cli import main
-except KeyboardInterrupt:
-    print("error: interrupted", file=sys.stderr)
-    sys.exit(130)
+# the checkout's builders/, imported before anything heavy: the stop handler is installed first
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from builders.runtime.stopping import run_command_line
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command_line())

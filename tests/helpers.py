@@ -9,6 +9,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -25,6 +26,7 @@ from builders.formats import glm5_spec
 from builders.inputs.pinned import Hub
 from builders.manifest import Manifest, load_manifest
 from builders.rows.packing import with_eos
+from builders.runtime.stopping import SAY_STARTED
 from reference import reference_rows
 
 REPO = Path(__file__).resolve().parents[1]
@@ -121,6 +123,36 @@ def start_cli(
         text=True,
         **popen,
     )
+
+
+def start_cli_ready(
+    *args: str, hf_home: Path | None = None, env: dict | None = None, **popen
+) -> subprocess.Popen:
+    """``start_cli``, returning once the process says its stop handler is installed.
+
+    From then on a SIGINT or SIGTERM ends it with exit 130, whenever it lands: tests signal a
+    moment the process shows, never a guessed one. The line is read off its stderr.
+    """
+    process = start_cli(*args, hf_home=hf_home, env={**(env or {}), SAY_STARTED: "1"}, **popen)
+    line = process.stderr.readline()
+    if not line.startswith(f"started: pid {process.pid}; stop handler installed"):
+        process.kill()
+        _, rest = process.communicate()
+        raise AssertionError(f"the command never said it started: {line + rest}")
+    return process
+
+
+def wait_for(predicate, timeout: float = 120.0) -> bool:
+    """Whether ``predicate()`` came true (polled) before ``timeout`` seconds.
+
+    The timeout only ends a test that hangs; what the test waits for is ``predicate``.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
 
 
 def lay_out_build(

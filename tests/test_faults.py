@@ -5,9 +5,10 @@ input, faults and tampering).
 """
 
 import os
-import random
 import resource
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -15,10 +16,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from builders.errors import SourceDataError
+from builders.errors import ManifestError, SourceDataError
 from builders.fixture.hf_cache import MESSAGE, parquet_shards
 from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows
-from helpers import REPO, SELF_CONTAINED, encoder, lay_out_build, run_cli, start_cli
+from builders.runtime.stopping import STOPPED
+from builders.yamlfile import read_yaml
+from helpers import (
+    CLI,
+    REPO,
+    SELF_CONTAINED,
+    cli_env,
+    encoder,
+    lay_out_build,
+    run_cli,
+    start_cli_ready,
+    wait_for,
+)
 
 BIG = dict(name="big", row_tokens=512, build_rows=4800, shards=3, row_group_rows=200)
 
@@ -38,18 +51,10 @@ def big_build(tmp_path_factory):
 
 
 def start_build(hf_home, manifest, out, *more, **popen):
-    return start_cli(
+    """The build, started; returns once its stop handler is installed."""
+    return start_cli_ready(
         "--manifest", str(manifest), "--out", str(out), *more, hf_home=hf_home, **popen
     )
-
-
-def wait_for(predicate, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 @pytest.mark.slow
@@ -62,21 +67,17 @@ def test_interrupted_build_leaves_no_file_and_a_rerun_is_identical(
     out = tmp_path / "out"
     process = start_build(hf_home, manifest, out)
     if when == "writing":
-        assert wait_for(lambda: out.exists() and any(p.suffix == ".tmp" for p in out.iterdir())), (
+        assert wait_for(lambda: any(p.suffix == ".tmp" for p in temporaries_and_outputs(out))), (
             "the build never started writing"
         )
-    else:
-        time.sleep(0.3)
     process.send_signal(signum)
     _, stderr = process.communicate(timeout=120)
     assert not (out / "big.parquet").exists() and not (out / "big.unverified.parquet").exists()
-    if signum != signal.SIGKILL and when == "writing":
-        assert process.returncode == 130 and "interrupted" in stderr
-        assert "Traceback" not in stderr
-        assert not [p for p in out.iterdir() if p.suffix == ".tmp"]
-    rerun = start_build(hf_home, manifest, out)
-    _, stderr = rerun.communicate(timeout=300)
-    assert rerun.returncode == 0, stderr
+    if signum != signal.SIGKILL:
+        assert process.returncode == 130 and stderr.strip().splitlines()[-1] == STOPPED, stderr
+        assert "Traceback" not in stderr and not temporaries_and_outputs(out)
+    rerun = run_cli("--manifest", str(manifest), "--out", str(out), hf_home=hf_home)
+    assert rerun.returncode == 0, rerun.stderr
     assert (out / "big.parquet").read_bytes() == expected
     assert not [p for p in out.iterdir() if p.suffix == ".tmp"], (
         "a killed build's temporary file was left"
@@ -154,12 +155,20 @@ def temporaries_and_outputs(out: Path) -> list[Path]:
     return [p for p in out.iterdir() if p.suffix in (".tmp", ".parquet")] if out.exists() else []
 
 
-# moments a worker is killed: as it starts (its interpreter still loading), or mid-build, a random
-# time after the build starts writing (seeded, so a failure names a moment that can be tried again)
-KILL_MOMENTS = [
-    "starting",
-    *(f"writing+{random.Random(seed).uniform(0, 0.5):.2f}s" for seed in range(3)),
-]
+# moments a worker is killed, each one the test sees: as it starts (its interpreter still
+# loading), or once the build's parquet holds this share of the finished file's bytes
+KILL_MOMENTS = ["starting", "writing+0", "writing+1/4", "writing+1/2"]
+
+
+def parquet_written(out: Path) -> int:
+    """Bytes of the build's temporary parquet so far (0 before it exists)."""
+    sizes = []
+    for path in out.glob(".big.parquet.*.tmp") if out.exists() else []:
+        try:
+            sizes.append(path.stat().st_size)
+        except FileNotFoundError:
+            sizes.append(0)
+    return max(sizes, default=0)
 
 
 @pytest.mark.parametrize("moment", KILL_MOMENTS)
@@ -169,19 +178,21 @@ def test_a_killed_worker_fails_the_build_clearly(big_build, tmp_path, moment):
     As the out-of-memory killer sends it. Then the documented message, the other worker ended and
     reaped, nothing left.
     """
-    hf_home, manifest, _ = big_build
+    hf_home, manifest, expected = big_build
     out = tmp_path / "out"
     process = start_build(hf_home, manifest, out, "--workers", "2", "-q")
     if moment == "starting":
         assert wait_for(lambda: worker_pids(process.pid)), "no worker seen"
     else:
+        numerator, _, denominator = moment.removeprefix("writing+").partition("/")
+        share = int(numerator) / int(denominator or 1)
         assert wait_for(
             lambda: (
                 any(p.suffix == ".tmp" for p in temporaries_and_outputs(out))
+                and parquet_written(out) >= share * len(expected)
                 and len(worker_pids(process.pid)) >= 2
             )
         ), "no workers seen"
-        time.sleep(float(moment.removeprefix("writing+").removesuffix("s")))
     workers = worker_pids(process.pid)
     if process.poll() is not None or not workers:
         pytest.fail(f"the build ended before the kill at {moment}: make the build longer")
@@ -437,6 +448,66 @@ def test_template_cannot_reach_python_internals():
         enc.encode([{"index": 0, "id": "x", "messages": [{"role": "user", "content": "hi"}]}])
 
 
+def billion_laughs(levels: int = 9) -> str:
+    """An alias bomb: 9 lines that expand to 9**9 strings."""
+    lines = ['    l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"    l{k}: &l{k} [{', '.join([f'*l{k - 1}'] * 9)}]" for k in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def limit_memory():
+    # a bomb that gets through fails here, not on the machine
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+
+def test_a_yaml_alias_bomb_in_a_manifest_is_refused(fixture_cache, tmp_path):
+    """A billion laughs in ``tokenizer.template_vars``: exit 2 naming the file and line."""
+    text = (REPO / "manifests" / f"{SELF_CONTAINED}.yaml").read_text()
+    head, tokenizer, tail = text.partition("tokenizer:\n")
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(head + tokenizer + "  template_vars:\n" + billion_laughs() + tail)
+    done = run_cli(
+        "--manifest",
+        str(bomb),
+        "--out",
+        str(tmp_path / "out"),
+        hf_home=fixture_cache,
+        timeout=120,
+        preexec_fn=limit_memory,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"error: {bomb}: line ") and "YAML nodes" in done.stderr, (
+        done.stderr
+    )
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "text, named",
+    [
+        # 15 levels under the top one, then 2 more around an alias of them
+        ("a: &a " + "[" * 15 + "1" + "]" * 15 + "\nb: [[*a]]\n", "nested deeper than 16 levels"),
+        (
+            "a: &a [" + ", ".join(["x"] * 999) + "]\nb: " + "[" + ", ".join(["*a"] * 51) + "]\n",
+            "more than 50,000 YAML nodes",
+        ),
+        ("a: &a [1, 2]\nb: [*a, *a]\nc: *b\n", None),
+    ],
+    ids=["deep through an alias", "wide through aliases", "undefined alias"],
+)
+def test_yaml_bounds_count_what_aliases_repeat(tmp_path, text, named):
+    """The bounds hold for the document as built, aliases expanded; a small one loads."""
+    path = tmp_path / "doc.yaml"
+    path.write_text(text)
+    with pytest.raises(ManifestError) as refused:
+        read_yaml(path, "manifest")
+    assert str(refused.value).startswith(f"{path}: "), refused.value
+    assert (named or "not valid YAML") in str(refused.value), refused.value
+    fine = tmp_path / "fine.yaml"
+    fine.write_text("a: &a {x: [1, 2.50]}\nb: [*a, *a]\n")
+    assert read_yaml(fine, "manifest") == {"a": {"x": [1, 2.5]}, "b": [{"x": [1, 2.5]}] * 2}
+
+
 def test_no_code_is_executed_from_inputs():
     sources = "\n".join(p.read_text() for p in (REPO / "builders").rglob("*.py"))
     sources += "\n".join(p.read_text() for p in (REPO / "patches").rglob("*.py"))
@@ -444,18 +515,42 @@ def test_no_code_is_executed_from_inputs():
         assert forbidden not in sources, forbidden
 
 
-@pytest.mark.parametrize("after", [0.05, 0.1, 0.2, 0.4])
-def test_ctrl_c_while_the_command_line_loads(fixture_cache, tmp_path, after):
-    """Interrupted as its modules load, the command ends as it does later.
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_while_the_command_line_loads(fixture_cache, tmp_path, signum):
+    """Stopped as its modules load, the command ends as it does later: one line, exit 130.
 
-    That is before any work.
+    The signal is sent as soon as the command says its stop handler is installed, before it loads
+    the command line's modules (before that, a signal is Python's to handle).
     """
-    process = start_cli(
+    process = start_cli_ready(
         "--build", SELF_CONTAINED, "--out", str(tmp_path / "out"), hf_home=fixture_cache
     )
-    time.sleep(after)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
     _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 130 and "interrupted" in stderr and "Traceback" not in stderr, (
-        stderr
+    assert process.returncode == 130 and stderr.strip().splitlines() == [STOPPED], stderr
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+ENTRY_POINTS = {
+    "data/generate_fixed_sft.py": [sys.executable, str(CLI)],
+    "python -m builders": [sys.executable, "-m", "builders"],
+    "fixed-sft": [str(Path(sys.executable).with_name("fixed-sft"))],
+}
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_v_says_when_the_stop_handler_is_installed(entry):
+    """``-v``'s first line, from every entry point: the process id, and the handler installed."""
+    done = subprocess.run(
+        [*ENTRY_POINTS[entry], "-v", "--verify", str(REPO / "no-such.parquet")],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=REPO,
+        timeout=120,
     )
+    first = done.stderr.splitlines()[0]
+    assert first.startswith("started: pid ") and first.endswith("; stop handler installed"), (
+        done.stderr
+    )
+    assert done.returncode == 2 and "no-such.parquet" in done.stderr, done.stderr

@@ -110,10 +110,10 @@ def test_rendering_and_tokens_match_apply_chat_template(template, tmp_path):
     [
         ([{"role": "function", "content": "x"}], "role 'function'"),
         ([{"role": "user"}], "no content"),
-        ([{"role": "user", "content": ["a", "b"]}], "content of type list"),
+        ([{"role": "user", "content": ["a", "b"]}], "content is a list"),
         (
             [{"role": "user", "content": "x", "tool_calls": [{"name": "f"}]}],
-            "field 'tool_calls', which only assistant",
+            "has tool_calls, which only an assistant message may have",
         ),
         ([{"role": "user", "content": "x", "reasoning_content": "y"}], "only an assistant message"),
         ("not a list", "not a list"),

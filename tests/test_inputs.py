@@ -11,6 +11,7 @@ import pytest
 
 from builders.errors import PinnedInputError
 from builders.fixture.hf_cache import MESSAGE, parquet_shards, put_snapshot
+from builders.inputs.layout import conversations
 from builders.inputs.pinned import Hub, dataset_files, dataset_repo, resolve_snapshot
 from builders.inputs.source import Source
 from builders.manifest import DatasetPin
@@ -50,7 +51,7 @@ def test_source_index_spans_files_and_row_groups(tmp_path):
     )
     source = Source([(pin, dataset_files(pin, snapshot))])
     assert source.num_rows == 10
-    taken = source.take([9, 0, 4, 4, 7]).to_pylist()
+    taken = conversations(source.take([9, 0, 4, 4, 7]))
     assert [r["id"] for r in taken] == ["r9", "r0", "r4", "r4", "r7"]
     assert [r["index"] for r in taken] == [9, 0, 4, 4, 7]
     assert taken[0]["messages"][1] == {"role": "assistant", "content": "a9"}

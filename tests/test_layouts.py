@@ -22,8 +22,10 @@ from builders.build import build
 from builders.errors import ManifestError, PinnedInputError, SourceDataError
 from builders.fixture.hf_cache import MESSAGE_WITH_REASONING, parquet_shards, put_snapshot
 from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows, tokenizer_json
+from builders.inputs.layout import Layout, conversations
 from builders.inputs.pinned import Hub, dataset_repo, matching_files
-from builders.manifest import load_manifest, parse_manifest
+from builders.manifest import DatasetPin, load_manifest, parse_manifest
+from builders.messages import DEFAULT_KEYS
 from helpers import file_rows, run_cli
 from reference import Reference, mixture, reference_rows, rows_sha256
 
@@ -54,7 +56,8 @@ def small_blocks(monkeypatch):
 def sharegpt(rows: list[dict]) -> list[dict]:
     """Rows in the ShareGPT layout.
 
-    ``conversations`` of ``{from, value}``, integer ids, fields nobody reads.
+    ``conversations`` of ``{from, value}``, integer ids, a null message field the layout does not
+    name (absent, as a parquet struct's), a row field nobody reads.
     """
     by_role = {v: k for k, v in SHAREGPT_ROLES.items()}
     out = []
@@ -63,7 +66,7 @@ def sharegpt(rows: list[dict]) -> list[dict]:
             {
                 "from": by_role[m["role"]],
                 "value": m["content"],
-                "weight": None if k % 2 else 1.5,
+                "weight": None,
                 **(
                     {"reasoning_content": m["reasoning_content"]}
                     if m.get("reasoning_content")
@@ -332,7 +335,7 @@ def test_a_message_without_the_keys(tmp_path):
     del records[2]["conversations"][1]["value"]
     with pytest.raises(
         SourceDataError,
-        match=r"x\.json row 2: field 'conversations': message 1 has no field 'value'",
+        match=r"x\.json row 2 \(id '1002'\): field 'conversations': message 1 has no field 'value'",
     ):
         bad_build(
             tmp_path, {"x.json": json.dumps(records).encode()}, {"files": "x.json", **SHAREGPT}
@@ -344,9 +347,13 @@ def test_a_row_without_the_conversation_field(tmp_path):
     buffer = io.BytesIO()
     pq.write_table(table, buffer)
     with pytest.raises(
-        SourceDataError, match=r"data/train-0\.parquet row 1: no conversation \(field 'messages'"
+        SourceDataError,
+        match=r"data/train-0\.parquet row 1 \(id 'b'\): no conversation \(field 'messages'",
     ):
         bad_build(tmp_path, {"data/train-0.parquet": buffer.getvalue()}, {"split": "train"})
+
+
+GOOD = b'{"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}'
 
 
 @pytest.mark.parametrize(
@@ -357,32 +364,24 @@ def test_a_row_without_the_conversation_field(tmp_path):
             b'[{"conversations": []}]',
             "x.jsonl: row 0 is not JSON Lines: a JSON list: name the file .json",
         ),
-        (
-            "x.jsonl",
-            b'{"conversations": []}\n{"conversations": [}\n',
-            "x.jsonl: row 1 is not valid JSON",
-        ),
+        ("x.jsonl", GOOD + b'\n{"conversations": [}\n', "x.jsonl row 1: not valid JSON"),
         (
             "x.json",
-            b'{"conversations": []}\n{"conversations": []}\n',
+            GOOD + b"\n" + GOOD + b"\n",
             "x.json: not one JSON list of objects",
         ),
-        ("x.json", b'[{"conversations": []}, 7]', "x.json: row 1: a number, not a JSON object"),
+        ("x.json", b"[" + GOOD + b", 7]", "x.json row 1: a number, not a JSON object"),
         (
             "x.json",
             b'[{"conversations": "hi"}]',
-            "x.json: row 0: field 'conversations' is a string, not a list",
+            "x.json row 0: field 'conversations' is a string, not a list",
         ),
-        (
-            "x.json",
-            b'[{"conversations": []},]',
-            "x.json: 2 objects counted from row 0, but the JSON reader read",
-        ),
+        ("x.json", b"[" + GOOD + b",]", "x.json row 1: not valid JSON"),
         (
             "x.jsonl",
             b'{"conversations": [{"from": "human", "value": 3}]}\n',
-            "x.jsonl: row 0: field 'conversations': message 0: "
-            "field 'value' is a number, not a string",
+            "x.jsonl row 0: field 'conversations': message 0 (user)'s value is a number, "
+            "not a string",
         ),
         ("x.parquet", b"PAR1 not really", "x.parquet: not a readable parquet file"),
         (
@@ -393,7 +392,10 @@ def test_a_row_without_the_conversation_field(tmp_path):
     ],
 )
 def test_a_file_that_is_not_what_its_extension_says(tmp_path, name, content, problem):
-    with pytest.raises(PinnedInputError) as err:
+    # a damaged parquet file or a glob that matches other files: the inputs (3); JSON that the
+    # layout cannot read: the data (4)
+    expected = PinnedInputError if name.endswith((".parquet", ".txt")) else SourceDataError
+    with pytest.raises(expected) as err:
         bad_build(tmp_path, {name: content}, {"files": "x.*", **SHAREGPT})
     assert problem in str(err.value)
 
@@ -481,7 +483,7 @@ def test_defaults_are_the_tulu_layout():
     assert (pin.pattern, pin.messages, pin.keys, pin.roles, pin.id, pin.take) == (
         "data/train-*.parquet",
         "messages",
-        ("role", "content"),
+        ("role", "content", "reasoning_content", "tool_calls", "tool_call_id", "name"),
         None,
         "id",
         None,
@@ -498,7 +500,16 @@ def test_json_list_scan_minds_strings_escapes_and_chunk_edges(tmp_path, monkeypa
     import random
 
     rng = random.Random(0)
-    fields = builders.inputs.files.Fields("conversations", "from", "value", "id")
+    layout = Layout.of(
+        DatasetPin(
+            repo="o/d",
+            revision="0" * 40,
+            files="x.json",
+            messages="conversations",
+            keys=("from", "value", *DEFAULT_KEYS[2:]),
+            roles=tuple(SHAREGPT_ROLES.items()),
+        )
+    )
 
     def text():
         return "".join(
@@ -515,30 +526,37 @@ def test_json_list_scan_minds_strings_escapes_and_chunk_edges(tmp_path, monkeypa
             {
                 "id": i,
                 "conversations": [
-                    {"from": text(), "value": text(), "weight": [1, {"x": "]\\"}]}
-                    for _ in range(rng.randint(0, 3))
+                    {"from": rng.choice(["human", "gpt"]), "value": text()}
+                    for _ in range(rng.randint(1, 3))
                 ],
-                "other": text(),
+                "other": [text(), {"x": "]\\", "y": [1, text()]}],
             }
             for i in range(rng.randint(0, 6))
         ]
         path = tmp_path / "x.json"
-        path.write_text(
-            json.dumps(records, indent=rng.choice([None, 2]), ensure_ascii=rng.random() < 0.5)
+        text_of_file = json.dumps(
+            records, indent=rng.choice([None, 2]), ensure_ascii=rng.random() < 0.5
         )
-        file = builders.inputs.files.JsonListFile(path, "x.json", fields)
-        got = [row for block in range(len(file.block_rows)) for row in file.read(block).to_pylist()]
+        # a UTF-8 byte order mark, sometimes
+        path.write_bytes(b"\xef\xbb\xbf" * (rng.random() < 0.3) + text_of_file.encode())
+        file = builders.inputs.files.JsonListFile(path, "x.json", layout)
+        got = [
+            row for block in range(len(file.block_rows)) for row in conversations(file.read(block))
+        ]
         assert got == [
             {
-                "conversations": [
-                    {"from": m["from"], "value": m["value"], "reasoning_content": None}
+                "id": str(r["id"]),
+                "source": None,
+                "messages": [
+                    {"role": SHAREGPT_ROLES[m["from"]], "content": m["value"]}
                     for m in r["conversations"]
                 ],
-                "source": None,
-                "id": str(r["id"]),
+                "tools": None,
+                "string_arguments": None,
+                "problem": None,
             }
-            for r in json.loads(path.read_text())
-        ], path.read_text()
+            for r in json.loads(text_of_file)
+        ], text_of_file
 
 
 def test_a_mixture_is_no_recipe_cards_build():

@@ -15,8 +15,8 @@ import pytest
 
 from builders.cli import main
 from builders.fixture.make import shared_dir
-from builders.inputs.recipe import MAX_CARD_BYTES, MAX_DEPTH
 from builders.manifest import load_manifest
+from builders.yamlfile import MAX_BYTES, MAX_DEPTH
 from helpers import MANIFESTS, REPO, SELF_CONTAINED, run_cli
 
 SEED_NAME = "glm47flash-tulu3-fixed8192-v1"
@@ -282,7 +282,7 @@ def test_unknown_fields_are_one_note_never_fatal(tmp_path, capsys):
         ),
         ("schema_version: 1\nnotes: [" + "1, " * 60_000 + "]\n", "YAML nodes, too many"),
         (
-            "schema_version: 1\nnotes: '" + "x" * MAX_CARD_BYTES + "'\n",
+            "schema_version: 1\nnotes: '" + "x" * MAX_BYTES + "'\n",
             "too large for a recipe card",
         ),
         ("schema_version: 1\nnotes: [unclosed\n", "not valid YAML"),

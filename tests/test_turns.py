@@ -236,13 +236,13 @@ def test_an_untrained_answer_is_rendered_but_not_supervised():
                 {"role": "user", "content": "x"},
                 {"role": "assistant", "content": "y", "tool_calls": [{"name": "f"}]},
             ],
-            "tool_calls call 0 that is not",
+            r"tool_calls\[0\] has no arguments",
         ),
         (
             [{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}],
-            "has field 'tool_calls', which only assistant messages may have",
+            "has tool_calls, which only an assistant message may have",
         ),
-        ([{"role": "user", "content": [{"type": "text", "text": "x"}]}], "content of type list"),
+        ([{"role": "user", "content": [{"type": "text", "text": "x"}]}], "content is a list"),
         ([{"role": "user", "content": "x", "name": "bob"}], "'name'"),
     ],
 )

@@ -22,6 +22,7 @@ from builders.errors import ConversationError
 from builders.formats import FormatSpec, make_format
 from builders.formats.base import Annotated, located
 from builders.formats.vocab import Vocab
+from builders.inputs.layout import tool_counts
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,9 @@ class EncodedConversation:
     left_out: bool = False
     # encoded by the reference engine too (a fast engine's sample), and agreed
     cross_checked: bool = False
+    # tools given (1 or 0), calls with string arguments, calls with object arguments, tool
+    # messages (``builders.inputs.layout.tool_counts``)
+    tool_counts: tuple[int, int, int, int] = (0, 0, 0, 0)
 
 
 class ConversationEncoder:
@@ -100,6 +104,7 @@ class ConversationEncoder:
                     ends,
                     left_out=materialized is None,
                     cross_checked=annotated.cross_checked,
+                    tool_counts=tool_counts(row),
                 )
             )
         return out

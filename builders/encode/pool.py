@@ -35,6 +35,7 @@ from builders.encode import engines
 from builders.encode.encoder import ConversationEncoder, EncodedConversation
 from builders.encode.worker import Worker, encode_rows
 from builders.errors import EngineDisagreement, SourceDataError
+from builders.inputs.layout import conversations
 from builders.inputs.source import Source
 
 # stream position → EncodedConversation, or the SourceDataError of that conversation
@@ -123,7 +124,7 @@ class InProcess:
         self.encoder.engine.finish()
 
     def submit(self, table: pa.Table, positions: np.ndarray, encoded: Encoded) -> None:
-        encoded.update(encode_rows(self.encoder, table.to_pylist(), positions))
+        encoded.update(encode_rows(self.encoder, conversations(table), positions))
 
     def ready(self, encoded: Encoded, position: int) -> bool:
         return position in encoded

@@ -39,6 +39,7 @@ import pyarrow as pa
 from builders.encode.encoder import EncodedConversation
 from builders.encode.pool import Encoding, encode_rows
 from builders.errors import SourceDataError
+from builders.inputs.layout import conversations
 from builders.inputs.source import Source
 
 READ_THREADS = 2  # row groups decoded at once
@@ -101,9 +102,9 @@ class Stream:
         for group in groups:
             self._decoded[group] = self.source.read_group(group)
             self.stats.row_groups_decoded += 1
-        sample = pa.concat_tables(
-            [t.slice(0, SAMPLE_ROWS) for t in self._decoded.values()]
-        ).to_pylist()
+        sample = conversations(
+            pa.concat_tables([t.slice(0, SAMPLE_ROWS) for t in self._decoded.values()])
+        )
         tokens = [
             len(c.ids) + 1
             for _, c in encode_rows(encoder, sample, range(len(sample)))

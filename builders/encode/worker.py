@@ -55,7 +55,9 @@ from builders.encode import engines
 from builders.encode.encoder import ConversationEncoder, EncodedConversation
 from builders.errors import BuildError, SourceDataError, UsageError, WorkerError
 from builders.formats import FormatSpec
+from builders.inputs.layout import conversations
 from builders.inputs.source import Source
+from builders.limits import Limits
 from builders.manifest import DatasetPin
 
 # the folder that holds this package: workers run the same code
@@ -237,7 +239,7 @@ def serve(fd: int) -> None:
             start_up["engine"], tokenizer, tokenizer_json, encoder.spec.chat_template
         )
         encoder = encoder.with_engine(choice.engine)
-        datasets = start_up["source"]
+        datasets = start_up["source"], start_up["conversation_chars"]
     except (EOFError, OSError):
         # the build is gone
         return
@@ -253,7 +255,7 @@ def serve(fd: int) -> None:
                 table = _read(body)
                 later = None
                 if "group" in header:
-                    source = source or _source(datasets)
+                    source = source or _source(*datasets)
                     if list(source.group_rows(header["group"])) != header["bounds"]:
                         raise RuntimeError(
                             f"row group {header['group']}: the worker reads rows "
@@ -262,7 +264,7 @@ def serve(fd: int) -> None:
                     table, later = _group_rows(source, header["group"], table, header["eager"])
                 results = encode_rows(
                     encoder,
-                    table.drop_columns(["position"]).to_pylist(),
+                    conversations(table.drop_columns(["position"])),
                     table.column("position").to_numpy(),
                 )
                 # its cross-checks passed before it is sent
@@ -329,11 +331,12 @@ def start_up_message(
             "engine": engine,
             "format": spec,
             "source": datasets,
+            "conversation_chars": None if source is None else source.conversation_chars,
         }
     ).encode("utf-8")
 
 
-def _source(datasets: list) -> Source:
+def _source(datasets: list, conversation_chars: int) -> Source:
     """The source a start-up message describes, opened again in the worker."""
 
     def pin(data: dict) -> DatasetPin:
@@ -347,12 +350,20 @@ def _source(datasets: list) -> Source:
         )
 
     return Source(
-        [(pin(data), [(name, Path(path)) for name, path in files]) for data, files in datasets]
+        [(pin(data), [(name, Path(path)) for name, path in files]) for data, files in datasets],
+        conversation_chars,
     )
 
 
 def _format_spec(data: dict) -> FormatSpec:
-    return FormatSpec(**{**data, "stop": tuple(data["stop"]), "prefills": tuple(data["prefills"])})
+    return FormatSpec(
+        **{
+            **data,
+            "stop": tuple(data["stop"]),
+            "prefills": tuple(data["prefills"]),
+            "limits": Limits(**data["limits"]),
+        }
+    )
 
 
 def batch_message(table: pa.Table, positions: np.ndarray) -> pa.Buffer:
@@ -465,6 +476,9 @@ def _conversations_table(results: list[tuple[int, EncodedConversation]]) -> pa.T
             "ends_with_answer": pa.array([c.ends_with_answer for c in conversations], pa.bool_()),
             "left_out": pa.array([c.left_out for c in conversations], pa.bool_()),
             "cross_checked": pa.array([c.cross_checked for c in conversations], pa.bool_()),
+            "tool_counts": pa.array(
+                [list(c.tool_counts) for c in conversations], pa.list_(pa.int32())
+            ),
         }
     )
 
@@ -476,6 +490,7 @@ def _conversations(table: pa.Table) -> list[tuple[int, EncodedConversation]]:
     }
     columns |= {name: table.column(name).to_pylist() for name in ("id", "source")}
     ids, mask = _split(table.column("ids"), np.int32), _split(table.column("mask"), np.uint8)
+    counts = table.column("tool_counts").to_pylist()
     return [
         (
             columns["position"][k],
@@ -488,6 +503,7 @@ def _conversations(table: pa.Table) -> list[tuple[int, EncodedConversation]]:
                 columns["ends_with_answer"][k],
                 left_out=columns["left_out"][k],
                 cross_checked=columns["cross_checked"][k],
+                tool_counts=tuple(counts[k]),
             ),
         )
         for k in range(table.num_rows)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from builders.contract import READINGS, Contract
+from builders.limits import DEFAULT_LIMITS, Limits
 
 if TYPE_CHECKING:
     from builders.formats.base import ChatFormat
@@ -25,6 +26,9 @@ FORMATS: dict[str, str] = {
     "miles-qwen3": "builders.formats.peers:MilesQwen3Format",
     "hf-generation": "builders.formats.peers:HFGenerationFormat",
 }
+# what the builder passes a chat template itself, as apply_chat_template does: no variable of a
+# manifest may set them
+RENDER_ARGUMENTS = ("messages", "tools", "documents", "add_generation_prompt")
 # formats that reproduce another tool's rows
 PEER_FORMATS = ("miles-qwen", "miles-qwen3", "hf-generation")
 # a peer's mask is its own: the readings that refine the structure rule or re-encode do not apply
@@ -57,6 +61,8 @@ class FormatSpec:
     special_tokens: dict = field(default_factory=dict)
     # the pinned file (and name) the template came from
     template_source: str = "chat_template.jinja"
+    # the manifest's bounds on one conversation and its render
+    limits: Limits = DEFAULT_LIMITS
     # the dataset names a tools field (``dataset.tools``): the template must print tools
     tools: bool = False
 

@@ -17,9 +17,9 @@ from builders.formats import glm5_layout as glm5
 from builders.formats import slime
 from builders.formats.base import Annotated, ChatFormat, located
 from builders.formats.render import ChatRenderer
-from builders.formats.tools import row_tools
+from builders.formats.tools import default_messages, row_tools
 from builders.formats.vocab import char_spans
-from builders.messages import normalize_messages, split_step_loss_mask
+from builders.messages import split_step_loss_mask
 
 # readings that refine the structure rule, not the slime rules
 STRUCTURE_ONLY = ("prefill", "stop", "final")
@@ -31,7 +31,7 @@ class Glm5Format(ChatFormat):
 
     def __init__(self, spec, tokenizer, vocab):
         super().__init__(spec, tokenizer, vocab)
-        self.renderer = ChatRenderer(spec.chat_template)
+        self.renderer = ChatRenderer(spec.chat_template, render_chars=spec.limits.render_chars)
         self.stop_ids = np.array(
             [vocab.token_id(t, self.name) for t in glm5.STOP_TOKENS], dtype=np.int64
         )
@@ -98,12 +98,14 @@ class Glm5Format(ChatFormat):
 
         The layout's text must be what the chat template renders.
         """
-        messages = normalize_messages(messages)
+        messages = default_messages(messages)
         lay = glm5.layout(messages, untrained, tools)
         try:
             rendered = self.renderer.render(messages, tools)
         except jinja2.TemplateError as err:
-            raise ConversationError(f"the chat template failed: {err}") from err
+            raise ConversationError(
+                f"the chat template failed ({self.spec.template_source}): {err}"
+            ) from err
         _same(rendered, lay.text)
         return lay
 
@@ -116,7 +118,7 @@ class Glm5Format(ChatFormat):
         for row in rows:
             with located(row):
                 messages, untrained = split_step_loss_mask(row["messages"])
-                conversations.append(normalize_messages(messages))
+                conversations.append(default_messages(messages))
                 tools.append(row_tools(row))
                 layouts.append(glm5.layout(conversations[-1], untrained, tools[-1]))
         try:

@@ -52,7 +52,7 @@ from builders.errors import ConversationError, UsageError
 from builders.formats.base import SUPERVISED, Annotated, ChatFormat, located
 from builders.formats.render import ChatRenderer
 from builders.formats.tools import row_tools
-from builders.messages import STEP_LOSS_MASK, normalize_messages
+from builders.messages import MESSAGE_KEYS, READ_ROLES, STEP_LOSS_MASK, normalize_messages
 
 MILES_TEST_STRING = "FOR TESTING ONLY"
 MILES_DUMMY = {"role": "user", "content": "FOR CALCULATING LOSS MASK ONLY"}
@@ -71,7 +71,7 @@ class PeerFormat(ChatFormat):
 
     def __init__(self, spec, tokenizer, vocab):
         super().__init__(spec, tokenizer, vocab)
-        self.renderer = ChatRenderer(spec.chat_template, spec.render_date)
+        self.renderer = ChatRenderer(spec.chat_template, spec.render_date, spec.limits.render_chars)
         self.variables = {**spec.special_tokens, **spec.template_vars}
 
     def class_mask(self, contract: Contract) -> np.ndarray:
@@ -144,7 +144,7 @@ class PeerFormat(ChatFormat):
                     render([conversation], [own])
                 except jinja2.TemplateError as err:
                     raise ConversationError.at(
-                        position, f"the chat template failed: {err}"
+                        position, f"the chat template failed ({self.spec.template_source}): {err}"
                     ) from err
             raise
 
@@ -152,23 +152,10 @@ class PeerFormat(ChatFormat):
 def peer_messages(messages) -> list[dict]:
     """The messages as a peer passes them to the template.
 
-    They are checked as every format checks them (with the roles and fields miles takes),
-    None-valued keys dropped; miles' ``step_loss_mask`` is kept, a null one as ``None``, which
-    miles reads as "not 1".
+    They are checked with the roles and fields miles takes, None-valued keys dropped; miles'
+    ``step_loss_mask`` is kept, a null one as ``None``, which miles reads as "not 1".
     """
-    plain = (
-        [
-            {k: v for k, v in m.items() if k != STEP_LOSS_MASK} if isinstance(m, dict) else m
-            for m in messages
-        ]
-        if isinstance(messages, list)
-        else messages
-    )
-    checked = normalize_messages(plain, peer=True)
-    return [
-        {**m, STEP_LOSS_MASK: original[STEP_LOSS_MASK]} if STEP_LOSS_MASK in original else m
-        for m, original in zip(checked, messages, strict=True)
-    ]
+    return normalize_messages(messages, fields=MESSAGE_KEYS, roles=READ_ROLES)
 
 
 def trained(message: dict) -> bool:

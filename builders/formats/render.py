@@ -3,7 +3,8 @@
 Rendering is transformers' own (the steps of ``render_jinja_template``: sandboxed Jinja with
 ``trim_blocks`` and ``lstrip_blocks``), as ``apply_chat_template(messages, tools=...,
 tokenize=False)`` renders; a chat format passes the variables it pins, and each conversation's
-tools (None: no tools).
+tools (None: no tools). The sandbox is bounded by the manifest's ``limits.render_chars``
+(``builders.formats.sandbox``).
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from datetime import datetime
 
 # transformers advises at import that "PyTorch was not found": rendering a template needs no torch
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-from transformers.utils.chat_template_utils import (
-    _cached_compile_jinja_template,
-    _render_with_assistant_indices,
-)
+import jinja2
+from transformers.utils.chat_template_utils import _cached_compile_jinja_template
+
+from builders.formats.sandbox import BoundedSandbox, TemplateFailure
+from builders.limits import DEFAULT_LIMITS
 
 try:
     # the message normalization of transformers 5.23 and later (the lock's)
@@ -34,15 +36,23 @@ except ImportError:
 class ChatRenderer:
     """Renders conversations with one chat template.
 
-    It renders as ``apply_chat_template`` does. The template is compiled by transformers into an
-    environment of its own, so that ``strftime_now`` can print ``render_date`` (ISO text) instead of
-    the clock; without one it is transformers' own. Variables (special-token strings, a manifest's
-    ``template_vars``) reach the template as ``apply_chat_template``'s keyword arguments do.
+    It renders as ``apply_chat_template`` does, in transformers' sandbox bounded by
+    ``render_chars`` (``builders.formats.sandbox``): a render that would print or build more is a
+    ``RenderLimitError``, any other exception out of a render a ``TemplateFailure``, both template
+    errors. ``strftime_now`` prints ``render_date`` (ISO text) instead of the clock where it is
+    given. Variables (special-token strings, a manifest's ``template_vars``) reach the template as
+    ``apply_chat_template``'s keyword arguments do.
     """
 
-    def __init__(self, chat_template: str, render_date: str | None = None):
+    def __init__(
+        self,
+        chat_template: str,
+        render_date: str | None = None,
+        render_chars: int = DEFAULT_LIMITS.render_chars,
+    ):
         self.chat_template = chat_template
         self.render_date = render_date
+        self.render_chars = render_chars
         self._compiled = None
 
     def environment(self):
@@ -50,11 +60,12 @@ class ChatRenderer:
 
     def _template(self):
         if self._compiled is None:
-            # uncached: a fresh environment
-            compiled = _cached_compile_jinja_template(self.chat_template)
+            # transformers' environment: its filters, globals and extensions
+            base = _cached_compile_jinja_template("").environment
+            sandbox = BoundedSandbox(base, self.render_chars)
             if self.render_date is not None:
-                compiled.globals["strftime_now"] = datetime.fromisoformat(self.render_date).strftime
-            self._compiled = compiled
+                sandbox.globals["strftime_now"] = datetime.fromisoformat(self.render_date).strftime
+            self._compiled = _failing_as_template_errors(sandbox.from_string, self.chat_template)
         return self._compiled
 
     def render(self, messages: list[dict], tools: list | None = None) -> str:
@@ -71,16 +82,9 @@ class ChatRenderer:
 
         ``tools`` holds each conversation's tool list (None: no tools for any); no documents.
         """
-        template = self._template()
         kwargs = _plain_template_data(variables or {})
         return [
-            template.render(
-                messages=_alias_reasoning_fields(_plain_template_data(chat)),
-                tools=_plain_template_data(chat_tools),
-                documents=None,
-                add_generation_prompt=add_generation_prompt,
-                **kwargs,
-            )
+            self._generate([], chat, add_generation_prompt, kwargs, chat_tools)
             for chat, chat_tools in zip(conversations, _each(tools, conversations), strict=True)
         ]
 
@@ -93,22 +97,54 @@ class ChatRenderer:
         """``render_all``, with each conversation's ``{% generation %}`` spans.
 
         The spans are (character start, end), as
-        ``apply_chat_template(..., return_assistant_tokens_mask=True)`` records them.
+        ``apply_chat_template(..., return_assistant_tokens_mask=True)`` records them (the steps of
+        transformers' ``_render_with_assistant_indices``).
         """
-        template = self._template()
         kwargs = _plain_template_data(variables or {})
-        rendered = [
-            _render_with_assistant_indices(
-                template,
-                _alias_reasoning_fields(_plain_template_data(chat)),
-                _plain_template_data(chat_tools),
-                None,
-                False,
-                **kwargs,
-            )
-            for chat, chat_tools in zip(conversations, _each(tools, conversations), strict=True)
-        ]
-        return [text for text, _ in rendered], [spans for _, spans in rendered]
+        rendered, spans = [], []
+        for chat, chat_tools in zip(conversations, _each(tools, conversations), strict=True):
+            blocks, indices = [], []
+            with self.environment().activate_tracker(blocks, indices):
+                rendered.append(self._generate(blocks, chat, False, kwargs, chat_tools))
+            spans.append(indices)
+        return rendered, spans
+
+    def _generate(
+        self,
+        blocks: list,
+        chat: list[dict],
+        add_generation_prompt: bool,
+        variables: dict,
+        tools: list | None = None,
+    ) -> str:
+        """One conversation's render, its pieces counted into ``blocks`` as they are printed."""
+        template = self._template()
+        sandbox = template.environment
+        sandbox.begin()
+
+        def generate():
+            for block in template.generate(
+                messages=_alias_reasoning_fields(_plain_template_data(chat)),
+                tools=_plain_template_data(tools),
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **variables,
+            ):
+                sandbox.printed(block)
+                blocks.append(block)
+            return "".join(blocks)
+
+        return _failing_as_template_errors(generate)
+
+
+def _failing_as_template_errors(work, *args):
+    """``work(*args)``, any exception out of it a template error (``TemplateFailure``)."""
+    try:
+        return work(*args)
+    except jinja2.TemplateError:
+        raise
+    except Exception as err:
+        raise TemplateFailure(f"{type(err).__name__}: {err}") from err
 
 
 def _each(tools: list | None, conversations: list) -> list:

@@ -37,7 +37,7 @@ from builders.formats import tools as tool_calls
 from builders.formats.base import Annotated, ChatFormat, located
 from builders.formats.render import ChatRenderer
 from builders.formats.vocab import char_spans
-from builders.messages import TEXT_FIELDS, normalize_messages, split_step_loss_mask
+from builders.messages import TEXT_FIELDS, split_step_loss_mask
 
 OTHER, ANSWER, STOP = 0, 1, 2
 CUTTING_METHODS = frozenset({"split", "rsplit", "startswith", "endswith", "replace", "find"})
@@ -65,7 +65,7 @@ class TurnsFormat(ChatFormat):
         super().__init__(spec, tokenizer, vocab)
         self.check_inputs(spec, tokenizer)
         self.variables = {**spec.special_tokens, **spec.template_vars}
-        self.renderer = ChatRenderer(spec.chat_template, spec.render_date)
+        self.renderer = ChatRenderer(spec.chat_template, spec.render_date, spec.limits.render_chars)
         self.literals = markup_literals(spec.chat_template)
         self._literal = (
             re.compile("|".join(map(re.escape, sorted(self.literals, key=len, reverse=True))))
@@ -140,7 +140,7 @@ class TurnsFormat(ChatFormat):
         the probe, prints none of its texts, or its prompted render does not extend it (it takes
         no tool calls): an answer after a tool result then starts as any other does.
         """
-        probe = normalize_messages(tool_calls.TOOL_PROBE)
+        probe = tool_calls.default_messages(tool_calls.TOOL_PROBE)
         held, runs = self._placeholders(probe)
         candidates = []
         for prefill in self.spec.prefills:
@@ -166,7 +166,7 @@ class TurnsFormat(ChatFormat):
         for row in rows:
             with located(row):
                 messages, skipped = split_step_loss_mask(row["messages"])
-                messages = normalize_messages(messages)
+                messages = tool_calls.default_messages(messages)
                 row_tools = tool_calls.row_tools(row)
                 if row_tools or any("tool_calls" in m or m["role"] == "tool" for m in messages):
                     self.injection.check(messages, row_tools)
@@ -228,7 +228,7 @@ class TurnsFormat(ChatFormat):
                         self.renderer.render_all([messages], self.variables, tools=[row_tools])
                     except jinja2.TemplateError as err:
                         raise ConversationError(
-                            f"the chat template failed: {type(err).__name__}: {err}"
+                            f"the chat template failed ({self.spec.template_source}): {err}"
                         ) from err
             raise
 
@@ -620,7 +620,7 @@ def check_spec(spec, tokenizer) -> None:
 
 def check_prints_tools(spec) -> None:
     """Refuse a dataset with tools and a template that never prints a tool schema (exit 2)."""
-    renderer = ChatRenderer(spec.chat_template, spec.render_date)
+    renderer = ChatRenderer(spec.chat_template, spec.render_date, spec.limits.render_chars)
     variables = {**spec.special_tokens, **spec.template_vars}
     try:
         printed = tool_calls.prints_tools(

@@ -1,68 +1,57 @@
 """The files a dataset may be stored in, each read a block at a time.
 
-They are parquet, JSON Lines, or one JSON list, each read a block of rows at a time. A reader knows,
-once opened, how many rows each of its blocks holds (``block_rows``), and reads one block as an
-Arrow table of the fields a layout names (``Fields``): the conversation, the id and ``source`` where
-the file has them. A parquet block is a row group. JSON is read by pyarrow's own JSON reader, a
-block of whole rows (about ``BLOCK_BYTES``) at a time, so memory stays bounded for every format:
-JSON Lines is cut at line ends; a single JSON list is scanned once (vectorized, a chunk at a time)
-for the commas between its top-level objects, and a block of objects is handed to the reader as
-concatenated objects. A JSON reader reads only the named fields (a field whose type varies from row
-to row has no Arrow type); a JSON block that does not parse is read again with Python's ``json`` to
-name the row and the field at fault.
+They are parquet, JSON Lines, or one JSON list. A reader knows, once opened, how many rows each of
+its blocks holds (``block_rows``), and reads one block as a table of ``ROW_SCHEMA``
+(``builders.inputs.layout``): each row's id, ``source``, messages and tools as the layout reads
+them, or the problem that keeps it from being read. A parquet block is a row group: rows whose
+messages hold only text fields are renamed column by column, the others (tool calls, a field the
+layout does not read, a role it does not map, ...) go through the layout's row check in Python.
+JSON is read with the strict ``builders.strictjson`` (duplicate keys, NaN refused), a row at a
+time, a block of whole rows (about ``BLOCK_BYTES``) at a time, so memory stays bounded: JSON Lines
+is cut at line ends; a single JSON list is scanned once (vectorized, a chunk at a time) for the
+commas between its top-level objects. A row longer than the layout's limit is refused unread. A
+row's problem (not JSON, not UTF-8, not an object, a field the layout refuses) is reported when the
+build reaches the row; a file that is not what its extension says, at once.
 """
 
 from __future__ import annotations
 
-import io
 import itertools
 import json
-from dataclasses import dataclass
+import re
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.json as pj
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from builders.errors import PinnedInputError
-from builders.messages import OPTIONAL_TEXT_FIELDS
+from builders.errors import ConversationError, PinnedInputError, SourceDataError
+from builders.inputs.layout import MESSAGE_TYPE, ROW_SCHEMA, Layout, problem_row
+from builders.messages import MESSAGE_KEYS, READ_ROLES, STEP_LOSS_MASK
+from builders.strictjson import kind, loads
 
 # JSON read at a time
 BLOCK_BYTES = 4 << 20
 # a JSON list scanned at a time for its top-level commas
 SCAN_BYTES = 1 << 20
+BOM = b"\xef\xbb\xbf"
+# a \u escape of a surrogate: a row holding one is checked for a lone half of a pair, which no
+# UTF-8 text can hold
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
-@dataclass(frozen=True)
-class Fields:
-    """What a layout reads from a row.
-
-    The conversation's field, a message's role and content fields, the id's field (None: none).
-    """
-
-    messages: str
-    role: str
-    content: str
-    id: str | None
-
-    def message_type(self) -> pa.DataType:
-        return pa.struct(
-            [(name, pa.string()) for name in (self.role, self.content, *OPTIONAL_TEXT_FIELDS)]
-        )
-
-
-def open_file(path: Path, name: str, fields: Fields):
+def open_file(path: Path, name: str, layout: Layout):
     """The reader of ``path``, by its extension.
 
     ``name`` is its path in the snapshot.
     """
     if name.endswith(".parquet"):
-        return ParquetFile(path, name, fields)
+        return ParquetFile(path, name, layout)
     if name.endswith(".jsonl"):
-        return JsonLinesFile(path, name, fields)
+        return JsonLinesFile(path, name, layout)
     if name.endswith(".json"):
-        return JsonListFile(path, name, fields)
+        return JsonListFile(path, name, layout)
     raise PinnedInputError(
         f"{name}: matched the dataset's files glob, but is not .parquet, .jsonl or .json; "
         f"narrow the glob (dataset files:)"
@@ -72,25 +61,25 @@ def open_file(path: Path, name: str, fields: Fields):
 class ParquetFile:
     """A parquet file: a block is a row group."""
 
-    def __init__(self, path: Path, name: str, fields: Fields):
-        self.path, self.name, self.fields = path, name, fields
+    def __init__(self, path: Path, name: str, layout: Layout):
+        self.path, self.name, self.layout = path, name, layout
         try:
             metadata = pq.ParquetFile(path)
         except (pa.ArrowException, OSError) as err:
             raise PinnedInputError(f"{name}: not a readable parquet file: {err}") from err
         schema = metadata.schema_arrow
-        _check_schema(name, schema, fields)
-        self.columns = [
-            c for c in (fields.messages, fields.id, "source") if c is not None and c in schema.names
-        ]
-        self.message_type = schema.field(fields.messages).type.value_type
+        _check_schema(name, schema, layout)
+        self.columns = [c for c in (*layout.row_fields, "source") if c in schema.names]
+        self.struct_arguments = _struct_arguments(
+            schema.field(layout.messages).type.value_type, layout.stored["tool_calls"]
+        )
         md = metadata.metadata
         self.block_rows = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
         self.message_bytes = sum(
             md.row_group(g).column(c).total_uncompressed_size
             for g in range(md.num_row_groups)
             for c in range(md.num_columns)
-            if md.row_group(g).column(c).path_in_schema.split(".")[0] == fields.messages
+            if md.row_group(g).column(c).path_in_schema.split(".")[0] == layout.messages
         )
 
     def read(self, block: int) -> pa.Table:
@@ -98,193 +87,270 @@ class ParquetFile:
             # a file handle of its own: reads of one ParquetFile from several threads are not
             # safe; no threads of its own: the caller decodes several blocks at once (nested
             # threads cost twice the CPU)
-            return pq.ParquetFile(self.path).read_row_group(
+            table = pq.ParquetFile(self.path).read_row_group(
                 block, columns=self.columns, use_threads=False
             )
+            table.validate(full=True)
         except (pa.ArrowException, OSError) as err:
             raise PinnedInputError(f"{self.name}: cannot read row group {block}: {err}") from err
+        return _parquet_rows(table, self.layout, self.struct_arguments)
+
+
+def _parquet_rows(table: pa.Table, layout: Layout, struct_arguments: bool) -> pa.Table:
+    """A row group's rows as ``ROW_SCHEMA``.
+
+    Rows whose messages hold text fields only are renamed column by column; the rest go through
+    the layout's row check (``Layout.row``); rows longer than the limit are refused unconverted.
+    """
+    lists = table.column(layout.messages).combine_chunks()
+    offsets = np.asarray(lists.offsets, dtype=np.int64)
+    values = lists.values.slice(offsets[0], offsets[-1] - offsets[0])
+    offsets = offsets - offsets[0]
+    rows = len(lists)
+    owner = np.repeat(np.arange(rows), np.diff(offsets))
+    stored = {values.type.field(i).name: values.field(i) for i in range(values.type.num_fields)}
+    # the UTF-8 bytes of each row's strings
+    sizes = np.zeros(rows, dtype=np.int64)
+    for child in stored.values():
+        if _is_text(child.type):
+            total = np.zeros(len(child) + 1, dtype=np.int64)
+            np.cumsum(_numpy(pc.binary_length(child).fill_null(0), np.int64), out=total[1:])
+            sizes += total[offsets[1:]] - total[offsets[:-1]]
+    tools_field = layout.tools or layout.unread_tools
+    if tools_field in table.column_names and _is_text(table.schema.field(tools_field).type):
+        sizes += _numpy(pc.binary_length(table.column(tools_field)).fill_null(0), np.int64)
+    long = sizes > layout.limit
+    slow = _slow_rows(table, layout, lists, values, owner, stored) & ~long
+    fast = _renamed(layout, lists, values, offsets, stored)
+    ids = (
+        table.column(layout.id).combine_chunks()
+        if layout.id is not None and layout.id in table.column_names
+        else pa.nulls(rows, pa.string())
+    )
+    sources = (
+        table.column("source").combine_chunks()
+        if "source" in table.column_names
+        else pa.nulls(rows, pa.string())
+    )
+    kept = np.flatnonzero(~slow & ~long)
+    special = np.flatnonzero(slow | long)
+    take = pa.array(kept) if special.size else None
+    parts = [
+        pa.table(
+            {
+                "id": _taken(ids, take),
+                "source": _taken(sources, take),
+                "messages": _taken(fast, take),
+                "tools": pa.nulls(len(kept), pa.string()),
+                "string_arguments": pa.nulls(len(kept), pa.int32()),
+                "problem": pa.nulls(len(kept), pa.string()),
+            },
+            schema=ROW_SCHEMA,
+        )
+    ]
+    if special.size:
+        raw = table.take(pa.array(special)).to_pylist() if slow.any() else None
+        checked = []
+        for k, row in enumerate(special.tolist()):
+            if long[row]:
+                checked.append(
+                    problem_row(
+                        layout.too_long(int(sizes[row]), "its strings"),
+                        ids[row].as_py(),
+                        sources[row].as_py(),
+                    )
+                )
+            else:
+                checked.append(_checked(layout, raw[k], struct_arguments))
+        parts.append(pa.Table.from_pylist(checked, schema=ROW_SCHEMA))
+    if not special.size:
+        return parts[0]
+    order = np.argsort(np.concatenate([kept, special]), kind="stable")
+    return pa.concat_tables(parts).combine_chunks().take(pa.array(order))
+
+
+def _taken(array: pa.Array, indices: pa.Array | None) -> pa.Array:
+    return array if indices is None else array.take(indices)
+
+
+def _slow_rows(table, layout: Layout, lists, values, owner, stored) -> np.ndarray:
+    """Rows the column-wise renaming cannot take: the layout's row check reads them."""
+    odd = np.zeros(len(values), dtype=bool)
+    odd |= _true(values.is_null())
+    keys = layout.stored
+    text_keys = {keys[k] for k in ("role", "content", "reasoning_content")}
+    for name, child in stored.items():
+        if name in text_keys and _is_text(child.type):
+            continue
+        if name == STEP_LOSS_MASK and _plain_mask(child.type):
+            continue
+        # a field the layout does not read, a tool field, a text field of another type
+        odd |= _true(child.is_valid())
+    role = stored[keys["role"]]
+    if _is_text(role.type):
+        allowed = [a for a, _ in layout.roles] if layout.roles is not None else list(READ_ROLES)
+        odd |= ~_true(pc.is_in(role, value_set=pa.array(allowed, role.type)).fill_null(False))
+        reasoning = stored.get(keys["reasoning_content"])
+        if reasoning is not None:
+            mapped = _mapped_roles(layout, role)
+            odd |= _true(reasoning.is_valid()) & ~_true(
+                pc.equal(mapped, "assistant").fill_null(False)
+            )
+    content = stored[keys["content"]]
+    odd |= _true(content.is_null())
+    slow = _true(lists.is_null()) | (np.diff(np.asarray(lists.offsets, dtype=np.int64)) == 0)
+    slow[owner[odd]] = True
+    for field in (layout.tools, layout.unread_tools):
+        if field is not None and field in table.column_names:
+            column = table.column(field).combine_chunks()
+            present = _true(column.is_valid())
+            if _is_text(column.type):
+                present &= _numpy(pc.binary_length(column).fill_null(0), np.int64) > 0
+            slow |= present
+    return slow
+
+
+def _renamed(layout: Layout, lists, values, offsets, stored) -> pa.Array:
+    """Every row's messages in ``MESSAGE_TYPE``, renamed column by column.
+
+    Only the rows ``_slow_rows`` leaves are right; the others are replaced.
+    """
+    keys = layout.stored
+    count = len(values)
+    children = {}
+    for key in MESSAGE_KEYS:
+        child = stored.get(keys[key])
+        children[key] = (
+            child.cast(pa.string())
+            if child is not None and _is_text(child.type)
+            else pa.nulls(count, pa.string())
+        )
+    children["role"] = _mapped_roles(layout, children["role"])
+    mask = stored.get(STEP_LOSS_MASK)
+    children[STEP_LOSS_MASK] = (
+        mask.cast(pa.string()).fill_null("null")
+        if mask is not None and _plain_mask(mask.type)
+        else pa.nulls(count, pa.string())
+    )
+    structs = pa.StructArray.from_arrays(
+        [children[f.name] for f in MESSAGE_TYPE.value_type],
+        fields=list(MESSAGE_TYPE.value_type),
+    )
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), structs, type=MESSAGE_TYPE)
+
+
+def _mapped_roles(layout: Layout, role: pa.Array) -> pa.Array:
+    if layout.roles is None:
+        return role
+    return pa.array([b for _, b in layout.roles], pa.string()).take(
+        pc.index_in(role, value_set=pa.array([a for a, _ in layout.roles], pa.string()))
+    )
+
+
+def _checked(layout: Layout, raw: dict, struct_arguments: bool = False) -> dict:
+    """``Layout.row`` of ``raw``, or the row of its problem."""
+    try:
+        return layout.row(raw, struct_arguments)
+    except ConversationError as err:
+        identity = raw.get(layout.id) if layout.id is not None else None
+        if isinstance(identity, int) and not isinstance(identity, bool):
+            identity = str(identity)
+        return problem_row(
+            str(err),
+            identity if isinstance(identity, str) else None,
+            raw.get("source") if isinstance(raw.get("source"), str) else None,
+        )
 
 
 class _JsonFile:
-    """What both JSON readers share.
+    """What both JSON readers share: a row's text read, checked, parsed."""
 
-    The schema of the named fields, a block's parse, its diagnosis.
-    """
+    # JSON Lines say so where a row is not JSON
+    hint = ""
 
-    def __init__(self, path: Path, name: str, fields: Fields):
-        self.path, self.name, self.fields = path, name, fields
-        self.message_type = fields.message_type()
+    def __init__(self, path: Path, name: str, layout: Layout):
+        self.path, self.name, self.layout = path, name, layout
         self.message_bytes = path.stat().st_size
 
-    def _schema(self, id_type: pa.DataType) -> pa.Schema:
-        columns = [(self.fields.messages, pa.list_(self.message_type)), ("source", pa.string())]
-        if self.fields.id is not None:
-            columns.append((self.fields.id, id_type))
-        return pa.schema(columns)
+    def _rows(self, texts: list[bytes]) -> pa.Table:
+        return pa.Table.from_pylist([self._row(text) for text in texts], schema=ROW_SCHEMA)
 
-    def _parse(self, data: bytes, rows: int, first_row: int, multiline: bool) -> pa.Table:
-        """The named fields of ``rows`` JSON objects in ``data``.
-
-        They are rows ``first_row``… of the file.
-        """
-        error: pa.ArrowInvalid | None = None
-        # ids are strings, or whole numbers (read as their text)
-        for id_type in (pa.string(), pa.int64()):
-            options = pj.ParseOptions(
-                explicit_schema=self._schema(id_type),
-                unexpected_field_behavior="ignore",
-                newlines_in_values=multiline,
+    def _row(self, data: bytes) -> dict:
+        if len(data) > self.layout.limit:
+            return problem_row(self.layout.too_long(len(data), "its text"))
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            return problem_row(
+                f"not UTF-8 text (byte {err.start} of the row: {data[err.start : err.start + 4]!r})"
             )
-            try:
-                table = pj.read_json(
-                    io.BytesIO(data),
-                    parse_options=options,
-                    read_options=pj.ReadOptions(
-                        use_threads=False, block_size=max(1 << 20, len(data))
-                    ),
-                )
-            except pa.ArrowInvalid as err:
-                error = err
-                if self.fields.id is None or f"Column(/{self.fields.id})" not in str(err):
-                    break
-                continue
-            if table.num_rows != rows:
-                break
-            if self.fields.id is not None:
-                table = table.set_column(
-                    table.schema.get_field_index(self.fields.id),
-                    self.fields.id,
-                    table.column(self.fields.id).cast(pa.string()),
-                )
-            return table
-        problem = (
-            self._diagnose(data, first_row, multiline)
-            or error
-            or f"{rows} objects counted from row {first_row}, but the JSON reader read another "
-            "number (a stray comma?)"
-        )
-        raise PinnedInputError(f"{self.name}: {problem}") from error
-
-    def _diagnose(self, data: bytes, first_row: int, multiline: bool) -> str | None:
-        """The first row of ``data`` that the layout cannot read.
-
-        That is, the first that is not a JSON object with the named fields in their types.
-        """
-        decoder, at, row = json.JSONDecoder(), 0, first_row
-        text = data.decode("utf-8", errors="replace")
-        while True:
-            while at < len(text) and text[at] in " \t\r\n":
-                at += 1
-            if at >= len(text):
-                return None
-            try:
-                value, at = decoder.raw_decode(text, at)
-            except json.JSONDecodeError as err:
-                return (
-                    f"row {row} is not valid JSON ({err.msg})"
-                    f"{'' if multiline else ': not JSON Lines'}"
-                )
-            problem = self._problem(value)
-            if problem:
-                return f"row {row}: {problem}"
-            row += 1
-
-    def _problem(self, value) -> str | None:
-        f = self.fields
+        try:
+            value = loads(text)
+        except ValueError as err:
+            return problem_row(f"{err}{self.hint}")
         if not isinstance(value, dict):
-            return f"a {_json_kind(value)}, not a JSON object"
-        if value.get("source") is not None and not isinstance(value["source"], str):
-            return f"field 'source' is a {_json_kind(value['source'])}, not a string"
-        if (
-            f.id is not None
-            and value.get(f.id) is not None
-            and (isinstance(value[f.id], bool) or not isinstance(value[f.id], (str, int)))
-        ):
-            return (
-                f"field {f.id!r} (the id) is a {_json_kind(value[f.id])}, not a string or a "
-                "whole number"
+            return problem_row(f"{kind(value)}, not a JSON object")
+        if _SURROGATE.search(data) and _lone_surrogate(value):
+            return problem_row(
+                "a string holds half of a surrogate pair (a \\ud800-\\udfff escape alone): not text"
             )
-        messages = value.get(f.messages)
-        if messages is not None and not isinstance(messages, list):
-            return f"field {f.messages!r} is a {_json_kind(messages)}, not a list of messages"
-        for position, message in enumerate(messages or []):
-            if message is not None and not isinstance(message, dict):
-                return (
-                    f"field {f.messages!r}: message {position} is a {_json_kind(message)}, "
-                    "not an object"
-                )
-            for key in (f.role, f.content, *OPTIONAL_TEXT_FIELDS):
-                if (
-                    message is not None
-                    and message.get(key) is not None
-                    and not isinstance(message[key], str)
-                ):
-                    return (
-                        f"field {f.messages!r}: message {position}: field {key!r} is a "
-                        f"{_json_kind(message[key])}, not a string"
-                    )
-        return None
+        return _checked(self.layout, value)
 
 
 class JsonLinesFile(_JsonFile):
     """JSON Lines: one object per line; a block is a run of whole lines.
 
-    Blank lines are skipped.
+    Blank lines are skipped; a leading UTF-8 byte order mark is skipped.
     """
 
-    def __init__(self, path: Path, name: str, fields: Fields):
-        super().__init__(path, name, fields)
-        self.block_start, self.block_rows = [0], []
+    hint = " (JSON Lines hold one object per line)"
+
+    def __init__(self, path: Path, name: str, layout: Layout):
+        super().__init__(path, name, layout)
+        self.block_rows = []
         with open(path, "rb") as file:
-            rest, at, row = b"", 0, 0
+            at = _skip_bom(file)
+            self.block_start, pending = [at], []
             while chunk := file.read(BLOCK_BYTES):
-                data = rest + chunk
-                end = data.rfind(b"\n") + 1
+                end = chunk.rfind(b"\n") + 1
                 if end == 0:
                     # a line longer than a block: read on
-                    rest = data
+                    pending.append(chunk)
                     continue
-                row = self._add_block(data[:end], at, row)
-                at, rest = at + end, data[end:]
+                data = b"".join([*pending, chunk[:end]])
+                self._add_block(data, at)
+                at, pending = at + len(data), [chunk[end:]]
+            rest = b"".join(pending)
             if rest:
-                self._add_block(rest, at, row)
+                self._add_block(rest, at)
 
-    def _add_block(self, data: bytes, at: int, row: int) -> int:
-        rows = 0
-        for line in data.split(b"\n"):
-            line = line.strip()
-            if line and not line.startswith(b"{"):
-                what = (
-                    "a JSON list: name the file .json"
-                    if row + rows == 0 and line.startswith(b"[")
-                    else f"not a JSON object on a line of its own ({line[:40]!r}…)"
-                )
-                raise PinnedInputError(f"{self.name}: row {row + rows} is not JSON Lines: {what}")
-            rows += bool(line)
-        if rows:
+    def _add_block(self, data: bytes, at: int) -> None:
+        lines = [line for line in data.split(b"\n") if line and not line.isspace()]
+        if not self.block_rows and lines and lines[0].lstrip().startswith(b"["):
+            raise SourceDataError(
+                f"{self.name}: row 0 is not JSON Lines: a JSON list: name the file .json"
+            )
+        if lines:
             self.block_start.append(at + len(data))
-            self.block_rows.append(rows)
+            self.block_rows.append(len(lines))
         else:
             self.block_start[-1] = at + len(data)
-        return row + rows
 
     def read(self, block: int) -> pa.Table:
         with open(self.path, "rb") as file:
             file.seek(self.block_start[block])
             data = file.read(self.block_start[block + 1] - self.block_start[block])
-        return self._parse(
-            data, self.block_rows[block], sum(self.block_rows[:block]), multiline=False
-        )
+        return self._rows([line for line in data.split(b"\n") if line and not line.isspace()])
 
 
 class JsonListFile(_JsonFile):
     """One JSON list of objects; a block is a run of its objects.
 
-    The list is ``[{...}, {...}]``, pretty-printed or not.
+    The list is ``[{...}, {...}]``, pretty-printed or not, after a UTF-8 byte order mark or not.
     """
 
-    def __init__(self, path: Path, name: str, fields: Fields):
-        super().__init__(path, name, fields)
+    def __init__(self, path: Path, name: str, layout: Layout):
+        super().__init__(path, name, layout)
         # the '[', the commas between objects, the ']'
         self.bounds = _top_level_commas(path, name)
         rows = len(self.bounds) - 1
@@ -298,14 +364,12 @@ class JsonListFile(_JsonFile):
 
     def read(self, block: int) -> pa.Table:
         first, end = self.first[block], self.first[block + 1]
-        start = int(self.bounds[first]) + 1
+        start = int(self.bounds[first])
         with open(self.path, "rb") as file:
             file.seek(start)
-            data = bytearray(file.read(int(self.bounds[end]) - start))
-        for comma in self.bounds[first + 1 : end]:
-            # the objects, concatenated
-            data[int(comma) - start] = ord(" ")
-        return self._parse(bytes(data), end - first, first, multiline=True)
+            data = file.read(int(self.bounds[end]) - start)
+        cuts = [int(b) - start for b in self.bounds[first : end + 1]]
+        return self._rows([data[a + 1 : b].strip() or b"" for a, b in itertools.pairwise(cuts)])
 
 
 def _top_level_commas(path: Path, name: str) -> np.ndarray:
@@ -321,12 +385,13 @@ def _top_level_commas(path: Path, name: str) -> np.ndarray:
     """
 
     def fail(problem: str):
-        raise PinnedInputError(
+        raise SourceDataError(
             f"{name}: not one JSON list of objects ({problem}); JSON Lines are named .jsonl"
         )
 
-    marks, in_string, backslashes, depth, offset, opened, closed = [], 0, 0, 0, 0, False, False
+    marks, in_string, backslashes, depth, opened, closed = [], 0, 0, 0, False, False
     with open(path, "rb") as file:
+        offset = _skip_bom(file)
         while chunk := file.read(SCAN_BYTES):
             b = np.frombuffer(chunk, dtype=np.uint8)
             real = _real_quotes(b, backslashes)
@@ -422,42 +487,84 @@ def _blank_between(path: Path, start: int, end: int) -> bool:
     return True
 
 
-def _check_schema(name: str, schema: pa.Schema, fields: Fields) -> None:
+def _check_schema(name: str, schema: pa.Schema, layout: Layout) -> None:
     """A parquet file's columns as the layout names them."""
+    keys = layout.stored
     expected = (
-        f"expected {fields.id or '(no id)'}: string, "
-        f"{fields.messages}: list<struct<{fields.role}: string, "
-        f"{fields.content}: string, ...>>, source: string (optional)"
+        f"expected {layout.id or '(no id)'}: string, "
+        f"{layout.messages}: list<struct<{keys['role']}: string, "
+        f"{keys['content']}: string, ...>>, source: string (optional)"
     )
 
     def fail(problem: str):
         raise PinnedInputError(f"{name}: {problem}; {expected}")
 
-    for column in (fields.messages, fields.id):
+    for column in (layout.messages, layout.id):
         if column is not None and column not in schema.names:
             fail(f"no column {column!r}")
-    if fields.id is not None and not (
-        pa.types.is_string(schema.field(fields.id).type)
-        or pa.types.is_large_string(schema.field(fields.id).type)
-    ):
-        fail(f"column {fields.id!r} has type {schema.field(fields.id).type}")
-    if "source" in schema.names and not pa.types.is_string(schema.field("source").type):
+    if layout.id is not None and not _is_text(schema.field(layout.id).type):
+        fail(f"column {layout.id!r} has type {schema.field(layout.id).type}")
+    if "source" in schema.names and not _is_text(schema.field("source").type):
         fail(f"column 'source' has type {schema.field('source').type}")
-    messages = schema.field(fields.messages).type
+    messages = schema.field(layout.messages).type
     if not (
         pa.types.is_list(messages) or pa.types.is_large_list(messages)
     ) or not pa.types.is_struct(messages.value_type):
-        fail(f"column {fields.messages!r} has type {messages}")
-    types = {
-        messages.value_type.field(i).name: messages.value_type.field(i).type
-        for i in range(messages.value_type.num_fields)
-    }
-    for key in (fields.role, fields.content):
-        if key not in types or not pa.types.is_string(types[key]):
-            fail(f"column {fields.messages!r} has type {messages}")
+        fail(f"column {layout.messages!r} has type {messages}")
+    names = {messages.value_type.field(i).name for i in range(messages.value_type.num_fields)}
+    for key in ("role", "content"):
+        if keys[key] not in names:
+            fail(f"column {layout.messages!r} has type {messages}")
 
 
-def _json_kind(value) -> str:
-    return {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
-        type(value), "number"
+def _struct_arguments(message: pa.StructType, tool_calls: str) -> bool:
+    """Whether a message type stores a call's ``arguments`` as a struct."""
+    index = message.get_field_index(tool_calls)
+    if index < 0:
+        return False
+    calls = message.field(index).type
+    if not (pa.types.is_list(calls) or pa.types.is_large_list(calls)):
+        return False
+    call = calls.value_type
+    if not pa.types.is_struct(call):
+        return False
+    holders = [call]
+    if call.get_field_index("function") >= 0 and pa.types.is_struct(call.field("function").type):
+        holders.append(call.field("function").type)
+    return any(
+        h.get_field_index("arguments") >= 0 and pa.types.is_struct(h.field("arguments").type)
+        for h in holders
     )
+
+
+def _skip_bom(file) -> int:
+    """Past a leading UTF-8 byte order mark, if any: the offset reading starts at."""
+    at = 3 if file.read(3) == BOM else 0
+    file.seek(at)
+    return at
+
+
+def _lone_surrogate(value) -> bool:
+    """Whether a parsed JSON value holds a string with half a surrogate pair."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _is_text(data_type: pa.DataType) -> bool:
+    return pa.types.is_string(data_type) or pa.types.is_large_string(data_type)
+
+
+def _plain_mask(data_type: pa.DataType) -> bool:
+    """Whether a ``step_loss_mask`` column's values cast to their JSON text."""
+    return pa.types.is_integer(data_type) or pa.types.is_boolean(data_type)
+
+
+def _true(mask: pa.Array) -> np.ndarray:
+    return np.asarray(mask.to_numpy(zero_copy_only=False), dtype=bool).copy()
+
+
+def _numpy(array: pa.Array, dtype) -> np.ndarray:
+    return np.asarray(array.to_numpy(zero_copy_only=False), dtype=dtype)

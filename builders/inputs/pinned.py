@@ -33,6 +33,7 @@ from builders.errors import BuildError, PinnedInputError
 from builders.formats import FormatSpec, format_class
 from builders.inputs.digest import HashingProcess
 from builders.inputs.source import Source
+from builders.limits import DEFAULT_LIMITS, Limits
 from builders.manifest import DatasetPin, Manifest, TokenizerPin, cli_command
 
 
@@ -215,7 +216,9 @@ def resolve_snapshot(repo: PinnedRepo, hub: Hub) -> Path:
     return Path(folder)
 
 
-def load_pinned_tokenizer(pin: TokenizerPin, snapshot: Path, loss_mask: str) -> PinnedTokenizer:
+def load_pinned_tokenizer(
+    pin: TokenizerPin, snapshot: Path, loss_mask: str, limits: Limits = DEFAULT_LIMITS
+) -> PinnedTokenizer:
     """Check the snapshot's tokenizer files by sha256, then parse them."""
     contents = {name: read_checked(snapshot / name, pin.sha256[name]) for name in pin.files}
     try:
@@ -250,6 +253,7 @@ def load_pinned_tokenizer(pin: TokenizerPin, snapshot: Path, loss_mask: str) -> 
         pin.render_date,
         special_tokens(config) if config is not None else {},
         source,
+        limits,
     )
     format_class(loss_mask).check_inputs(spec, tokenizer)
     return PinnedTokenizer(tokenizer, tokenizer_json, spec, snapshot)
@@ -321,7 +325,9 @@ def special_tokens(config: dict) -> dict:
 def pinned_inputs(manifest: Manifest, hub: Hub) -> tuple[PinnedTokenizer, Source]:
     """The manifest's tokenizer and source, resolved and checked."""
     snapshots = resolve(manifest, hub)
-    pinned = load_pinned_tokenizer(manifest.tokenizer, snapshots.tokenizer, manifest.loss_mask)
+    pinned = load_pinned_tokenizer(
+        manifest.tokenizer, snapshots.tokenizer, manifest.loss_mask, manifest.limits
+    )
     return pinned, open_source(manifest, snapshots)
 
 
@@ -331,7 +337,10 @@ def pinned_tokenizer(manifest: Manifest, hub: Hub) -> PinnedTokenizer:
     It is what decodes a built file's ids.
     """
     return load_pinned_tokenizer(
-        manifest.tokenizer, resolve(manifest, hub, dataset=False).tokenizer, manifest.loss_mask
+        manifest.tokenizer,
+        resolve(manifest, hub, dataset=False).tokenizer,
+        manifest.loss_mask,
+        manifest.limits,
     )
 
 

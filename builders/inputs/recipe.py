@@ -16,9 +16,9 @@ fields the seed card (``../shared/spec/recipe-glm47flash-h200-attune.txt``) show
   the tokenizer line's NAME is that repo's name.
 
 The card's other sections are known and not read; a field the parser does not know, at the
-levels it reads, is reported once in a note. A card is untrusted input: its size, nesting and
-node count are bounded before ``yaml.safe_load`` builds it, and duplicate keys and merge keys
-are refused, each with an error naming the card and the field.
+levels it reads, is reported once in a note. A card is untrusted input: it is read by the bounded
+YAML loader (``builders/yamlfile.py``), and duplicate keys and merge keys are refused, each with
+an error naming the card and the field.
 """
 
 from __future__ import annotations
@@ -36,16 +36,12 @@ from builders.manifest import (
     FieldChecker,
     Manifest,
     Ratio,
-    YamlLoader,
     parse_manifest,
-    safe_load_yaml,
 )
+from builders.yamlfile import YamlLoader, read_yaml
 
 # the tokenizer files a card's manifest pins (glm5's)
 CARD_FILES = ("tokenizer.json", "chat_template.jinja")
-MAX_CARD_BYTES = 1 << 20  # the seed card is 10 KB
-MAX_DEPTH = 16
-MAX_NODES = 50_000
 # the card names no split: the Tulu 3 layout's only one
 DEFAULT_SPLIT = "train"
 
@@ -475,53 +471,7 @@ class _CardLoader(YamlLoader):
 
 def _load(path: Path):
     """The card's YAML, within the bounds on size, nesting and node count."""
-    if not path.is_file():
-        raise ManifestError(
-            f"{path}: no such file" if not path.exists() else f"{path}: not a regular file"
-        )
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_CARD_BYTES + 1)
-    except OSError as err:
-        raise ManifestError(f"{path}: cannot read the recipe card: {err}") from err
-    if len(data) > MAX_CARD_BYTES:
-        raise ManifestError(
-            f"{path}: larger than {MAX_CARD_BYTES:,} bytes, too large for a recipe card"
-        )
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ManifestError(f"{path}: not UTF-8 text (byte {err.start})") from err
-    try:
-        _check_shape(text, path)
-        return safe_load_yaml(text, _CardLoader)
-    except yaml.YAMLError as err:
-        raise ManifestError(f"{path}: not valid YAML: {err}") from err
-
-
-def _check_shape(text: str, path: Path) -> None:
-    """Bound nesting and node count on the parser's events.
-
-    This runs before anything is built.
-    """
-    depth = nodes = 0
-    for event in yaml.parse(text, Loader=yaml.SafeLoader):
-        if isinstance(event, yaml.NodeEvent):
-            nodes += 1
-            if nodes > MAX_NODES:
-                raise ManifestError(
-                    f"{path}: line {event.start_mark.line + 1}: more than {MAX_NODES:,} YAML "
-                    "nodes, too many for a recipe card"
-                )
-        if isinstance(event, yaml.CollectionStartEvent):
-            depth += 1
-            if depth > MAX_DEPTH:
-                raise ManifestError(
-                    f"{path}: line {event.start_mark.line + 1}: nested deeper than {MAX_DEPTH} "
-                    f"levels, too deep for a recipe card"
-                )
-        elif isinstance(event, yaml.CollectionEndEvent):
-            depth -= 1
+    return read_yaml(path, "recipe card", _CardLoader)
 
 
 class _Dumper(yaml.SafeDumper):

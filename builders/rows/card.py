@@ -203,9 +203,12 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         + (f"; {engine['note']}" if engine["note"] else ""),
         f"- encoded in {_workers(report)} (`--workers {report['workers_requested']}`, "
         f"{report['cores']} cores available; the rows are the same for any number)",
+        f"- limits: a conversation up to {report['limits']['conversation_chars']:,} characters, "
+        f"its render up to {report['limits']['render_chars']:,} (`limits:`; more is refused)",
         "",
         *_datasets_table(manifest, summary),
         *_sources_table(summary, stats, name),
+        *_tool_calls(manifest, summary),
         "### Conversation lengths (tokens, with EOS)",
         "",
         "| " + " | ".join(summary["conversation_tokens_percentiles"]) + " |",
@@ -261,6 +264,43 @@ def _datasets_table(manifest: Manifest, summary: dict) -> list[str]:
             f"{d['conversations']:,} | {d['tokens']:,} | {d['supervised_tokens']:,} |"
             for pin, d in zip(manifest.datasets, summary["by_dataset"], strict=True)
         ],
+        "",
+    ]
+
+
+def _tool_calls(manifest: Manifest, summary: dict) -> list[str]:
+    """The "Tool calls" section: what the consumed conversations hold of tool use.
+
+    Only where a dataset names a tools field (or leaves one unread) or a conversation uses tools.
+    """
+    tools = summary["tool_calls"]
+    named = [pin for pin in manifest.datasets if pin.tools is not None or pin.tools_unused]
+    if not named and not any(v for k, v in tools.items() if k != "tools_field_unread"):
+        return []
+    forms = [pin.arguments for pin in manifest.datasets]
+    return [
+        "### Tool calls",
+        "",
+        "| conversations with tools | with calls | calls | arguments stored as JSON strings "
+        "| as objects | tool messages |",
+        "|---:|---:|---:|---:|---:|---:|",
+        f"| {tools['conversations_with_tools']:,} | {tools['conversations_with_calls']:,} "
+        f"| {tools['calls']:,} | {tools['calls_string_arguments']:,} "
+        f"| {tools['calls_object_arguments']:,} | {tools['tool_messages']:,} |",
+        "",
+        f"Arguments reach the template as `arguments: {'`, `'.join(dict.fromkeys(forms))}` says "
+        '(data/ROWS.md, "Tool calls"): under `object` a JSON string is parsed, and the '
+        "template prints the object again, re-spaced, its numbers as Python writes them.",
+        *(
+            [
+                "",
+                "A `tools` field is deliberately not read (`tools: null`) in: "
+                + ", ".join(f"`{name}`" for name in tools["tools_field_unread"])
+                + ".",
+            ]
+            if tools["tools_field_unread"]
+            else []
+        ),
         "",
     ]
 

@@ -15,9 +15,10 @@ from pathlib import Path
 import pyarrow as pa
 import yaml
 
-from builders.manifest import safe_load_yaml
+from builders.errors import ManifestError
 from builders.rows.rowfile import SCHEMA
 from builders.runtime.atomic import Outputs, remove_stale_temporaries
+from builders.yamlfile import parse_yaml
 
 README = "README.md"
 
@@ -81,8 +82,8 @@ def other_builds(folder: Path, latest: str) -> dict[str, str]:
 def _card_license(folder: Path, name: str) -> str | None:
     try:
         text = (folder / f"{name}.md").read_text(encoding="utf-8")
-        return safe_load_yaml(text.split("---\n", 2)[1]).get("license")
-    except (OSError, IndexError, AttributeError, yaml.YAMLError):
+        return parse_yaml(text.split("---\n", 2)[1], f"{name}.md", "data card").get("license")
+    except (OSError, IndexError, AttributeError, ManifestError):
         return None
 
 

@@ -17,6 +17,14 @@ PERCENTILES = (0, 10, 50, 90, 99, 100)
 
 # a conversation whose row has no ``source`` value
 NO_SOURCE = "(none)"
+TOOL_COUNTS = (
+    "conversations_with_tools",
+    "conversations_with_calls",
+    "calls",
+    "calls_string_arguments",
+    "calls_object_arguments",
+    "tool_messages",
+)
 
 
 @dataclass
@@ -41,14 +49,32 @@ class BuildStats:
     only_stop_tokens: int = 0
     # conversations with no supervised token at all
     unsupervised: int = 0
+    # the datasets whose pin says ``tools: null``: a ``tools`` field deliberately not read
+    tools_unread: list = field(default_factory=list)
+    # over the consumed conversations: with tools given, with calls, calls whose arguments were
+    # stored as a JSON string and as an object, tool messages
+    tool_uses: dict = field(default_factory=lambda: dict.fromkeys(TOOL_COUNTS, 0))
 
     def add_conversation(
-        self, source: str | None, ids: np.ndarray, mask: np.ndarray, dataset: int
+        self,
+        source: str | None,
+        ids: np.ndarray,
+        mask: np.ndarray,
+        dataset: int,
+        tool_counts: tuple[int, int, int, int] = (0, 0, 0, 0),
     ) -> None:
         """Count one conversation's part of the stream, from ``dataset``.
 
-        The part is its tokens and the EOS after them.
+        The part is its tokens and the EOS after them; ``tool_counts`` is what it holds of tool
+        use (``EncodedConversation.tool_counts``).
         """
+        tools, strings, objects, tool_messages = tool_counts
+        for key, value in zip(
+            TOOL_COUNTS,
+            (tools, int(strings + objects > 0), strings + objects, strings, objects, tool_messages),
+            strict=True,
+        ):
+            self.tool_uses[key] += value
         supervised = mask != 0
         count = int(np.count_nonzero(supervised))
         self.datasets.append(dataset)
@@ -128,4 +154,5 @@ class BuildStats:
             else {},
             "by_source": self.by_source(),
             "by_dataset": self.by_dataset(),
+            "tool_calls": {**self.tool_uses, "tools_field_unread": self.tools_unread},
         }

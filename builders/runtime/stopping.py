@@ -1,14 +1,26 @@
-"""A stop that a signal asked for (SIGINT, SIGTERM), remembered.
+"""A stop that a signal asked for (SIGINT, SIGTERM), remembered; the command line's entry point.
 
 The handler raises KeyboardInterrupt, which unwinds the build (its temporaries are removed, exit
 130). But where the signal lands while a finalizer runs (a ``__del__``, in any library), Python
 prints "Exception ignored" and the build goes on. So the handler also remembers the stop, and the
 build checks it (``check``) at every row and before and after it puts its outputs in place.
+
+``run_command_line`` installs the handler before anything heavy is imported, so a stop ends the
+same way from the moment it is installed; ``-v`` (or ``FIXED_SFT_SAY_STARTED=1``) says when.
+This module imports nothing of the project's but its package.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 import threading
+
+INTERRUPTED = 130
+STOPPED = "error: interrupted; nothing was left at the final path"
+# set to 1: say on stderr when the stop handler is installed, as -v does
+SAY_STARTED = "FIXED_SFT_SAY_STARTED"
 
 _asked = threading.Event()
 
@@ -26,3 +38,29 @@ def check() -> None:
     """
     if _asked.is_set():
         raise KeyboardInterrupt
+
+
+def install() -> None:
+    """Make SIGINT and SIGTERM unwind (and be remembered)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, ask)
+
+
+def run_command_line() -> int:
+    """``fixed-sft``: install the stop handler, then load and run the command line.
+
+    A stop from then on, while the command line loads or later, ends with one line and exit 130.
+    """
+    try:
+        install()
+        if os.environ.get(SAY_STARTED) == "1" or {"-v", "--verbose"} & set(sys.argv[1:]):
+            print(
+                f"started: pid {os.getpid()}; stop handler installed", file=sys.stderr, flush=True
+            )
+        from builders.cli import main
+
+        check()
+        return main()
+    except KeyboardInterrupt:
+        print(STOPPED, file=sys.stderr)
+        return INTERRUPTED

@@ -38,6 +38,7 @@ from builders.encode.stream import ENCODE_BATCH, HORIZON_MARGIN
 from builders.errors import BuildError, PinnedInputError, UsageError
 from builders.formats import PEER_FORMATS
 from builders.formats.base import Annotated
+from builders.inputs.layout import conversations
 from builders.inputs.pinned import pinned_inputs
 from builders.inputs.source import Source
 from builders.manifest import Expect, Manifest
@@ -311,7 +312,7 @@ class Search:
         if missing.size:
             groups = self.source.group_of(missing)
             for group in np.unique(groups).tolist():
-                rows = self.source.read(group, missing[groups == group]).to_pylist()
+                rows = conversations(self.source.read(group, missing[groups == group]))
                 for first in range(0, len(rows), ENCODE_BATCH):
                     batch = rows[first : first + ENCODE_BATCH]
                     records = self.encoder.annotate(batch, SLIME_RULES)

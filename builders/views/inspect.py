@@ -196,11 +196,12 @@ def inspect_row(manifest, hub, file: Path, row_index: int) -> View:
 def inspect_source(manifest, hub, index: int) -> View:
     """Source conversation ``index`` as it enters the stream, with EOS."""
     from builders.errors import UsageError
+    from builders.inputs.layout import conversations
 
     encoder, source = _pinned(manifest, hub)
     if not 0 <= index < source.num_rows:
         raise UsageError(f"inspect: the source has rows 0..{source.num_rows - 1}, not {index}")
-    (row,) = source.take([index]).to_pylist()
+    (row,) = conversations(source.take([index]))
     (ids, mask), literal = _conversation(encoder, source, index, with_mask=True)
     supervised = int(np.count_nonzero(mask))
     title = (
@@ -243,9 +244,10 @@ def _conversation(encoder, source, index: int, with_mask: bool = False):
     Those are the special tokens inside message text.
     """
     from builders.errors import UsageError
+    from builders.inputs.layout import conversations
     from builders.rows.packing import with_eos
 
-    (row,) = source.take([index]).to_pylist()
+    (row,) = conversations(source.take([index]))
     (annotated,) = encoder.annotate([row], (encoder.contract.mask_rule,))
     materialized = encoder.materialize(annotated, encoder.contract)
     if materialized is None:

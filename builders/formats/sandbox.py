@@ -1,0 +1,427 @@
+"""The chat template's sandbox, bounded by ``limits.render_chars``.
+
+transformers renders in Jinja's ``ImmutableSandboxedEnvironment``, which keeps a template from
+Python's internals but not from memory: ``{{ 'x' * 10**9 }}`` takes gigabytes. ``BoundedSandbox``
+is that environment (transformers' filters, globals and extensions) with the operations that can
+build large values checked:
+
+- before they run, where the size of the result follows from the operands: ``*``, ``**``, ``+``,
+  ``%``, ``~``, the padding, repeating and joining filters and ``str`` methods, ``lipsum``,
+  ``strftime``; a result larger than ``render_chars`` is refused before it is made;
+- after they run, every value a filter, call or operator returns, and every text printed: no
+  value may be larger than ``render_chars``, and one render may build no more than
+  ``BUILD_FACTOR`` times ``render_chars`` characters in all (what it prints into a block, a macro
+  or a filter included), which bounds what a lazy sequence can make.
+
+``RenderLimitError`` says which bound was reached; ``TemplateFailure`` carries any other exception
+out of a render (an overflow, a recursion, a missing loader). Both are ``jinja2.TemplateError``s,
+so the chat formats name the conversation whose render failed as they do for a template's own
+errors.
+"""
+
+from __future__ import annotations
+
+import re
+from itertools import islice
+
+import jinja2
+from jinja2.compiler import CodeGenerator, optimizeconst
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.utils import Namespace, generate_lorem_ipsum
+
+# a render may build this many times render_chars in all (its values and what it prints)
+BUILD_FACTOR = 16
+_DIGITS = re.compile(r"\d+")
+# a character of str(value) per bit of an int, rounded up
+_BITS_PER_DIGIT = 3
+
+
+class RenderLimitError(jinja2.TemplateError):
+    """A render would print or build more than ``limits.render_chars`` allows."""
+
+
+class TemplateFailure(jinja2.TemplateError):
+    """An exception other than a template error, out of a render."""
+
+
+def text_size(value, limit: int) -> int:
+    """About the length of ``str(value)``, counted up to just past ``limit``.
+
+    Strings count their characters, containers their items' sizes, each item a few characters
+    more; the count stops once it passes ``limit``, so a value of any size is measured in bounded
+    time.
+    """
+    total, pending = 0, [value]
+    while pending and total <= limit:
+        item = pending.pop()
+        if isinstance(item, (str, bytes)):
+            total += len(item) + 2
+        elif isinstance(item, bool) or item is None:
+            total += 5
+        elif isinstance(item, int):
+            total += item.bit_length() // _BITS_PER_DIGIT + 2
+        elif isinstance(item, dict):
+            total += 2 + 2 * len(item)
+            pending.extend(islice(_pairs(item), limit))
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            total += 2 + 2 * len(item)
+            pending.extend(islice(item, limit))
+        elif isinstance(item, Namespace):
+            pending.append(item._Namespace__attrs)
+        else:
+            total += 64
+    return total
+
+
+def _pairs(mapping: dict):
+    for key, value in mapping.items():
+        yield key
+        yield value
+
+
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+_SIZED = (str, bytes, *_CONTAINERS)
+
+
+def _length(value) -> int:
+    """The characters, items or (about) digits of a value, without looking inside it."""
+    if isinstance(value, _SIZED):
+        return len(value)
+    if type(value) is int:
+        return value.bit_length() // _BITS_PER_DIGIT
+    return 0
+
+
+def _number(value) -> int:
+    """An int argument as a count, 0 for anything else (the call then fails on its own)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _widths(text) -> int:
+    """The sum of the numbers written in a format string: its widths and precisions at most."""
+    if not isinstance(text, str):
+        return 0
+    return sum(int(d) if len(d) < 10 else 10**10 for d in _DIGITS.findall(text))
+
+
+class _CodeGenerator(CodeGenerator):
+    """Jinja's code generator, with ``~`` and every block's buffer bounded."""
+
+    def buffer(self, frame) -> None:
+        frame.buffer = self.temporary_identifier()
+        self.writeline(f"{frame.buffer} = environment.output_buffer()")
+
+    @optimizeconst
+    def visit_Concat(self, node, frame) -> None:
+        # as Jinja's, the parts measured by the environment before they are joined
+        if frame.eval_ctx.volatile:
+            func_name = "(markup_join if context.eval_ctx.volatile else str_join)"
+        elif frame.eval_ctx.autoescape:
+            func_name = "markup_join"
+        else:
+            func_name = "str_join"
+        self.write(f"environment.concat_checked({func_name}, (")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
+
+
+class _Buffer(list):
+    """A block's output (a macro's, a filter block's, a ``set`` block's), counted as it grows.
+
+    The block's text becomes a value: it may not be larger than render_chars.
+    """
+
+    def __init__(self, environment: BoundedSandbox):
+        super().__init__()
+        self.environment = environment
+        self.size = 0
+
+    def append(self, text) -> None:
+        size = _length(text)
+        self.size += size
+        self.environment.refuse_beyond(self.size, "a block of the template")
+        self.environment.spend(size)
+        super().append(text)
+
+    def extend(self, texts) -> None:
+        for text in texts:
+            self.append(text)
+
+
+class _NoOtherTemplates(jinja2.BaseLoader):
+    """A chat template is one file: it cannot include, import or extend another."""
+
+    def get_source(self, environment, template):
+        raise jinja2.TemplateNotFound(
+            template,
+            f"a chat template cannot include, import or extend another template ({template!r})",
+        )
+
+
+class BoundedSandbox(ImmutableSandboxedEnvironment):
+    """transformers' template sandbox, refusing values beyond ``render_chars``.
+
+    ``begin()`` starts a render's count; ``printed(text)`` counts what it prints.
+    """
+
+    code_generator_class = _CodeGenerator
+    intercepted_binops = frozenset({"*", "**", "+", "%"})
+
+    def __init__(self, base: jinja2.Environment, render_chars: int):
+        super().__init__(
+            trim_blocks=base.trim_blocks,
+            lstrip_blocks=base.lstrip_blocks,
+            keep_trailing_newline=base.keep_trailing_newline,
+            extensions=[type(extension) for extension in base.extensions.values()],
+            finalize=self._finalize,
+            loader=_NoOtherTemplates(),
+        )
+        self.render_chars = render_chars
+        self.filters.update(base.filters)
+        self.globals.update(base.globals)
+        self.filters = {name: self._bounded(name, f) for name, f in self.filters.items()}
+        self.begin()
+
+    def begin(self) -> None:
+        """Start counting a new render."""
+        self.built = 0
+        self.printed_chars = 0
+
+    def printed(self, text: str) -> None:
+        """Count ``text``, printed by the render."""
+        self.printed_chars += len(text)
+        if self.printed_chars > self.render_chars:
+            raise RenderLimitError(
+                f"the render prints more than limits.render_chars ({self.render_chars:,}) "
+                f"characters"
+            )
+
+    def spend(self, size: int) -> None:
+        """Count ``size`` characters built by the render."""
+        self.built += size
+        if self.built > BUILD_FACTOR * self.render_chars:
+            raise RenderLimitError(
+                f"the render builds more than {BUILD_FACTOR} × limits.render_chars "
+                f"({self.render_chars:,}) characters in all"
+            )
+
+    def refuse_beyond(self, size: int, what) -> None:
+        """Refuse to make ``what``, of about ``size`` characters, beyond render_chars.
+
+        ``what`` names it: a text, or a function that gives it.
+        """
+        if size > self.render_chars:
+            raise RenderLimitError(
+                f"{what if isinstance(what, str) else what()} would make about {size:,} "
+                f"characters, more than limits.render_chars ({self.render_chars:,})"
+            )
+
+    def checked(self, value, what):
+        """``value``, counted; refused where it is larger than render_chars."""
+        if type(value) is str:
+            # the common case, first
+            self.refuse_beyond(len(value), what)
+            self.spend(len(value))
+            return value
+        size = _length(value)
+        if isinstance(value, _CONTAINERS) or type(value) is Namespace:
+            self.refuse_beyond(text_size(value, self.render_chars), what)
+        self.refuse_beyond(size, what)
+        self.spend(size)
+        return value
+
+    def output_buffer(self) -> _Buffer:
+        return _Buffer(self)
+
+    def _finalize(self, value):
+        if type(value) is not str:
+            self.refuse_beyond(text_size(value, self.render_chars), "printing a value")
+        return value
+
+    def concat_checked(self, join, parts: tuple) -> str:
+        self.refuse_beyond(sum(text_size(p, self.render_chars) for p in parts), "'~'")
+        return self.checked(join(parts), "'~'")
+
+    def call_binop(self, context, operator: str, left, right):
+        self.refuse_beyond(_binop_size(operator, left, right, self.render_chars), f"{operator!r}")
+        return self.checked(super().call_binop(context, operator, left, right), f"{operator!r}")
+
+    def call(__self, __context, __obj, *args, **kwargs):
+        def name() -> str:
+            return getattr(getattr(__obj, "__wrapped__", __obj), "__name__", "a call")
+
+        __self.refuse_beyond(_call_size(__obj, args, kwargs, __self.render_chars), name)
+        return __self.checked(super().call(__context, __obj, *args, **kwargs), name)
+
+    def _bounded(self, name: str, function):
+        """Filter ``name``, refused beyond render_chars before and after it runs."""
+        size, what = _FILTER_SIZES.get(name), f"the filter {name!r}"
+
+        def bounded(*args, **kwargs):
+            if size is not None:
+                self.refuse_beyond(_sized(size, self, args, kwargs), what)
+            return self.checked(function(*args, **kwargs), what)
+
+        bounded.__dict__.update(getattr(function, "__dict__", {}))
+        bounded.__wrapped__ = function
+        return bounded
+
+
+def _sized(size, env: BoundedSandbox, args: tuple, kwargs: dict) -> int:
+    """``size`` of a filter call; 0 where its arguments are wrong (the filter then says so)."""
+    try:
+        return size(env, args, kwargs)
+    except (TypeError, ValueError, IndexError):
+        return 0
+
+
+def _binop_size(operator: str, left, right, limit: int) -> int:
+    """The size of ``left operator right``'s result, where it can be large; 0 otherwise."""
+    if operator == "*":
+        if isinstance(right, (str, bytes, list, tuple)):
+            left, right = right, left
+        if isinstance(left, (str, bytes, list, tuple)):
+            return len(left) * max(_number(right), 0)
+        return _length(left) + _length(right)
+    if operator == "**" and isinstance(left, int) and isinstance(right, int):
+        return left.bit_length() * max(right, 0) // _BITS_PER_DIGIT if abs(left) > 1 else 0
+    if operator == "+":
+        return _length(left) + _length(right)
+    if operator == "%" and isinstance(left, (str, bytes)):
+        args = right if isinstance(right, tuple) else (right,)
+        stars = sum(abs(_number(a)) for a in args) if b"*" in _ascii(left) else 0
+        return len(left) + _widths(_text(left)) + stars + text_size(args, limit)
+    return 0
+
+
+def _ascii(text) -> bytes:
+    return text.encode("utf-8", "replace") if isinstance(text, str) else text
+
+
+def _text(text) -> str:
+    return text if isinstance(text, str) else text.decode("latin-1")
+
+
+# str and bytes methods whose result can be larger than the string by an argument's choosing
+_PADDING = frozenset({"center", "ljust", "rjust", "zfill"})
+_SIZED_CALLS = _PADDING | {
+    "expandtabs",
+    "replace",
+    "format",
+    "format_map",
+    "join",
+    "strftime",
+    "strftime_now",
+}
+
+
+def _call_size(obj, args: tuple, kwargs: dict, limit: int) -> int:
+    """The size of the result of a call that can build a large value; 0 otherwise."""
+    target = getattr(obj, "__wrapped__", obj)
+    name = getattr(target, "__name__", "")
+    if name not in _SIZED_CALLS and target is not generate_lorem_ipsum:
+        return 0
+    owner = getattr(target, "__self__", None)
+    values = (*args, *kwargs.values())
+    if isinstance(owner, (str, bytes)):
+        if name in _PADDING:
+            return max(len(owner), _number(values[0]) if values else 0)
+        if name == "expandtabs":
+            tab = _number(values[0]) if values else 8
+            return len(owner) + _ascii(owner).count(b"\t") * tab
+        if name == "replace" and len(values) >= 2:
+            return _replaced_size(owner, *values[:3])
+        if name in ("format", "format_map"):
+            return (
+                len(owner) + _widths(owner) + text_size(values, limit) + sum(map(_number, values))
+            )
+        if name == "join" and values:
+            return _joined_size(owner, values[0], limit)
+    if target is generate_lorem_ipsum:
+        count, *_ = (*args, kwargs.get("n", 5))
+        return _number(count) * 100 * 12
+    if name in ("strftime", "strftime_now") and values:
+        return 256 * len(values[0]) if isinstance(values[0], str) else 0
+    return 0
+
+
+def _replaced_size(text, old, new, count=-1) -> int:
+    if not isinstance(old, type(text)) or not isinstance(new, type(text)):
+        return 0
+    found = len(text) + 1 if not old else text.count(old)
+    if _number(count) >= 0 and count not in (-1, None):
+        found = min(found, _number(count))
+    return len(text) + found * len(new)
+
+
+def _joined_size(separator, items, limit: int) -> int:
+    if not isinstance(items, (list, tuple)):
+        return 0
+    return text_size(items, limit) + len(separator) * len(items)
+
+
+def _center(env, args, kwargs) -> int:
+    value, width = (*args, kwargs.get("width", 80))[:2]
+    return max(len(str(value)), _number(width))
+
+
+def _indent(env, args, kwargs) -> int:
+    text, width = (*args, kwargs.get("width", 4))[:2]
+    text = str(text)
+    step = len(width) if isinstance(width, str) else _number(width)
+    return len(text) + (text.count("\n") + 1) * step
+
+
+def _replace(env, args, kwargs) -> int:
+    # do_replace(eval_ctx, s, old, new, count=None)
+    _, text, old, new, *rest = (*args, *kwargs.values())
+    return _replaced_size(str(text), str(old), str(new), rest[0] if rest else -1)
+
+
+def _join(env, args, kwargs) -> int:
+    # do_join(eval_ctx, value, d="", attribute=None)
+    _, items, *rest = args
+    separator = rest[0] if rest else kwargs.get("d", "")
+    return _joined_size(str(separator), items, env.render_chars)
+
+
+def _format(env, args, kwargs) -> int:
+    text, *values = args
+    return _binop_size("%", str(text), (*values, *kwargs.values()), env.render_chars)
+
+
+def _wordwrap(env, args, kwargs) -> int:
+    # do_wordwrap(environment, s, width=79, break_long_words=True, wrapstring=None, ...)
+    text = str(args[1])
+    wrap = kwargs.get("wrapstring", args[4] if len(args) > 4 else None) or "\n"
+    return len(text) * (1 + len(str(wrap)))
+
+
+def _tojson(env, args, kwargs) -> int:
+    value, *rest = args
+    indent = kwargs.get("indent", rest[1] if len(rest) > 1 else None)
+    step = len(indent) if isinstance(indent, str) else _number(indent)
+    return text_size(value, env.render_chars) * (2 + step)
+
+
+def _sequence_filler(position: int, keyword: str):
+    def size(env, args, kwargs) -> int:
+        return _number(kwargs.get(keyword, args[position] if len(args) > position else 0))
+
+    return size
+
+
+_FILTER_SIZES = {
+    "center": _center,
+    "indent": _indent,
+    "replace": _replace,
+    "join": _join,
+    "format": _format,
+    "wordwrap": _wordwrap,
+    "tojson": _tojson,
+    # do_batch(value, linecount, fill_with=None), do_slice(value, slices, fill_with=None)
+    "batch": _sequence_filler(1, "linecount"),
+    "slice": _sequence_filler(1, "slices"),
+}
