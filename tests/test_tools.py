@@ -9,21 +9,26 @@ call or raises, a dataset with tools and a template that never prints them.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
+import re
+from pathlib import Path
 
 import pytest
+import yaml
 from tokenizers import Tokenizer
 from tool_conversations import TOOLS, tool_conversations
 
 import real_models
 from builders.encode.encoder import ConversationEncoder
 from builders.errors import SourceDataError, UsageError
+from builders.fixture.hf_cache import put_snapshot
 from builders.fixture.make import PINNED_TEMPLATE, shared_dir, tokenizer_json
 from builders.formats import FormatSpec, glm5_spec
 from builders.inputs.pinned import special_tokens
 from builders.rows.packing import with_eos
-from helpers import NEEDS_SHARED
+from helpers import NEEDS_SHARED, run_cli
 from reference_turns import TurnsReference, Undefined
 
 WEATHER = [TOOLS[0]]
@@ -284,3 +289,79 @@ def test_turns_with_tools_equals_the_reference_on_real_templates(name, tmp_path)
         defined += 1
     # Llama 3 takes one call per answer: the two-call sample is refused
     assert defined >= len(cases) - (1 if name.startswith("llama") else 0)
+
+
+def lay_out_tool_build(hf_home, model: real_models.Model, name: str, conversations) -> Path:
+    """A JSON Lines dataset of tool conversations (arguments as JSON strings, as the OpenAI
+    wire format stores them) and ``model``'s tokenizer repo; returns a ``turns`` manifest with
+    ``dataset.tools``."""
+    lines = []
+    for k, (messages, tools) in enumerate(conversations):
+        stored = json.loads(json.dumps(messages))
+        for message in stored:
+            for call in message.get("tool_calls", []):
+                call["function"]["arguments"] = json.dumps(call["function"]["arguments"])
+        lines.append(json.dumps({"id": f"t{k}", "messages": stored, "tools": tools}))
+    files = {"data/train.jsonl": ("\n".join(lines) + "\n").encode()}
+    dataset = put_snapshot(hf_home, f"someone/{name}-chat", "dataset", files)
+    tokenizer = put_snapshot(hf_home, f"someone/{name}-tokenizer", "model", model.files)
+    spec = {
+        "name": name,
+        "dataset": {
+            "repo": f"someone/{name}-chat",
+            "revision": dataset,
+            "files": "data/*.jsonl",
+            "tools": "tools",
+        },
+        "tokenizer": {
+            "repo": f"someone/{name}-tokenizer",
+            "revision": tokenizer,
+            "sha256": {k: hashlib.sha256(v).hexdigest() for k, v in sorted(model.files.items())},
+            **model.fields,
+        },
+        "loss_mask": "turns",
+        "seed": 3,
+        "row_tokens": 256,
+        "rows": 4,
+    }
+    manifest = hf_home / f"{name}.yaml"
+    manifest.write_text(yaml.safe_dump(spec, allow_unicode=True, sort_keys=False))
+    return manifest
+
+
+def test_a_tool_dataset_builds_and_inspect_shows_the_call_supervised(tmp_path):
+    hf_home = tmp_path / "hf"
+    cases = [(SAMPLE, WEATHER), *tool_conversations(3, 12)]
+    manifest = lay_out_tool_build(hf_home, real_models.qwen3(), "tools-qwen3", cases)
+    done = run_cli("--manifest", str(manifest), "--out", str(tmp_path / "out"), hf_home=hf_home)
+    assert done.returncode == 0, done.stderr
+    shown = run_cli(
+        "inspect",
+        "--manifest",
+        str(manifest),
+        "--source-index",
+        "0",
+        "--color",
+        "never",
+        hf_home=hf_home,
+    )
+    assert shown.returncode == 0, shown.stderr
+    # supervised: ⟦…⟧; the call and the stop after it are, the tool result is not
+    assert '"arguments": {"city": "Paris"}}\n</tool_call>' in shown.stdout
+    supervised = re.findall(r"⟦(.*?)⟧", shown.stdout, flags=re.S)
+    assert any(
+        '{"name": "get_weather", "arguments": {"city": "東京", "days": 2}}' in s
+        and s.endswith("<|im_end|>")
+        for s in supervised
+    ), supervised
+    assert not any('{"t": 18}' in s for s in supervised)
+    assert '{"t": 18}' in shown.stdout
+
+
+def test_tools_with_a_template_that_never_prints_them_is_exit_2_before_any_work(tmp_path):
+    hf_home = tmp_path / "hf"
+    manifest = lay_out_tool_build(hf_home, real_models.deepseek(), "tools-ds", [(SAMPLE, WEATHER)])
+    done = run_cli("--manifest", str(manifest), "--out", str(tmp_path / "out"), hf_home=hf_home)
+    assert done.returncode == 2, done.stderr
+    assert "never prints them" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
