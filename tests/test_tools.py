@@ -176,6 +176,13 @@ def test_qwen3_supervises_the_calls_through_im_end_and_not_the_results():
     ), text
     # the schema is context
     assert '«{"type": "function"' not in text and "get_weather" in text.split("«")[0]
+    # the supervised tokens inside calls: those that start between the answer's last text and its
+    # stop token, counted on the render's own offsets
+    render = encoder.tokenizer.decode(conversation.ids.tolist(), skip_special_tokens=False)
+    start = render.index("I need both cities.") + len("I need both cities.")
+    end = render.index("<|im_end|>", start)
+    offsets = encoder.tokenizer.encode(render, add_special_tokens=False).offsets
+    assert conversation.tool_counts[-1] == sum(start <= a < end for a, _ in offsets) > 10
 
 
 def test_deepseek_v31_answers_right_after_the_tool_output():
@@ -335,6 +342,12 @@ def test_a_tool_dataset_builds_and_inspect_shows_the_call_supervised(tmp_path):
     manifest = lay_out_tool_build(hf_home, real_models.qwen3(), "tools-qwen3", cases)
     done = run_cli("--manifest", str(manifest), "--out", str(tmp_path / "out"), hf_home=hf_home)
     assert done.returncode == 0, done.stderr
+    calls = json.loads((tmp_path / "out" / "tools-qwen3.report.json").read_text())["stats"][
+        "tool_calls"
+    ]
+    assert 0 < calls["supervised_share_in_calls"] < 1 and calls["supervised_in_calls"] > 0
+    card = (tmp_path / "out" / "tools-qwen3.md").read_text()
+    assert "supervised tokens inside calls" in card
     shown = run_cli(
         "inspect",
         "--manifest",

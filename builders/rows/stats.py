@@ -24,6 +24,7 @@ TOOL_COUNTS = (
     "calls_string_arguments",
     "calls_object_arguments",
     "tool_messages",
+    "supervised_in_calls",
 )
 
 
@@ -61,17 +62,25 @@ class BuildStats:
         ids: np.ndarray,
         mask: np.ndarray,
         dataset: int,
-        tool_counts: tuple[int, int, int, int] = (0, 0, 0, 0),
+        tool_counts: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0),
     ) -> None:
         """Count one conversation's part of the stream, from ``dataset``.
 
         The part is its tokens and the EOS after them; ``tool_counts`` is what it holds of tool
         use (``EncodedConversation.tool_counts``).
         """
-        tools, strings, objects, tool_messages = tool_counts
+        tools, strings, objects, tool_messages, in_calls = (*tool_counts, 0)[:5]
         for key, value in zip(
             TOOL_COUNTS,
-            (tools, int(strings + objects > 0), strings + objects, strings, objects, tool_messages),
+            (
+                tools,
+                int(strings + objects > 0),
+                strings + objects,
+                strings,
+                objects,
+                tool_messages,
+                in_calls,
+            ),
             strict=True,
         ):
             self.tool_uses[key] += value
@@ -154,5 +163,14 @@ class BuildStats:
             else {},
             "by_source": self.by_source(),
             "by_dataset": self.by_dataset(),
-            "tool_calls": {**self.tool_uses, "tools_field_unread": self.tools_unread},
+            "tool_calls": {
+                **self.tool_uses,
+                # of the consumed conversations' supervised tokens, those inside answers' calls
+                "supervised_share_in_calls": round(
+                    self.tool_uses["supervised_in_calls"]
+                    / max(1, sum(self.conversation_supervised)),
+                    4,
+                ),
+                "tools_field_unread": self.tools_unread,
+            },
         }
