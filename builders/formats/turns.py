@@ -24,6 +24,7 @@ answer: supervised unless the reading ``stop: unsupervised``).
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from typing import NamedTuple
 
@@ -452,7 +453,7 @@ def _prints(marked: Run):
     for a in range(lead + 1):
         for b in range(len(run), len(run) - trail - 1, -1):
             yield run[a:b]
-    yield from tool_calls.escaped_prints(run)[1:]
+    yield from itertools.islice(tool_calls.escaped_prints(run), 1, None)
     yield ""
 
 
