@@ -57,6 +57,14 @@ SAMPLE = [
     {"role": "tool", "tool_call_id": "f5g6h7i8j", "content": '{"t": 25}'},
     {"role": "assistant", "content": "Paris: 18°C, Tokyo: 25°C."},
 ]
+# an answer that prints only its call, an empty result, then an answer: the call's printed fields end
+# the first answer's search region, so the later answer's longer header is not taken for its own
+EMPTY_RESULT = [
+    SAMPLE[1],
+    {"role": "assistant", "content": "", "tool_calls": SAMPLE[2]["tool_calls"][:1]},
+    {"role": "tool", "content": ""},
+    {"role": "assistant", "content": "ok"},
+]
 ONE_CALL = [
     *SAMPLE[:2],
     {**SAMPLE[2], "tool_calls": SAMPLE[2]["tool_calls"][:1]},
@@ -273,7 +281,8 @@ def test_turns_with_tools_equals_the_reference_on_real_templates(name, tmp_path)
     reference = TurnsReference(tmp_path, {"sha256": dict.fromkeys(model.files), **model.fields})
     takes_tools = name != "deepseek-v3.1"
     encoder = model_encoder(model, tools=takes_tools)
-    cases = [(SAMPLE, WEATHER), (ONE_CALL, WEATHER), *tool_conversations(5, 12, **options)]
+    cases = [(SAMPLE, WEATHER), (ONE_CALL, WEATHER), (EMPTY_RESULT, WEATHER)]
+    cases += tool_conversations(5, 12, **options)
     if name == "qwen3":
         cases += tool_conversations(6, 6, strings=True)
     if not takes_tools:

@@ -292,7 +292,9 @@ class TurnsFormat(ChatFormat):
         kinds = np.zeros(len(text), dtype=np.uint8)
         for start, end, _ in printed:
             kinds[start:end] = TEXT
-        headers = self._headers(messages, text, printed)
+        # where answers start, a call's printed fields stand as its message's as texts do
+        anchors = sorted(printed + [(s, e, runs[n].message) for s, e, n in found if runs[n].field])
+        headers = self._headers(messages, text, anchors)
         ends_with_answer = False
         spans = {}
         for j, header in headers.items():
@@ -325,7 +327,8 @@ class TurnsFormat(ChatFormat):
     def _headers(self, messages, text: str, printed) -> dict[int, tuple[int, int]]:
         """Each assistant message's header.
 
-        That is the ``[start, end)`` of the generation prompt found before it.
+        That is the ``[start, end)`` of the generation prompt found before it. ``printed``: the
+        printed texts and call fields, ``(start, end, message)`` in order.
         """
         headers, previous = {}, 0
         for j, message in enumerate(messages):
