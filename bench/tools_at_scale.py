@@ -7,21 +7,23 @@ Issue 26, item 6.
     python bench/tools_at_scale.py                         # full scale: 6,400 rows of 8,192
     python bench/tools_at_scale.py --scale 0.01 --rows 40  # a smoke run (results in bench/.cache)
 
-Both builds are ``loss_mask: turns`` with Qwen3's template (TRL's copy) over the GLM-scale
-byte-level BPE with Qwen's turn tokens (bench/turns_at_scale.py's tokenizer), the same rows of the
-same length, so the same token count. The baseline builds the Tulu-shaped source of
-bench/scale_inputs.py; the tool build, parquet shards of tool-calling traces (tests/
-tool_conversations.py: one to three tools, one to three steps of one to three calls, results,
-reasoning, a final answer), arguments stored as JSON strings and the tools as a JSON-string
-column, read under ``dataset.tools`` and ``arguments: object``: every row's calls are parsed,
-checked for injected markup, marked and aligned for the completeness check, and answers after tool
-results are found by the tool probe. Each build runs in a fresh process as users run it
-(fastokens engine, one worker, no card); the share of CPU time other processes used in the 2
-seconds before each is recorded. Targets: the tool build within 1.5x the ``turns`` build's time,
-at most 1.5 GiB RSS.
+Both builds are ``loss_mask: turns`` with Qwen3's template (TRL's copy) over the GLM-scale byte-
+level BPE with Qwen's turn tokens (bench/turns_at_scale.py's tokenizer), the same rows of the same
+length, so the same token count. The baseline builds the Tulu-shaped source of
+bench/scale_inputs.py; the tool build, parquet shards of tool-calling traces: the structure of
+tests/tool_conversations.py (one to three tools, one to three steps of one to three calls, their
+results, reasoning, a final answer), with the user's question, each tool result and the final
+answer drawn from bench/scale_inputs.py's word pool at Tulu-like lengths (``--dense`` keeps the
+generator's short texts: the most structure per token); arguments stored as JSON strings and the
+tools as a JSON-string column, read under ``dataset.tools`` and ``arguments: object``: every row's
+calls are parsed, checked for injected markup, marked and aligned for the completeness check, and
+answers after tool results are found by the tool probe. Each build runs in a fresh process as users
+run it (fastokens engine, one worker, no card); the share of CPU time other processes used in the 2
+seconds before each is recorded. Targets: the tool build within 1.5x the ``turns`` build's time, at
+most 1.5 GiB RSS.
 
 Writes bench/tools_at_scale.json for a full-scale run, bench/.cache/tools_at_scale.smoke.json
-otherwise.
+otherwise (``tools_at_scale.dense`` for ``--dense`` runs).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from turns_at_scale import turns_manifest, turns_tokenizer  # noqa: E402
 
 from builders.fixture.hf_cache import put_snapshot  # noqa: E402
 from measure import IDLE_BUSY, scale_options, write_results  # noqa: E402
-from scale_inputs import lay_out, manifest_text  # noqa: E402
+from scale_inputs import _cut, lay_out, manifest_text, word_pool  # noqa: E402
 
 RSS_TARGET_MIB, TIME_TARGET = 1536, 1.5
 # tool conversations at full scale (about 80 M tokens: more than 6,400 rows of 8,192 consume)
@@ -52,23 +54,31 @@ FULL_CONVERSATIONS = 200_000
 SHARDS = 8
 
 
-def tool_source(hf_home: Path, scale: float) -> dict:
-    """Parquet shards of tool-calling traces, laid out once; the dataset pin's fields."""
+def tool_source(hf_home: Path, scale: float, pool: str | None) -> dict:
+    """Parquet shards of tool-calling traces, laid out once; the dataset pin's fields.
+
+    ``pool``: the word pool the question, the results and the final answer are drawn from (None:
+    the generator's short texts).
+    """
+    import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
     from tool_conversations import tool_conversation
 
     total = max(2_000, round(FULL_CONVERSATIONS * scale))
-    marker = hf_home / f"tools-layout-{total}.json"
+    kind = "dense" if pool is None else "pooled"
+    marker = hf_home / f"tools-layout-{kind}-{total}.json"
     if marker.exists():
         return json.loads(marker.read_text())
-    rng = random.Random(26)
+    rng, lengths = random.Random(26), np.random.default_rng(26)
     files = {}
     bounds = [total * s // SHARDS for s in range(SHARDS + 1)]
     for s in range(SHARDS):
         rows = []
         for k in range(bounds[s], bounds[s + 1]):
             messages, tools = tool_conversation(rng)
+            if pool is not None:
+                _with_pool_texts(messages, pool, lengths)
             for message in messages:
                 for call in message.get("tool_calls", []):
                     call["function"]["arguments"] = json.dumps(
@@ -87,9 +97,9 @@ def tool_source(hf_home: Path, scale: float) -> dict:
         buffer = io.BytesIO()
         pq.write_table(table, buffer, row_group_size=1000)
         files[f"data/train-{s:05d}-of-{SHARDS:05d}.parquet"] = buffer.getvalue()
-    revision = put_snapshot(hf_home, f"bench/tool-traces-{total}", "dataset", files)
+    revision = put_snapshot(hf_home, f"bench/tool-traces-{kind}-{total}", "dataset", files)
     pin = {
-        "repo": f"bench/tool-traces-{total}",
+        "repo": f"bench/tool-traces-{kind}-{total}",
         "revision": revision,
         "split": "train",
         "rows": total,
@@ -97,6 +107,20 @@ def tool_source(hf_home: Path, scale: float) -> dict:
     }
     marker.write_text(json.dumps(pin))
     return pin
+
+
+def _with_pool_texts(messages: list[dict], pool: str, lengths) -> None:
+    """The first question, each non-empty tool result and the final answer drawn from ``pool``.
+
+    Lengths in characters as bench/scale_inputs.py draws a Tulu-shaped user's and answer's.
+    """
+    user = next(m for m in messages if m["role"] == "user")
+    user["content"] = _cut(pool, lengths, lengths.lognormal(6.2, 1.0))
+    for message in messages:
+        if message["role"] == "tool" and message["content"]:
+            message["content"] = _cut(pool, lengths, lengths.lognormal(6.2, 1.0))
+    final = next(m for m in reversed(messages) if m["role"] == "assistant")
+    final["content"] = _cut(pool, lengths, lengths.lognormal(7.1, 0.8))
 
 
 def tools_manifest(turns_text: str, pin: dict) -> str:
@@ -114,7 +138,12 @@ def tools_manifest(turns_text: str, pin: dict) -> str:
 
 def main() -> None:
     args, results, template = scale_options(
-        __doc__, "tools_at_scale", "rows of 8,192 tokens to build"
+        __doc__,
+        "tools_at_scale",
+        "rows of 8,192 tokens to build",
+        lambda parser: parser.add_argument(
+            "--dense", action="store_true", help="the generator's short texts, no word pool"
+        ),
     )
     hf_home = args.cache / "hf"
     started = time.perf_counter()
@@ -123,7 +152,13 @@ def main() -> None:
     turns = args.cache / "bench-turns.yaml"
     turns.write_text(turns_manifest(glm5, turns_tokenizer(hf_home, facts)))
     tools = args.cache / "bench-tools.yaml"
-    tools.write_text(tools_manifest(turns.read_text(), tool_source(hf_home, args.scale)))
+    if args.dense:
+        results = results.with_name(results.name.replace("tools_at_scale", "tools_at_scale.dense"))
+    pool = None
+    if not args.dense:
+        snapshot = hf_home / "hub" / "models--bench--glm-scale-tokenizer" / "snapshots"
+        pool = word_pool((snapshot / facts["tokenizer_revision"] / "tokenizer.json").read_text())
+    tools.write_text(tools_manifest(turns.read_text(), tool_source(hf_home, args.scale, pool)))
     print(
         f"inputs laid out in {time.perf_counter() - started:.0f} s; measuring",
         file=sys.stderr,
@@ -167,6 +202,7 @@ def main() -> None:
         "within_rss_target": runs["tools"]["main_peak_rss_mib"] <= RSS_TARGET_MIB,
         "scale": args.scale,
         "rows": args.rows,
+        "traces": "dense" if args.dense else "pooled",
         "template_sha256": hashlib.sha256(template).hexdigest(),
     }
     print(
