@@ -15,7 +15,7 @@ import json
 import os
 import sys
 from collections.abc import Iterable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -24,9 +24,18 @@ import numpy as np
 from builders.encode import engines
 from builders.encode import pool as parallel
 from builders.encode.encoder import ConversationEncoder, EncodedConversation
-from builders.encode.stream import Stream, StreamStats
+from builders.encode.stream import Stream
 from builders.errors import OutputError, PinnedInputError, SourceDataError
-from builders.inputs.pinned import Hub, hashed_files, pinned_files, pinned_inputs
+from builders.inputs.pinned import (
+    FileHashes,
+    Hub,
+    PinnedTokenizer,
+    hashed_files,
+    load_pinned_tokenizer,
+    open_source,
+    resolve,
+    source_files,
+)
 from builders.inputs.source import Source
 from builders.manifest import Manifest
 from builders.rows.card import write_card
@@ -73,34 +82,9 @@ def build(
     reporter = Reporter.silent() if reporter is None else reporter
     requested, workers = str(workers), parallel.worker_count(workers)
     timings = Timings()
-    with ExitStack() as build_scope:
-        with timings.stage("resolve_inputs_s"):
-            # workers start while inputs open
-            encoding = build_scope.enter_context(parallel.encoding(workers))
-            pinned, source = pinned_inputs(manifest, hub)
-            # every source file's bytes are hashed beside the build, and checked before anything
-            # is put in place
-            source_hashes = build_scope.enter_context(
-                hashed_files(pinned_files((f.name, f.path) for f in source.files))
-            )
-            order = _checked_order(manifest, source)
-            reference = ConversationEncoder(pinned.tokenizer, pinned.spec, manifest.contract)
-            # the engine is chosen (in the workers, where there are workers) while the build plans
-            encoding.start(reference, engine, pinned.tokenizer_json, source)
-            stream = Stream(source, order, manifest.rows * manifest.row_tokens)
-            stream.plan(reference)
-            chosen = encoding.settle()
-        reporter.info(
-            f"inputs resolved: {source.num_rows:,} source rows in {len(source.files)} files"
-            + (f" of {len(source.pins)} datasets, {len(order):,} kept" if manifest.mixture else "")
-            + " (their bytes are hashed and checked beside the build)"
-        )
-        reporter.info(chosen.describe())
-        reporter.detail(
-            f"tokenizer snapshot {pinned.snapshot}; source files: "
-            f"{', '.join(str(f.path) for f in source.files)}"
-        )
-
+    with prepared(manifest, hub, reporter, workers, engine, timings) as inputs:
+        source, encoding, stream = inputs.source, inputs.encoding, inputs.stream
+        reference, source_hashes = inputs.reference, inputs.source_hashes
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
             remove_stale_temporaries(out_dir, manifest.name)
@@ -111,21 +95,19 @@ def build(
         with outputs(out_dir) as files:
             with files.writing(f"{manifest.name}.parquet") as parquet:
                 with timings.stage("build_s"):
-                    stats = _build_stats(manifest, reference)
-                    rows = _packed(
-                        manifest, source, reference, stream.encoded_with(encoding), stats
-                    )
+                    stats = build_stats(manifest, reference)
+                    rows = packed(manifest, source, reference, stream, stats, manifest.rows)
                     figures = _write_rows(manifest, rows, parquet.temporary, stats, reporter)
-                    # the last cross-checks, before anything is kept
+                    _report_left_out(stream, stats, reporter)
+                    # the engine each worker chose, and the last cross-checks, before anything is
+                    # kept
+                    chosen = encoding.settle()
                     encoding.finish()
+                reporter.info(chosen.describe())
                 with timings.stage("hash_s"):
                     computed = {**figures.as_dict(), **file_hash(parquet.temporary)}
-                    source_files = [
-                        {
-                            "repo": source.pins[f.dataset].repo,
-                            "revision": source.pins[f.dataset].revision,
-                            **hashed,
-                        }
+                    hashed_sources = [
+                        {**source.pins[f.dataset].where(), **hashed}
                         for f, hashed in zip(source.files, source_hashes.checked(), strict=True)
                     ]
             verification = verify(computed, manifest, built_from=manifest.recipe())
@@ -139,12 +121,13 @@ def build(
                 verification,
                 stats,
                 (requested, workers),
-                source_files,
+                hashed_sources,
                 chosen,
-                stream.stats,
+                stream,
                 reference.format.describe(),
             )
             if card:
+                reporter.info("writing the report and the data card (its plots)")
                 with timings.stage("card_s"):
                     write_card(files, manifest, document, stats)
             document["timings"] = timings.as_dict()
@@ -156,6 +139,94 @@ def build(
     return BuildResult(parquet.final, report.final, verification)
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A manifest's inputs resolved and checked, and its stream planned.
+
+    What a build and a plan share.
+    """
+
+    pinned: PinnedTokenizer
+    source: Source
+    # the source files' bytes, hashed beside the build
+    source_hashes: FileHashes
+    # the encoder of the contract's reference engine
+    reference: ConversationEncoder
+    encoding: parallel.Encoding
+    # encoded with ``encoding``
+    stream: Stream
+
+
+@contextmanager
+def prepared(
+    manifest: Manifest,
+    hub: Hub,
+    reporter: Reporter,
+    workers: int,
+    engine: str,
+    timings: Timings,
+    whole_source: bool = False,
+) -> Iterator[Prepared]:
+    """Resolve and check the inputs, start the encoders, plan the stream.
+
+    The stream reaches as far as the manifest's rows need, leaving out as many refused
+    conversations as the manifest allows; with ``whole_source``, every conversation, leaving out
+    any number. The workers and the hashing process end with the block.
+    """
+    reporter.info(
+        f"reading the pinned inputs of {manifest.name}: "
+        + ", ".join(pin.origin for pin in (manifest.tokenizer, *manifest.datasets))
+    )
+    needed_tokens = (
+        None if whole_source or manifest.rows is None else manifest.rows * manifest.row_tokens
+    )
+    with ExitStack() as scope:
+        with timings.stage("resolve_inputs_s"):
+            # workers start while inputs open, and load what they encode with while the build
+            # checks and plans (see builders.encode.pool)
+            encoding = scope.enter_context(parallel.encoding(workers))
+            snapshots = resolve(manifest, hub)
+            encoding.load(
+                snapshots.tokenizer / "tokenizer.json", manifest.tokenizer.sha256["tokenizer.json"]
+            )
+            pinned = load_pinned_tokenizer(
+                manifest.tokenizer, snapshots.tokenizer, manifest.loss_mask, manifest.limits
+            )
+            source = open_source(manifest, snapshots)
+            encoding.start(pinned, manifest.contract, engine, source)
+            # every source file's bytes are hashed beside the build, and checked before anything
+            # is put in place
+            source_hashes = scope.enter_context(hashed_files(source_files(source)))
+            order = _checked_order(manifest, source)
+            reference = ConversationEncoder(pinned.tokenizer, pinned.spec, manifest.contract)
+            leave_out = None if whole_source else manifest.leave_out_refused
+            stream = Stream(source, order, needed_tokens, leave_out)
+            stream.plan(reference)
+            encoding.begin(reference)
+        reporter.info(
+            f"inputs resolved: {source.num_rows:,} source rows in {len(source.files)} files"
+            + (f" of {len(source.pins)} datasets, {len(order):,} kept" if manifest.mixture else "")
+            + " (their bytes are hashed and checked beside the build)"
+        )
+        reporter.detail(
+            f"tokenizer snapshot {pinned.snapshot}; source files: "
+            f"{', '.join(str(f.path) for f in source.files)}"
+        )
+        estimate = min(len(order), stream.stats.estimated_conversations)
+        reporter.info(
+            f"encoding {'all ' if needed_tokens is None else 'about '}{estimate:,} conversations "
+            + ("(in this process)" if workers == 1 else f"({workers} worker processes)")
+        )
+        yield Prepared(
+            pinned,
+            source,
+            source_hashes,
+            reference,
+            encoding,
+            stream.encoded_with(encoding),
+        )
+
+
 def check_source_rows(manifest: Manifest, source: Source) -> None:
     """Refuse a dataset whose row count is not the pinned one, or too small.
 
@@ -164,13 +235,12 @@ def check_source_rows(manifest: Manifest, source: Source) -> None:
     for pin, rows in zip(manifest.datasets, source.dataset_rows, strict=True):
         if pin.rows is not None and pin.rows != rows:
             raise PinnedInputError(
-                f"dataset {pin.repo}@{pin.revision} ({pin.pattern}): has {rows} rows, the "
+                f"dataset {pin.origin} ({pin.pattern}): has {rows} rows, the "
                 f"manifest pins rows: {pin.rows}"
             )
         if pin.take is not None and pin.take > rows:
             raise PinnedInputError(
-                f"dataset {pin.repo}@{pin.revision} ({pin.pattern}): take: {pin.take}, but it "
-                f"has {rows} rows"
+                f"dataset {pin.origin} ({pin.pattern}): take: {pin.take}, but it has {rows} rows"
             )
 
 
@@ -203,16 +273,19 @@ def _checked_order(manifest: Manifest, source: Source) -> np.ndarray:
     return indices
 
 
-def _packed(
+def packed(
     manifest: Manifest,
     source: Source,
     encoder: ConversationEncoder,
     conversations: Iterable[EncodedConversation],
     stats: BuildStats,
+    limit: int | None,
 ) -> Iterator[Row]:
-    """The stream's first ``manifest.rows`` rows, conversation by conversation.
+    """The stream's first ``limit`` rows, conversation by conversation.
 
-    It counts what each conversation consumed, and fails if the source has fewer rows.
+    It counts what each conversation consumed, and fails if the source has fewer rows. ``limit``
+    None: every full row; the remainder, a window the stream does not fill, is counted
+    (``stats.remainder_tokens``), and a stream with no full row fails.
     """
     packer = Packer(manifest.row_tokens, encoder.eos_id, manifest.contract)
     rows = 0
@@ -233,13 +306,16 @@ def _packed(
             stats.windows_skipped = packer.windows_skipped
             yield row
             rows += 1
-            if rows == manifest.rows:
+            if rows == limit:
                 return
     stats.windows_skipped = packer.windows_skipped
-    raise SourceDataError(
-        f"the source ran out after {len(stats.sources)} conversations: "
-        f"{rows} of {manifest.rows} rows of {manifest.row_tokens} tokens"
-    )
+    if limit is None:
+        stats.remainder_tokens = packer.filled
+    if limit is not None or rows == 0:
+        raise SourceDataError(
+            f"the source ran out after {len(stats.sources)} conversations: "
+            f"{rows} of {limit or 'at least 1'} rows of {manifest.row_tokens} tokens"
+        )
 
 
 def _write_rows(
@@ -266,12 +342,28 @@ def _write_rows(
     return figures
 
 
-def _build_stats(manifest: Manifest, encoder: ConversationEncoder) -> BuildStats:
+def _report_left_out(stream: Stream, stats: BuildStats, reporter: Reporter) -> None:
+    """Say what the rows left out: refused conversations, the remainder of ``rows: all``."""
+    if stream.refused:
+        first = stream.refused[0]
+        reporter.info(
+            f"{len(stream.refused)} refused conversations left out (leave_out_refused), each "
+            f"listed in the report; the first: {first}"
+        )
+    if stats.remainder_tokens is not None:
+        reporter.info(
+            f"rows: all: the last {stats.remainder_tokens} tokens of the stream, less than a "
+            "row, are dropped"
+        )
+
+
+def build_stats(manifest: Manifest, encoder: ConversationEncoder) -> BuildStats:
+    """Empty counts of what the stream gives, by the manifest's datasets."""
     stop_ids = np.array(
         [encoder.vocab.token_id(t, encoder.format.name) for t in encoder.format.stop_tokens],
         np.int64,
     )
-    names = [f"{pin.repo} ({pin.pattern})" for pin in manifest.datasets]
+    names = [f"{pin.repo or pin.path} ({pin.pattern})" for pin in manifest.datasets]
     return BuildStats(
         manifest.row_tokens,
         names,
@@ -291,7 +383,7 @@ def _report(
     workers: tuple[str, int],
     source_files: list[dict],
     chosen: engines.Choice,
-    stream: StreamStats,
+    stream: Stream,
     chat_format: dict,
 ) -> dict:
     """What the report records; the data card is made from it too.
@@ -300,7 +392,10 @@ def _report(
     """
     return {
         "name": manifest.name,
-        "manifest": str(manifest.path) if manifest.path else None,
+        # absolute: the folder a manifest's relative paths resolve against
+        "manifest": str(manifest.path.absolute()) if manifest.path else None,
+        # read back by verify and inspect wherever the build's files are moved together
+        "manifest_text": manifest.text,
         "parquet": final.name,
         "verified": verification.verified,
         "contract": manifest.contract.as_dict(),
@@ -314,12 +409,20 @@ def _report(
         "notes": verification.notes,
         "source_files": source_files,
         "stats": stats.summary(),
-        "source_reading": stream.as_dict(),
+        "source_reading": stream.stats.as_dict(),
+        # refused conversations left out (leave_out_refused), in stream order
+        "refused_left_out": [refused.as_dict() for refused in stream.refused],
         "versions": toolchain(),
         # the processes that encoded; what --workers asked, and the cores it could use:
         "workers": workers[1],
         "workers_requested": workers[0],
         "cores": len(os.sched_getaffinity(0)),
-        "engine": {**chosen.as_dict(), "conversations_cross_checked": stats.cross_checked},
+        # with tokenizers chosen, nothing was compared (engines.Provisional sampled some before)
+        "engine": {
+            **chosen.as_dict(),
+            "conversations_cross_checked": stats.cross_checked
+            if chosen.name != "tokenizers"
+            else 0,
+        },
         "argv": sys.argv,
     }

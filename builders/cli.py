@@ -1,4 +1,4 @@
-"""Command line: build, verify, inspect, diff, download, explain.
+"""Command line: build, plan, pin, verify, inspect, diff, download, explain.
 
 The commands build, verify, inspect, diff, download and explain row files named by manifests; write
 the manifest a recipe card implies, and check a card against its manifest.
@@ -18,11 +18,19 @@ import traceback
 from pathlib import Path
 
 from builders import __version__
-from builders.errors import BuildError, OutputError, UsageError, VerificationError
+from builders.errors import (
+    BuildError,
+    OutputError,
+    SourceDataError,
+    UsageError,
+    VerificationError,
+)
 from builders.runtime import stopping
 
 COMMANDS = (
     "build",
+    "plan",
+    "pin",
     "verify",
     "inspect",
     "diff",
@@ -35,13 +43,21 @@ COMMANDS = (
 GLOBAL_FLAGS = ("-q", "--quiet", "-v", "--verbose", "--json")
 # diff: the two files' rows differ
 FILES_DIFFER = 8
+CARD_HELP = "the recipe card (YAML, schema_version: 1), or a text or Markdown page holding it"
+FILE_MANIFEST = (
+    "default: manifests/NAME.yaml for a file named NAME.parquet, else the manifest recorded in "
+    "the build report beside it, NAME.report.json"
+)
 
 EPILOG = """\
 examples:
   %(prog)s --build glm47flash-tulu3-fixed8192-v1          # manifests/NAME.yaml → out/NAME.parquet
   %(prog)s --build fixture-synthetic-v1 --fixture-cache .fixture-cache   # self-contained, offline
   %(prog)s --manifest my.yaml --out /data/rows
+  %(prog)s plan --manifest my.yaml --all                  # what the build will give, nothing written
+  %(prog)s pin --dataset ./chats --files "*.jsonl"        # the pinned YAML block of a folder (or a repo)
   %(prog)s --verify out/glm47flash-tulu3-fixed8192-v1.parquet
+  %(prog)s verify moved/NAME.parquet --rows-sha256 HEX  # a file without its report: the card's hash
   %(prog)s download --build glm47flash-tulu3-fixed8192-v1  # fetch the pinned inputs, then build offline
   %(prog)s inspect out/fixture-synthetic-v1.parquet --row 3 --fixture-cache .fixture-cache
   %(prog)s diff out/a/NAME.parquet out/b/NAME.parquet
@@ -50,8 +66,8 @@ examples:
   %(prog)s check-recipe CARD.yaml --rows out/NAME.parquet # CI: the card's figures = its manifest's (and the file's)
   %(prog)s export out/NAME.parquet --to trl --to miles    # beside it: NAME.trl.parquet, NAME.miles.parquet
 
-commands (each has --help): build (the default), verify, inspect, diff, download, explain, manifest,
-check-recipe, export.
+commands (each has --help): build (the default), plan, pin, verify, inspect, diff, download,
+explain, manifest, check-recipe, export.
 -q, -v and --json go before or after the command.
 inputs come from the Hugging Face Hub, or offline from the HF cache (HF_HOME, HF_HUB_OFFLINE=1).
 
@@ -62,6 +78,7 @@ exit codes:
   2   bad command line, manifest, recipe card, or input file (no such file, not a parquet row file)
   3   a pinned input is missing, unresolvable or does not match its sha256
   4   the source holds a conversation the row contract cannot render, or too few rows
+      (plan: the build would stop so)
   5   a figure differs from the manifest (a build keeps its file as NAME.unverified.parquet);
       explain: no reading of the row contract reproduces the pinned rows_sha256;
       check-recipe: a figure on the card differs from the manifest's, or the --rows file's
@@ -104,21 +121,45 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--no-card", action="store_true", help="do not write the data card and its plots"
     )
-    b.add_argument(
-        "--workers",
-        type=_workers,
-        default="auto",
-        metavar="N|auto",
-        help="processes that decode, render and tokenize (default auto: one per core the build may "
-        "use, or this process alone, whose tokenizer uses every core, on 2 cores or fewer, where "
-        "that measured fastest: see docs/performance.md); the rows are the same for any number",
-    )
+    _workers_option(b)
     _engine_option(b)
     _hub_options(b)
 
+    pl = command(
+        "plan",
+        "what a build will give, streamed as the build streams, nothing written: rows, "
+        "conversations, tokens, supervised ratio, refused conversations, rows the source can give",
+    )
+    _manifest_options(pl)
+    pl.add_argument(
+        "--all",
+        dest="everything",
+        action="store_true",
+        help="read every source row: count every row the source gives and list every refused "
+        "conversation (a build stops at the first, or past leave_out_refused)",
+    )
+    _workers_option(pl)
+    _engine_option(pl)
+    _hub_options(pl)
+
+    pn = command(
+        "pin",
+        "write the pinned YAML block of a dataset or tokenizer: a Hub repo (its revision resolved "
+        "online, or read from the HF cache offline) or a local folder; what it cannot know it "
+        "leaves out and says so",
+    )
+    _pin_options(pn)
+
     v = command("verify", "re-read a built file and check it against its manifest")
     v.add_argument("file", type=Path, help="the parquet file to verify")
-    _manifest_options(v, default_help="default: manifests/NAME.yaml for a file named NAME.parquet")
+    _manifest_options(v, default_help=FILE_MANIFEST)
+    v.add_argument(
+        "--rows-sha256",
+        metavar="HEX",
+        type=_sha256,
+        help="check the file's rows against this rows_sha256 alone, as a recipe card publishes "
+        "it, with no manifest (for a file that travels without its report)",
+    )
 
     i = command("inspect", "show a row or a source conversation decoded, supervision highlighted")
     i.add_argument(
@@ -136,7 +177,7 @@ def parser() -> argparse.ArgumentParser:
         help="highlight supervised tokens with terminal colors "
         "(default: when printing to a terminal)",
     )
-    _manifest_options(i, default_help="default: manifests/NAME.yaml for a file named NAME.parquet")
+    _manifest_options(i, default_help=FILE_MANIFEST)
     _hub_options(i)
 
     d = command("diff", "compare two built files: the first row and token where they differ")
@@ -192,7 +233,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="CARD",
         type=Path,
         required=True,
-        help="the recipe card (YAML, schema_version: 1)",
+        help=CARD_HELP,
     )
     m.add_argument(
         "-o",
@@ -207,7 +248,7 @@ def parser() -> argparse.ArgumentParser:
         "check a recipe card's figures against its build's manifest, field by field, with "
         "no Hub (for a recipes repository's CI); with --rows, a built file against them too",
     )
-    c.add_argument("card", type=Path, help="the recipe card (YAML, schema_version: 1)")
+    c.add_argument("card", type=Path, help=CARD_HELP)
     c.add_argument(
         "--rows",
         metavar="FILE",
@@ -297,6 +338,24 @@ def _manifest_options(p, default_help: str | None = None) -> None:
     )
 
 
+def _workers_option(p) -> None:
+    p.add_argument(
+        "--workers",
+        type=_workers,
+        default="auto",
+        metavar="N|auto",
+        help="processes that decode, render and tokenize (default auto: one per core the build may "
+        "use, or this process alone, whose tokenizer uses every core, on 2 cores or fewer, where "
+        "that measured fastest: see docs/performance.md); the rows are the same for any number",
+    )
+
+
+def _pin_options(p) -> None:
+    from builders.inputs.pin_command import add_options
+
+    add_options(p)
+
+
 def _engine_option(p) -> None:
     p.add_argument(
         "--engine",
@@ -335,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
         stopping.install()
         return {
             "build": _build,
+            "plan": _plan,
+            "pin": _pin,
             "verify": _verify,
             "inspect": _inspect,
             "diff": _diff,
@@ -403,7 +464,8 @@ def _hub(args, manifest):
     from builders.fixture.make import OWNER, make_fixture_cache, shared_dir, shared_repos
     from builders.inputs.pinned import Hub
 
-    repos = {manifest.tokenizer.repo, *(pin.repo for pin in manifest.datasets)}
+    pins = (manifest.tokenizer, *manifest.datasets)
+    repos = {pin.repo for pin in pins if not pin.local}
     if args.fixture_cache is None:
         fixtures = frozenset(repo for repo in repos if repo.startswith(f"{OWNER}/"))
         # fixture repos are never on the Hub: no time is spent asking it for them
@@ -414,23 +476,55 @@ def _hub(args, manifest):
             f"{manifest.name} is made from the real data folder (pinned/ and data/): add --shared "
             "DIR or set FIXED_SFT_SHARED"
         )
+    if not (args.quiet or args.json):
+        print(f"laying out the fixture HF cache in {args.fixture_cache}", file=sys.stderr)
     make_fixture_cache(args.fixture_cache, shared)
     return Hub(cache_dir=args.fixture_cache / "hub", offline=True)
 
 
-def _manifest(args, file: Path | None = None):
+def _manifest(args):
     from builders.manifest import load_manifest, shipped_manifest
 
     if args.manifest is not None:
         return load_manifest(args.manifest)
-    name = args.name
-    if name is None and file is not None:
-        name = file.name.removesuffix(".parquet").removesuffix(".unverified")
-    if name is None:
+    if args.name is None:
         raise UsageError("which manifest? give --build NAME or --manifest FILE (see --help)")
-    if Path(name).name != name or name in ("", ".", ".."):
-        raise UsageError(f"--build takes a manifest name, not a path: {name!r}")
-    return shipped_manifest(name, args.manifests)
+    if Path(args.name).name != args.name or args.name in ("", ".", ".."):
+        raise UsageError(f"--build takes a manifest name, not a path: {args.name!r}")
+    return shipped_manifest(args.name, args.manifests)
+
+
+def _file_manifest(args, file: Path, instead: str = "--manifest FILE or --build NAME"):
+    """The manifest to read a built file with, and what to call it.
+
+    ``--build``/``--manifest``; else the manifest named like the file (NAME.parquet,
+    NAME.unverified.parquet); else the one the build report beside the file records.
+    """
+    from builders.manifest import shipped_manifest, shipped_manifests
+    from builders.rows.figures import recorded_manifest, report_beside
+
+    name = file.name.removesuffix(".parquet").removesuffix(".unverified")
+    folder = args.manifests or shipped_manifests()
+    if args.manifest is not None or args.name is not None:
+        manifest = _manifest(args)
+        return manifest, str(manifest.path)
+    if name and (folder / f"{name}.yaml").is_file():
+        manifest = shipped_manifest(name, args.manifests)
+        return manifest, str(manifest.path)
+    report = report_beside(file)
+    manifest = recorded_manifest(file)
+    if manifest is not None:
+        return manifest, f"the manifest recorded in {report}"
+    raise UsageError(
+        f"{file}: which manifest? No {folder / f'{name}.yaml'} is named like it, and no build "
+        f"report beside it ({report}) records one: give {instead}"
+    )
+
+
+def _sha256(text: str) -> str:
+    if len(text) != 64 or any(c not in "0123456789abcdef" for c in text):
+        raise argparse.ArgumentTypeError(f"64 lowercase hex digits (a sha256), not {text!r}")
+    return text
 
 
 def _workers(text: str) -> str | int:
@@ -462,22 +556,68 @@ def _build(args) -> int:
     return _exit_code(result.verification)
 
 
+def _plan(args) -> int:
+    from builders.views.plan import describe, plan
+
+    manifest = _manifest(args)
+    result = plan(
+        manifest,
+        _hub(args, manifest),
+        _reporter(args),
+        everything=args.everything,
+        workers=args.workers,
+        engine=args.engine,
+    )
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2, sort_keys=True, ensure_ascii=False))
+    else:
+        for line in describe(result):
+            print(line)
+    return 0 if result.ok else SourceDataError.exit_code
+
+
+def _pin(args) -> int:
+    from builders.inputs.pin_command import run
+
+    return run(args, quiet=args.quiet)
+
+
 def _verify(args) -> int:
     from dataclasses import asdict
 
-    from builders.rows.figures import file_figures, recorded_recipe, verify
+    from builders.rows.figures import (
+        file_figures,
+        recorded_recipe,
+        verify,
+        verify_rows_sha256,
+    )
     from builders.rows.rowfile import check_row_file
 
     check_row_file(args.file)
-    manifest = _manifest(args, args.file)
-    figures = file_figures(args.file, manifest.row_tokens, manifest.contract.hash)
-    verification = verify(figures, manifest, recorded_recipe(args.file, figures["parquet_sha256"]))
+    if args.rows_sha256 is not None:
+        if args.manifest is not None or args.name is not None:
+            raise UsageError("--rows-sha256 checks the rows alone: give it without a manifest")
+        figures = file_figures(args.file, None)
+        verification = verify_rows_sha256(figures, args.rows_sha256)
+        manifest, against = None, f"rows_sha256 {args.rows_sha256}"
+    else:
+        manifest, against = _file_manifest(
+            args,
+            args.file,
+            "--manifest FILE (the manifest it was built from), or --rows-sha256 HEX (the "
+            "rows_sha256 its recipe card publishes)",
+        )
+        figures = file_figures(args.file, manifest.row_tokens, manifest.contract.hash)
+        built_from = recorded_recipe(args.file, figures["parquet_sha256"])
+        verification = verify(figures, manifest, built_from)
     if args.json:
         print(
             json.dumps(
                 {
                     "file": str(args.file),
-                    "manifest": str(manifest.path),
+                    # None: the manifest a report records, gone from its file; or --rows-sha256
+                    "manifest": str(manifest.path) if manifest and manifest.path else None,
+                    "against": against,
                     "verified": verification.verified,
                     "figures": figures,
                     "checks": [asdict(c) for c in verification.checks],
@@ -489,7 +629,7 @@ def _verify(args) -> int:
         )
     else:
         _print_checks(verification)
-        print(f"{_outcome(verification)}: {args.file} against {manifest.path}")
+        print(f"{_outcome(verification)}: {args.file} against {against}")
     return _exit_code(verification)
 
 
@@ -509,7 +649,9 @@ def _export(args) -> int:
 def _outcome(verification) -> str:
     if not verification.verified:
         return f"NOT verified ({verification.summary()})"
-    return "built, nothing pinned to verify" if verification.nothing_pinned else "verified"
+    from builders.rows.figures import NOTHING_PINNED
+
+    return NOTHING_PINNED if verification.nothing_pinned else "verified"
 
 
 def _exit_code(verification) -> int:
@@ -527,8 +669,11 @@ def _inspect(args) -> int:
         from builders.rows.rowfile import check_row_file
 
         check_row_file(args.file)
-    manifest = _manifest(args, args.file)
+        manifest, _ = _file_manifest(args, args.file)
+    else:
+        manifest = _manifest(args)
     hub = _hub(args, manifest)
+    _reporter(args).info(f"reading the pinned inputs of {manifest.name}")
     if args.source_index is not None:
         view = inspect_source(manifest, hub, args.source_index)
     else:
@@ -562,7 +707,7 @@ def _diff(args) -> int:
         )
         result, b = diff_files(args.a, args.b, _decoder(args, manifest)), args.b
     else:
-        manifest = _manifest(args, None)
+        manifest = _manifest(args)
         hub = _hub(args, manifest)
         with tempfile.TemporaryDirectory() as folder:
             built = build(manifest, Path(folder), hub, _reporter(args), card=False)
@@ -588,12 +733,12 @@ def _diff(args) -> int:
 
 
 def _manifest_named_like(args, file: Path):
-    """The manifest a built file's name names, where there is one; else None.
+    """The manifest of a built file, where one is found; else None.
 
-    NAME.parquet names NAME.
+    The one NAME.parquet names, or the one its build report records.
     """
     try:
-        return _manifest(args, file)
+        return _file_manifest(args, file)[0]
     except UsageError:
         return None
 
@@ -768,8 +913,9 @@ def _check_recipe(args) -> int:
             )
         )
     else:
-        if not args.quiet:
-            for check in checks:
+        # -q: the differing fields still, with both values
+        for check in checks:
+            if not args.quiet or check.status == "differs":
                 _print_field(check)
         if verification is not None:
             print(f"{args.rows} against {manifest.path}:")

@@ -40,6 +40,17 @@ class SourceDataError(BuildError):
     exit_code = 4
 
 
+class RefusedConversation(SourceDataError):
+    """A source conversation the row contract cannot encode, and where it is."""
+
+    def __init__(self, index: int, id_: str, reason: str):
+        super().__init__(f"source row {index} (id {id_!r}): {reason}")
+        self.index, self.id, self.reason = index, id_, reason
+
+    def as_dict(self) -> dict:
+        return {"source_index": self.index, "id": self.id, "reason": self.reason}
+
+
 class OutputError(BuildError):
     """The output cannot be written (a full disk, no permission)."""
 

@@ -7,6 +7,7 @@ anything else happens."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import sys
@@ -20,13 +21,17 @@ from builders.errors import ManifestError
 from builders.formats import FORMATS, PEER_FORMATS, RENDER_ARGUMENTS, refusal
 from builders.limits import DEFAULT_LIMITS, LIMIT_KEYS, Limits
 from builders.messages import ARGUMENTS, DEFAULT_KEYS, KEY_NAMES
-from builders.yamlfile import FloatText, parse_yaml, read_yaml
+from builders.yamlfile import FloatText, parse_yaml, read_text
 
 LOSS_MASKS = tuple(FORMATS)
 # where the chat template may come from
 TEMPLATE_FILES = ("chat_template.jinja", "tokenizer_config.json")
 # the files a build may read from the tokenizer repo
 TOKENIZER_FILES = ("tokenizer.json", *TEMPLATE_FILES)
+# a Hub repo at a commit, or a local folder (path:, with sha256:)
+ORIGIN_FIELDS = ("repo", "revision", "path")
+# what a local folder's file is checked against, as the report says it
+PINNED_BY_MANIFEST = "the manifest's sha256"
 FORMAT_FIELDS = ("eos", "stop", "prefills", "template_vars", "render_date", "chat_template_name")
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -38,14 +43,43 @@ _WRITER = re.compile(r"pyarrow [0-9]+\.[0-9]+\.[0-9]+")
 
 
 @dataclass(frozen=True)
-class DatasetPin:
+class Pin:
+    """Where an input comes from.
+
+    A Hub repo at a commit (``repo``, ``revision``), or a local folder pinned by the sha256 of each
+    file the build reads (``path``, ``sha256``).
+    """
+
+    repo: str | None = None
+    revision: str | None = None
+    # the local folder (absolute), in place of repo and revision
+    path: str | None = None
+
+    @property
+    def local(self) -> bool:
+        return self.path is not None
+
+    @property
+    def origin(self) -> str:
+        """How messages name it: ``owner/name@REVISION``, or its folder."""
+        return self.path if self.local else f"{self.repo}@{self.revision}"
+
+    def where(self) -> dict:
+        """``repo`` and ``revision``, or ``path``, as the report records them."""
+        return {"path": self.path} if self.local else {"repo": self.repo, "revision": self.revision}
+
+    def provenance(self, prefix: str) -> dict:
+        """``where``'s fields, named under ``prefix``."""
+        return {f"{prefix}.{key}": value for key, value in self.where().items()}
+
+
+@dataclass(frozen=True)
+class DatasetPin(Pin):
     """One pinned dataset, and how its conversations are stored.
 
     See docs/datasets.md (layouts, mixtures).
     """
 
-    repo: str
-    revision: str
     # names the default files; not needed where ``files`` is given
     split: str | None = None
     license: str | None = None
@@ -65,6 +99,8 @@ class DatasetPin:
     id: str | None = "id"
     # keep this many rows, chosen by the seed (mixtures)
     take: int | None = None
+    # a local folder's files: path in the folder -> sha256, every file the build reads
+    sha256: dict[str, str] | None = None
     # the row field holding the conversation's tools; None: no such field
     tools: str | None = None
     # ``tools: null``: a row's ``tools`` field is deliberately not read (the report says so)
@@ -106,8 +142,11 @@ class DatasetPin:
         if self.id != "id":
             layout["id"] = self.id
         return {
-            f"{prefix}.repo": self.repo,
-            f"{prefix}.revision": self.revision,
+            **self.provenance(prefix),
+            **{
+                f"{prefix}.sha256.{name}": digest
+                for name, digest in sorted((self.sha256 or {}).items())
+            },
             f"{prefix}.split": self.split,
             **{
                 f"{prefix}.{key}": value
@@ -118,16 +157,14 @@ class DatasetPin:
 
 
 @dataclass(frozen=True)
-class TokenizerPin:
-    """The tokenizer repo, its pinned files, and the chat format's fields.
+class TokenizerPin(Pin):
+    """The tokenizer repo or folder, its pinned files, and the chat format's fields.
 
     The fields are what a chat format other than glm5 is told of the files.
     """
 
-    repo: str
-    revision: str
     # file name -> sha256: tokenizer.json, and chat_template.jinja and/or tokenizer_config.json
-    sha256: dict[str, str]
+    sha256: dict[str, str] = field(default_factory=dict)
     # the token joined after every conversation
     eos: str | None = None
     # the tokens that end an answer
@@ -195,12 +232,17 @@ class Manifest:
     loss_mask: str
     seed: int
     row_tokens: int
-    rows: int
+    # None: ``rows: all``, every full window the stream gives
+    rows: int | None
     expect: Expect = field(default_factory=Expect)
     contract: Contract = DEFAULT
     path: Path | None = None
+    # refused conversations left out (each recorded); one more stops the build; 0: the first
+    leave_out_refused: int = 0
     # bounds on one conversation; they refuse, never change rows (not in the recipe)
     limits: Limits = DEFAULT_LIMITS
+    # the YAML it was read from, as written (a build's report records it)
+    text: str | None = field(default=None, compare=False, repr=False)
 
     def recipe(self) -> dict:
         """Everything the manifest says that the rows depend on, by field name.
@@ -216,8 +258,7 @@ class Manifest:
                     "dataset" if not self.mixture else f"datasets[{j}]"
                 ).items()
             },
-            "tokenizer.repo": self.tokenizer.repo,
-            "tokenizer.revision": self.tokenizer.revision,
+            **self.tokenizer.provenance("tokenizer"),
             **{
                 f"tokenizer.sha256.{name}": digest
                 for name, digest in sorted(self.tokenizer.sha256.items())
@@ -225,7 +266,8 @@ class Manifest:
             "loss_mask": self.loss_mask,
             "seed": self.seed,
             "row_tokens": self.row_tokens,
-            "rows": self.rows,
+            "rows": "all" if self.rows is None else self.rows,
+            **({"leave_out_refused": self.leave_out_refused} if self.leave_out_refused else {}),
             **{f"contract.{key}": value for key, value in self.contract.as_dict().items()},
         }
 
@@ -308,29 +350,29 @@ def shipped_manifest(name: str, folder: str | Path | None = None) -> Manifest:
 def load_manifest(path: str | Path) -> Manifest:
     """Read and validate the manifest at ``path``."""
     path = Path(path)
-    return _validate(read_yaml(path, "manifest"), source=str(path), path=path)
+    return parse_manifest(read_text(path, "manifest"), source=str(path), path=path)
 
 
 def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = None) -> Manifest:
     """Validate manifest YAML text; ``source`` names it in error messages."""
-    return _validate(parse_yaml(text, source, "manifest"), source, path)
+    return _validate(parse_yaml(text, source, "manifest"), source, path, text)
 
 
-def _validate(doc, source: str, path: Path | None) -> Manifest:
+def _validate(doc, source: str, path: Path | None, text: str) -> Manifest:
     """The manifest ``doc`` (its YAML, loaded) describes; ``source`` names it."""
-    check = FieldChecker(source)
+    check = FieldChecker(source, path.parent if path is not None else Path.cwd())
     top = check.mapping(
         doc,
         "",
         required=("name", "tokenizer", "loss_mask", "seed", "row_tokens", "rows"),
-        optional=("dataset", "datasets", "expect", "contract", "limits"),
+        optional=("dataset", "datasets", "expect", "contract", "limits", "leave_out_refused"),
     )
     datasets = check.datasets(top)
     tok = check.mapping(
         top["tokenizer"],
         "tokenizer",
-        required=("repo", "revision", "sha256"),
-        optional=FORMAT_FIELDS,
+        required=("sha256",),
+        optional=(*ORIGIN_FIELDS, *FORMAT_FIELDS),
     )
     sha = check.mapping(
         tok["sha256"], "tokenizer.sha256", required=("tokenizer.json",), optional=TEMPLATE_FILES
@@ -364,8 +406,7 @@ def _validate(doc, source: str, path: Path | None) -> Manifest:
         name=check.plain_name(top["name"], "name"),
         datasets=datasets,
         tokenizer=TokenizerPin(
-            repo=check.repo_id(tok["repo"], "tokenizer.repo"),
-            revision=check.commit(tok["revision"], "tokenizer.revision"),
+            **check.origin(tok, "tokenizer"),
             sha256={
                 name: check.sha256(sha[name], f"tokenizer.sha256.{name}")
                 for name in TOKENIZER_FILES
@@ -376,7 +417,7 @@ def _validate(doc, source: str, path: Path | None) -> Manifest:
         loss_mask=loss_mask,
         seed=check.non_negative_int(top["seed"], "seed"),
         row_tokens=check.positive_int(top["row_tokens"], "row_tokens"),
-        rows=check.positive_int(top["rows"], "rows"),
+        rows=check.row_count(top["rows"]),
         expect=Expect(
             rows_sha256=check.optional(exp, "rows_sha256", "expect.rows_sha256", check.sha256),
             segments_sha256=check.optional(
@@ -403,7 +444,11 @@ def _validate(doc, source: str, path: Path | None) -> Manifest:
         ),
         contract=contract,
         path=path,
+        leave_out_refused=check.non_negative_int(
+            top.get("leave_out_refused", 0), "leave_out_refused"
+        ),
         limits=check.limits(top.get("limits")),
+        text=text,
     )
 
 
@@ -413,8 +458,10 @@ class FieldChecker:
     The file is a manifest or a recipe card.
     """
 
-    def __init__(self, source: str):
+    def __init__(self, source: str, folder: Path | None = None):
         self.source = source
+        # what a relative path: resolves against (the manifest's folder)
+        self.folder = Path.cwd() if folder is None else folder
 
     def fail(self, field_name: str, problem: str):
         raise ManifestError(f"{self.source}: {field_name or 'top level'}: {problem}")
@@ -474,7 +521,14 @@ class FieldChecker:
             "arguments",
             *(() if mixture else ("permutation_sha256",)),
         )
-        ds = self.mapping(value, name, required=("repo", "revision"), optional=optional)
+        ds = self.mapping(value, name, optional=(*ORIGIN_FIELDS, "sha256", *optional))
+        origin = self.origin(ds, name)
+        if "sha256" in ds and "path" not in ds:
+            self.fail(
+                f"{name}.sha256",
+                "pins a local folder's files: give it with path: (a Hub dataset's files are "
+                "checked against their LFS object ids)",
+            )
         files = self.optional(ds, "files", f"{name}.files", self.glob)
         if files is None and ds.get("split") is None:
             self.fail(
@@ -502,8 +556,8 @@ class FieldChecker:
             )
         roles = self.optional(ds, "roles", f"{name}.roles", self.role_names)
         return DatasetPin(
-            repo=self.repo_id(ds["repo"], f"{name}.repo"),
-            revision=self.commit(ds["revision"], f"{name}.revision"),
+            **origin,
+            sha256=self.file_digests(ds["sha256"], f"{name}.sha256") if "path" in ds else None,
             split=self.optional(
                 ds,
                 "split",
@@ -529,6 +583,53 @@ class FieldChecker:
             tools_unused="tools" in ds and ds["tools"] is None,
             arguments=arguments,
         )
+
+    def origin(self, pin: dict, name: str) -> dict:
+        """``repo`` and ``revision`` (a Hub repo at a commit), or ``path`` (a local folder).
+
+        A relative ``path`` resolves against the manifest's folder; a folder needs ``sha256``.
+        """
+        if "path" not in pin:
+            for key in ("repo", "revision"):
+                if key not in pin:
+                    self.fail(
+                        f"{name}.{key}",
+                        "missing (or path: for a local folder, pinned by sha256:)",
+                    )
+            return {
+                "repo": self.repo_id(pin["repo"], f"{name}.repo"),
+                "revision": self.commit(pin["revision"], f"{name}.revision"),
+            }
+        if "repo" in pin or "revision" in pin:
+            self.fail(
+                f"{name}.path",
+                "give path: (a local folder) or repo: and revision: (a Hub repo at a commit), "
+                "not both",
+            )
+        if "sha256" not in pin:
+            self.fail(
+                f"{name}.sha256",
+                "missing: a local folder is pinned by the sha256 of each file the build reads "
+                "(fixed-sft pin FOLDER writes them)",
+            )
+        text = self.field_name(pin["path"], f"{name}.path")
+        return {"path": os.path.abspath(self.folder / text)}
+
+    def file_digests(self, value, name: str) -> dict[str, str]:
+        """A local folder's ``sha256:``: each file's path in it → its sha256."""
+        if not isinstance(value, dict) or not value:
+            self.fail(name, f"expected a mapping of file paths to sha256, got {_kind(value)}")
+        return {
+            self.relative_file(k, f"{name} (a file path)"): self.sha256(v, f"{name}.{k}")
+            for k, v in value.items()
+        }
+
+    def relative_file(self, value, name: str) -> str:
+        value = self.string(value, name)
+        parts = value.split("/")
+        if value.startswith("/") or "\\" in value or any(p in ("", ".", "..") for p in parts):
+            self.fail(name, f"expected a file's path inside the folder, got {value!r}")
+        return value
 
     def glob(self, value, name: str) -> str:
         value = self.string(value, name)
@@ -588,6 +689,18 @@ class FieldChecker:
 
     def non_negative_int(self, value, name: str) -> int:
         return self.whole_number(value, name, ">= 0", 0)
+
+    def row_count(self, value) -> int | None:
+        """``rows:``, a whole number > 0, or ``all`` (None)."""
+        if value == "all":
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            self.fail(
+                "rows",
+                f"expected a whole number > 0, or all (every full row the stream gives), "
+                f"got {value!r}",
+            )
+        return value
 
     def positive_int(self, value, name: str) -> int:
         return self.whole_number(value, name, "> 0", 1)

@@ -274,8 +274,11 @@ def build_under(hf_home: Path, name: str, readings: dict, tmp_path: Path):
     ), manifest
 
 
-def reference_under(hf_home: Path, manifest: Manifest, readings: dict):
-    """tests/reference.py's rows of a laid-out manifest under ``readings``."""
+def reference_under(hf_home: Path, manifest: Manifest, readings: dict, **more):
+    """tests/reference.py's rows of a laid-out manifest under ``readings``.
+
+    ``more`` goes to ``reference_rows`` (``left_out``, ``consumed``).
+    """
     snapshots = hf_home / "hub"
     data = next(
         snapshots.glob(f"datasets--*{manifest.dataset.repo.split('/')[1]}/snapshots/*/data")
@@ -289,6 +292,7 @@ def reference_under(hf_home: Path, manifest: Manifest, readings: dict):
         manifest.row_tokens,
         manifest.rows,
         readings,
+        **more,
     )
 
 

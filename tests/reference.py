@@ -384,12 +384,15 @@ def reference_rows(
     kept: list[int] | None = None,
     consumed: list | None = None,
     segments: list | None = None,
+    left_out: list | None = None,
 ):
     """The contract's rows under ``readings``.
 
     A list of (ids, mask) lists. The source is ``files`` (Tulu-shaped parquet), or ``source`` rows
     of which ``kept`` enter the permutation (``mixture``); the source rows the stream consumes, in
-    order, are appended to ``consumed``, and each row's segment starts to ``segments``.
+    order, are appended to ``consumed``, and each row's segment starts to ``segments``. With
+    ``left_out``, a conversation the contract refuses is left out of the stream (its place in the
+    order skipped, the order otherwise unchanged) and its source index appended there.
     """
     r = {**DEFAULTS, **(readings or {})}
     source = read_source(files) if source is None else source
@@ -401,7 +404,13 @@ def reference_rows(
             i = kept[k]
             if consumed is not None:
                 consumed.append(source[i])
-            conversation = ref.conversation(source[i]["messages"], readings=r)
+            try:
+                conversation = ref.conversation(source[i]["messages"], readings=r)
+            except ValueError:
+                if left_out is None:
+                    raise
+                left_out.append(i)
+                continue
             if conversation is not None:
                 yield conversation
 

@@ -316,22 +316,20 @@ PEER_TEMPLATE = {"miles-qwen": "qwen3", "miles-qwen3": "qwen3", "hf-generation":
 
 
 def peer_source() -> list[dict]:
-    """The hard cases and synthetic conversations, every answer's step_loss_mask written.
+    """Hard and synthetic conversations, each message's ``step_loss_mask`` stored.
 
-    In a parquet file whose messages have the field, miles trains no answer where it is null (it
-    tests ``!= 1``), so every answer states it, 1 where the conversation does not say 0.
+    A message without one reads back from the struct column as null, which miles does not train:
+    the source gives 1 where a conversation leaves it out, as miles' own data would.
     """
-    conversations = [("hard", i, m) for i, m in enumerate(QWEN_HARD_CASES)]
-    conversations += [("synthetic", k, m) for k, m in enumerate(synthetic(5, 30))]
+    hard = [
+        {"id": f"hard_{i}", "source": "hard", "messages": m} for i, m in enumerate(QWEN_HARD_CASES)
+    ]
+    rows = hard + [
+        {"id": f"synthetic_{k}", "source": "synthetic", "messages": m}
+        for k, m in enumerate(synthetic(5, 30))
+    ]
     return [
-        {
-            "id": f"{source}_{k}",
-            "source": source,
-            "messages": [
-                {"step_loss_mask": 1, **m} if m["role"] == "assistant" else m for m in messages
-            ],
-        }
-        for source, k, messages in conversations
+        {**row, "messages": [{"step_loss_mask": 1, **m} for m in row["messages"]]} for row in rows
     ]
 
 

@@ -57,8 +57,8 @@ SAMPLE = [
     {"role": "tool", "tool_call_id": "f5g6h7i8j", "content": '{"t": 25}'},
     {"role": "assistant", "content": "Paris: 18°C, Tokyo: 25°C."},
 ]
-# an answer that prints only its call, an empty result, then an answer: the call's printed fields end
-# the first answer's search region, so the later answer's longer header is not taken for its own
+# an answer that prints only its call, an empty result, then an answer: the call's printed fields
+# end the first answer's search region, so the later answer's longer header is not taken for its own
 EMPTY_RESULT = [
     SAMPLE[1],
     {"role": "assistant", "content": "", "tool_calls": SAMPLE[2]["tool_calls"][:1]},

@@ -19,7 +19,9 @@ depends on the tokens, so it is known only at the end. The stream plans for it:
 
 The order of decoding and encoding never reaches the rows: every conversation takes its stream
 position, and a conversation the contract cannot encode is reported when the stream reaches it,
-so the error is always the first bad conversation in stream order.
+so the error is always the first bad conversation in stream order. A manifest's
+``leave_out_refused: N`` leaves up to N such conversations out instead, each recorded (``refused``)
+in stream order; the next one is the error.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import pyarrow as pa
 
 from builders.encode.encoder import EncodedConversation
 from builders.encode.pool import Encoding, encode_rows
-from builders.errors import SourceDataError
+from builders.errors import RefusedConversation, SourceDataError
 from builders.inputs.layout import conversations
 from builders.inputs.source import Source
 
@@ -74,12 +76,23 @@ class Stream:
     Stop iterating when the rows are complete.
     """
 
-    def __init__(self, source: Source, order: np.ndarray, needed_tokens: int):
+    def __init__(
+        self,
+        source: Source,
+        order: np.ndarray,
+        needed_tokens: int | None,
+        leave_out: int | None = 0,
+    ):
         """``order``: the source indices in stream order.
 
-        That is all of them, or what a mixture's ``take`` keeps.
+        That is all of them, or what a mixture's ``take`` keeps. ``needed_tokens`` None: the rows
+        need the whole stream. ``leave_out``: how many refused conversations to leave out (None:
+        any number), 0 stops at the first.
         """
         self.source, self.order, self.needed_tokens = source, order, needed_tokens
+        self.leave_out = leave_out
+        # the conversations left out, in stream order
+        self.refused: list[RefusedConversation] = []
         # set by encoded_with
         self.encoding: Encoding | None = None
         # -1: not in the stream
@@ -111,7 +124,11 @@ class Stream:
             if isinstance(c, EncodedConversation)
         ]
         mean = max(1.0, sum(tokens) / max(1, len(tokens)))
-        self.stats.estimated_conversations = max(ENCODE_BATCH, math.ceil(self.needed_tokens / mean))
+        self.stats.estimated_conversations = (
+            len(self.order)
+            if self.needed_tokens is None
+            else max(ENCODE_BATCH, math.ceil(self.needed_tokens / mean))
+        )
 
     def encoded_with(self, encoding: Encoding) -> Stream:
         """Encode with ``encoding``.
@@ -122,6 +139,24 @@ class Stream:
         return self
 
     def __iter__(self) -> Iterator[EncodedConversation]:
+        """The encoded conversations in stream order, refused ones left out up to the bound."""
+        for item in self._in_order():
+            if isinstance(item, RefusedConversation):
+                self._refuse(item)
+            else:
+                yield item
+
+    def _refuse(self, refused: RefusedConversation) -> None:
+        if self.leave_out == 0:
+            raise refused
+        if self.leave_out is not None and len(self.refused) >= self.leave_out:
+            raise SourceDataError(
+                f"{refused}; {len(self.refused)} refused conversations were left out before it, "
+                f"the most leave_out_refused: {self.leave_out} allows"
+            ) from refused
+        self.refused.append(refused)
+
+    def _in_order(self) -> Iterator[EncodedConversation | RefusedConversation]:
         n = len(self.order)
         estimate = self.stats.estimated_conversations
         end = (
@@ -144,7 +179,9 @@ class Stream:
             self.stats.row_groups_decoded += 1
         return table
 
-    def _pass(self, start: int, end: int, eager: int, spill: Path) -> Iterator[EncodedConversation]:
+    def _pass(
+        self, start: int, end: int, eager: int, spill: Path
+    ) -> Iterator[EncodedConversation | RefusedConversation]:
         """Decode every row group once for positions [start, end).
 
         Yield them encoded, in order.
@@ -159,7 +196,7 @@ class Stream:
         )
         eager = min(eager, end, start + in_memory // 2)
         held = _Held(eager + in_memory // 2, in_memory // 2, spill)
-        encoded: dict[int, EncodedConversation | SourceDataError] = {}
+        encoded: dict[int, EncodedConversation | RefusedConversation] = {}
         position, last_eager = start, eager
         bounds = start, end, eager
         feed = (
@@ -196,7 +233,9 @@ class Stream:
             del table, positions
         yield from self._taken(encoded, position, position + sum(submitted))
 
-    def _taken(self, encoded: dict, start: int, end: int) -> Iterator[EncodedConversation]:
+    def _taken(
+        self, encoded: dict, start: int, end: int
+    ) -> Iterator[EncodedConversation | RefusedConversation]:
         """The encoded conversations at positions [start, end), in order.
 
         It waits for each.

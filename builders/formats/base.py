@@ -39,7 +39,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from builders.contract import Contract
-from builders.errors import ConversationError, SourceDataError
+from builders.errors import ConversationError, RefusedConversation
 from builders.formats import FormatSpec, refusal
 from builders.formats.vocab import Vocab
 
@@ -142,11 +142,11 @@ class ChatFormat(ABC):
 
 @contextmanager
 def located(row: dict):
-    """Turn a ConversationError into a SourceDataError.
+    """Turn a ConversationError into a RefusedConversation (a SourceDataError).
 
-    The SourceDataError names the source row.
+    It names the source row.
     """
     try:
         yield
     except ConversationError as err:
-        raise SourceDataError(f"source row {row['index']} (id {row['id']!r}): {err}") from err
+        raise RefusedConversation(row["index"], row["id"], str(err)) from err

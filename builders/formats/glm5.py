@@ -17,9 +17,9 @@ from builders.formats import glm5_layout as glm5
 from builders.formats import slime
 from builders.formats.base import Annotated, ChatFormat, located
 from builders.formats.render import ChatRenderer
-from builders.formats.tools import default_messages, row_tools
+from builders.formats.tools import row_tools
 from builders.formats.vocab import char_spans
-from builders.messages import split_step_loss_mask
+from builders.messages import normalize_messages, split_step_loss_mask
 
 # readings that refine the structure rule, not the slime rules
 STRUCTURE_ONLY = ("prefill", "stop", "final")
@@ -105,7 +105,7 @@ class Glm5Format(ChatFormat):
 
         The layout's text must be what the chat template renders.
         """
-        messages = default_messages(messages)
+        messages = normalize_messages(messages)
         lay = glm5.layout(messages, untrained, tools)
         try:
             rendered = self.renderer.render(messages, tools)
@@ -125,7 +125,7 @@ class Glm5Format(ChatFormat):
         for row in rows:
             with located(row):
                 messages, untrained = split_step_loss_mask(row["messages"])
-                conversations.append(default_messages(messages))
+                conversations.append(normalize_messages(messages))
                 tools.append(row_tools(row))
                 layouts.append(glm5.layout(conversations[-1], untrained, tools[-1]))
         try:

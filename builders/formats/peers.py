@@ -52,7 +52,7 @@ from builders.errors import ConversationError, UsageError
 from builders.formats.base import SUPERVISED, Annotated, ChatFormat, located
 from builders.formats.render import ChatRenderer
 from builders.formats.tools import row_tools
-from builders.messages import MESSAGE_KEYS, READ_ROLES, STEP_LOSS_MASK, normalize_messages
+from builders.messages import STEP_LOSS_MASK, normalize_messages
 
 MILES_TEST_STRING = "FOR TESTING ONLY"
 MILES_DUMMY = {"role": "user", "content": "FOR CALCULATING LOSS MASK ONLY"}
@@ -155,7 +155,7 @@ def peer_messages(messages) -> list[dict]:
     They are checked with the roles and fields miles takes, None-valued keys dropped; miles'
     ``step_loss_mask`` is kept, a null one as ``None``, which miles reads as "not 1".
     """
-    return normalize_messages(messages, fields=MESSAGE_KEYS, roles=READ_ROLES)
+    return normalize_messages(messages, peer=True)
 
 
 def trained(message: dict) -> bool:

@@ -84,7 +84,7 @@ class ChatRenderer:
         """
         kwargs = _plain_template_data(variables or {})
         return [
-            self._generate([], chat, add_generation_prompt, kwargs, chat_tools)
+            self._generate([], chat, chat_tools, add_generation_prompt, kwargs)
             for chat, chat_tools in zip(conversations, _each(tools, conversations), strict=True)
         ]
 
@@ -105,7 +105,7 @@ class ChatRenderer:
         for chat, chat_tools in zip(conversations, _each(tools, conversations), strict=True):
             blocks, indices = [], []
             with self.environment().activate_tracker(blocks, indices):
-                rendered.append(self._generate(blocks, chat, False, kwargs, chat_tools))
+                rendered.append(self._generate(blocks, chat, chat_tools, False, kwargs))
             spans.append(indices)
         return rendered, spans
 
@@ -113,9 +113,9 @@ class ChatRenderer:
         self,
         blocks: list,
         chat: list[dict],
+        tools: list | None,
         add_generation_prompt: bool,
         variables: dict,
-        tools: list | None = None,
     ) -> str:
         """One conversation's render, its pieces counted into ``blocks`` as they are printed."""
         template = self._template()

@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from builders.errors import ConversationError
-from builders.messages import MESSAGE_KEYS, normalize_messages
 
 PROBE_NAME = "probe_fn"
 PROBE_TOOL = {
@@ -39,21 +38,6 @@ TOOL_PROBE = [
     {"role": "assistant", "content": "", "tool_calls": [PROBE_CALL]},
     {"role": "tool", "content": "probe"},
 ]
-
-
-def default_messages(messages) -> list[dict]:
-    """Messages checked as the default formats (``turns``, ``glm5``) take them.
-
-    The tool fields are read; a ``name`` only on a tool message (a peer format takes it on any).
-    """
-    checked = normalize_messages(messages, fields=MESSAGE_KEYS)
-    for position, message in enumerate(checked):
-        if "name" in message and message["role"] != "tool":
-            raise ConversationError(
-                f"message {position} ({message['role']}) has field 'name', which only a tool "
-                f"message may have under this chat format (the peer formats take it, as miles does)"
-            )
-    return checked
 
 
 def row_tools(row: dict) -> list | None:

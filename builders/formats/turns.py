@@ -38,7 +38,7 @@ from builders.formats import tools as tool_calls
 from builders.formats.base import Annotated, ChatFormat, located
 from builders.formats.render import ChatRenderer
 from builders.formats.vocab import char_spans
-from builders.messages import TEXT_FIELDS, split_step_loss_mask
+from builders.messages import TEXT_FIELDS, normalize_messages, split_step_loss_mask
 
 OTHER, ANSWER, STOP = 0, 1, 2
 # what a character of a render is: markup, a message's printed text, an answer's calls (the markup
@@ -144,7 +144,7 @@ class TurnsFormat(ChatFormat):
         the probe, prints none of its texts, or its prompted render does not extend it (it takes
         no tool calls): an answer after a tool result then starts as any other does.
         """
-        probe = tool_calls.default_messages(tool_calls.TOOL_PROBE)
+        probe = normalize_messages(tool_calls.TOOL_PROBE)
         held, runs = self._placeholders(probe)
         candidates = []
         for prefill in self.spec.prefills:
@@ -170,7 +170,7 @@ class TurnsFormat(ChatFormat):
         for row in rows:
             with located(row):
                 messages, skipped = split_step_loss_mask(row["messages"])
-                messages = tool_calls.default_messages(messages)
+                messages = normalize_messages(messages)
                 row_tools = tool_calls.row_tools(row)
                 if row_tools or any("tool_calls" in m or m["role"] == "tool" for m in messages):
                     self.injection.check(messages, row_tools)

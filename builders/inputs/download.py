@@ -36,7 +36,7 @@ class Fetched:
 def download(manifest: Manifest, hub: Hub) -> list[Fetched]:
     """Resolve every pinned repo online.
 
-    The cache answers for what it already holds.
+    The cache answers for what it already holds; a local folder (``path:``) is not fetched.
     """
     snapshots = resolve(manifest, hub)
     tokenizer = tokenizer_repo(manifest.tokenizer)
@@ -54,7 +54,7 @@ def download(manifest: Manifest, hub: Hub) -> list[Fetched]:
         fetched.append(
             Fetched(dataset_repo(pin), [path for _, path in matching_files(pin.pattern, folder)])
         )
-    return fetched
+    return [f for f in fetched if f.repo.path is None]
 
 
 def describe(fetched: list[Fetched], manifest: Manifest, hub: Hub) -> str:

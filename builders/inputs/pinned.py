@@ -1,13 +1,14 @@
 """Resolve the pinned inputs of a manifest.
 
-They are Hub snapshots at fixed commits, checked by sha256. ``huggingface_hub.snapshot_download``
-downloads when online and reads the HF cache (``HF_HOME``, ``HF_HUB_OFFLINE=1``) when not, so a
-pre-filled cache builds with no network. Each repo is asked for exactly the files a build reads
-(``PinnedRepo.patterns``), so online a build fetches nothing else, and ``download`` fetches the
-same. The tokenizer files are read once, as bytes, and hashed before anything parses them: what is
-parsed is exactly what was checked. The source files, too large to read twice before a build, are
-hashed in a process beside it (``hashed_files``) and checked against the sha256 that names them
-before its output is kept.
+They are Hub snapshots at fixed commits, or local folders (``path:``), checked by sha256.
+``huggingface_hub.snapshot_download`` downloads when online and reads the HF cache (``HF_HOME``,
+``HF_HUB_OFFLINE=1``) when not, so a pre-filled cache builds with no network. Each repo is asked for
+exactly the files a build reads (``PinnedRepo.patterns``), so online a build fetches nothing else,
+and ``download`` fetches the same. The tokenizer files are read once, as bytes, and hashed before
+anything parses them: what is parsed is exactly what was checked. The source files, too large to
+read twice before a build, are hashed in a process beside it (``hashed_files``) and checked against
+the sha256 that names them before its output is kept: a Hub file's LFS object id, a local folder's
+file's pinned sha256 (every file a build reads from a folder must be pinned).
 """
 
 from __future__ import annotations
@@ -34,7 +35,13 @@ from builders.formats import FormatSpec, format_class
 from builders.inputs.digest import HashingProcess
 from builders.inputs.source import Source
 from builders.limits import DEFAULT_LIMITS, Limits
-from builders.manifest import DatasetPin, Manifest, TokenizerPin, cli_command
+from builders.manifest import (
+    PINNED_BY_MANIFEST,
+    DatasetPin,
+    Manifest,
+    TokenizerPin,
+    cli_command,
+)
 
 
 @dataclass(frozen=True)
@@ -57,8 +64,10 @@ class PinnedRepo:
 
     repo: str
     repo_type: str  # "model" or "dataset"
-    revision: str
+    revision: str | None
     patterns: tuple[str, ...]
+    # a local folder, in place of the repo
+    path: str | None = None
 
     def hf_download_command(self) -> str:
         """The ``hf download`` line that fetches exactly these files.
@@ -96,11 +105,11 @@ class PinnedTokenizer:
 
 
 def tokenizer_repo(pin: TokenizerPin) -> PinnedRepo:
-    return PinnedRepo(pin.repo, "model", pin.revision, pin.files)
+    return PinnedRepo(pin.repo, "model", pin.revision, pin.files, pin.path)
 
 
 def dataset_repo(pin: DatasetPin) -> PinnedRepo:
-    return PinnedRepo(pin.repo, "dataset", pin.revision, (pin.pattern,))
+    return PinnedRepo(pin.repo, "dataset", pin.revision, (pin.pattern,), pin.path)
 
 
 HUB_PROBE_TIMEOUT_S = 10
@@ -115,13 +124,13 @@ def resolve(manifest: Manifest, hub: Hub, dataset: bool = True) -> Snapshots:
     neither in the cache nor reachable is an error that lists every such repo of the manifest at
     once, with the commands that fetch them.
     """
-    unreachable = hub_unreachable(hub)
-    if unreachable:
-        hub = replace(hub, offline=True)
     repos = [
         tokenizer_repo(manifest.tokenizer),
         *(dataset_repo(pin) for pin in manifest.datasets if dataset),
     ]
+    unreachable = None if all(r.path for r in repos) else hub_unreachable(hub)
+    if unreachable:
+        hub = replace(hub, offline=True)
     folders, missing = [], []
     for repo in repos:
         try:
@@ -188,8 +197,12 @@ class _NotInCache(PinnedInputError):
 def resolve_snapshot(repo: PinnedRepo, hub: Hub) -> Path:
     """Return the local folder of ``repo`` at its revision.
 
-    Online, its files are downloaded first.
+    Online, its files are downloaded first. A local pin's folder is its own.
     """
+    if repo.path is not None:
+        if not Path(repo.path).is_dir():
+            raise PinnedInputError(f"{repo.repo_type} folder {repo.path}: no such folder")
+        return Path(repo.path)
     # offline, local files only: huggingface_hub before 2 would ask the Hub's API, and fail, not
     # read the cache
     try:
@@ -373,11 +386,51 @@ def dataset_files(pin: DatasetPin, snapshot: Path) -> list[tuple[str, Path]]:
     """
     files = matching_files(pin.pattern, snapshot)
     if not files:
-        raise PinnedInputError(
-            f"dataset repo {pin.repo} at revision {pin.revision}: no files match "
-            f"{pin.pattern} in {snapshot}"
-        )
+        raise PinnedInputError(f"dataset {pin.origin}: no files match {pin.pattern} in {snapshot}")
+    if pin.local:
+        check_listed(pin, [name for name, _ in files])
     return files
+
+
+def check_listed(pin: DatasetPin, names: list[str]) -> None:
+    """Refuse a local folder whose files read are not exactly the pinned ones.
+
+    Each file the pin's glob matches must be listed in its ``sha256``, and each listed file must be
+    there.
+    """
+    for name in names:
+        if name not in pin.sha256:
+            raise PinnedInputError(
+                f"{Path(pin.path) / name}: the build reads it ({pin.pattern} matches it), but "
+                "the manifest's sha256 does not list it: pin every file the build reads"
+            )
+    for name in pin.sha256:
+        if name not in names:
+            raise PinnedInputError(
+                f"{Path(pin.path) / name}: pinned in the manifest's sha256, but "
+                + (
+                    f"it does not match {pin.pattern}"
+                    if (Path(pin.path) / name).is_file()
+                    else "no such file"
+                )
+            )
+
+
+def source_files(source: Source) -> list[PinnedFile]:
+    """The source's files with the sha256 each must have.
+
+    A local folder's pinned sha256, a Hub snapshot's LFS object ids (``pinned_files``).
+    """
+    out = []
+    for f in source.files:
+        pin = source.pins[f.dataset]
+        if pin.local:
+            out.append(
+                PinnedFile(f.name, f.path, pin.sha256[f.name], PINNED_BY_MANIFEST, local=True)
+            )
+        else:
+            out.extend(pinned_files([(f.name, f.path)]))
+    return out
 
 
 def matching_files(pattern: str, snapshot: Path) -> list[tuple[str, Path]]:
@@ -411,6 +464,8 @@ class PinnedFile:
     expected_sha256: str | None
     # what names that sha256, as messages and the report say it
     expected_from: str | None
+    # pinned by the manifest (a local folder), not by the HF cache
+    local: bool = False
 
 
 def pinned_files(files: Iterable[tuple[str, Path]]) -> list[PinnedFile]:
@@ -459,6 +514,11 @@ class FileHashes:
                 raise PinnedInputError(
                     f"{file.path}: cannot read the pinned file: {err.strerror or err}"
                 ) from err
+            if file.local and sha256 != file.expected_sha256:
+                raise PinnedInputError(
+                    f"{file.path}: sha256 is {sha256}, but the manifest pins "
+                    f"{file.expected_sha256}: the folder does not hold the pinned file"
+                )
             if file.expected_sha256 is not None and sha256 != file.expected_sha256:
                 raise PinnedInputError(
                     f"{file.path}: the sha256 of its bytes is {sha256}, but {file.expected_from} "

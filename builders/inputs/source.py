@@ -78,7 +78,7 @@ class Source:
             if rows == 0:
                 names = [f.name for f in self.files if f.dataset == j]
                 raise SourceDataError(
-                    f"dataset {self.pins[j].repo}: no rows ({', '.join(names)}: "
+                    f"dataset {self.pins[j].origin}: no rows ({', '.join(names)}: "
                     "empty, blank, or an empty JSON list)"
                 )
         self._message_bytes = sum(reader.message_bytes for reader in self._readers)

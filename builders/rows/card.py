@@ -15,7 +15,8 @@ import numpy as np
 import yaml
 
 from builders.formats import PEER_FORMATS
-from builders.manifest import Manifest, is_shipped
+from builders.manifest import PINNED_BY_MANIFEST, Manifest, is_shipped
+from builders.rows.figures import NOTHING_PINNED, Check, Verification
 from builders.rows.hub import write_readme
 from builders.rows.stats import BuildStats
 from builders.runtime.atomic import Outputs
@@ -53,7 +54,10 @@ def write_card(outputs: Outputs, manifest: Manifest, report: dict, stats: BuildS
     text = card_text(manifest, report, stats)
     outputs.write(f"{manifest.name}.md", text.encode("utf-8"))
     write_readme(
-        outputs, card_metadata(manifest), report, text.removeprefix(front_matter(manifest))
+        outputs,
+        card_metadata(manifest, report["figures"]["rows"]),
+        report,
+        text.removeprefix(front_matter(manifest, report["figures"]["rows"])),
     )
 
 
@@ -62,17 +66,22 @@ def _workers(report: dict) -> str:
     return "the building process itself" if count == 1 else f"{count} worker processes"
 
 
-def front_matter(manifest: Manifest) -> str:
+def front_matter(manifest: Manifest, rows: int | None = None) -> str:
     """The card's YAML metadata block.
 
-    A YAML writer emits it, so any manifest text stays valid YAML.
+    A YAML writer emits it, so any manifest text stays valid YAML. ``rows``: the rows built
+    (default: the manifest's).
     """
-    meta = card_metadata(manifest)
+    meta = card_metadata(manifest, rows)
     return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n"
 
 
-def card_metadata(manifest: Manifest) -> dict:
-    """What the card's front matter says: license, name, tags."""
+def card_metadata(manifest: Manifest, rows: int | None = None) -> dict:
+    """What the card's front matter says: license, name, tags.
+
+    ``rows``: the rows built (default: the manifest's; none for ``rows: all``: no size category).
+    """
+    rows = manifest.rows if rows is None else rows
     licenses = list(dict.fromkeys(pin.license or "" for pin in manifest.datasets))
     ids = {LICENSE_IDS.get(name.lower(), "other") for name in licenses}
     license_id = ids.pop() if len(ids) == 1 else "other"
@@ -82,8 +91,8 @@ def card_metadata(manifest: Manifest) -> dict:
     meta |= {
         "pretty_name": manifest.name,
         "task_categories": ["text-generation"],
-        "size_categories": [size_category(manifest.rows)],
-        "source_datasets": list(dict.fromkeys(pin.repo for pin in manifest.datasets)),
+        "size_categories": [] if rows is None else [size_category(rows)],
+        "source_datasets": list(dict.fromkeys(pin.repo for pin in manifest.datasets if pin.repo)),
         "tags": ["sft", "pretokenized", "fixed-sft", f"loss-mask-{manifest.loss_mask}"],
     }
     return meta
@@ -97,29 +106,38 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
     figures, engine = report["figures"], report["engine"]
     tok, name = manifest.tokenizer, manifest.name
     origin = (
-        f"`{manifest.dataset.repo}` at `{manifest.dataset.revision}`"
+        _origin(manifest.dataset)
         if not manifest.mixture
         else f"a mixture of {len(manifest.datasets)} datasets (below)"
     )
     summary = stats.summary()
-    verified = report["verified"]
+    verification = Verification([Check(**check) for check in report["checks"]], [])
+    unpinned = verification.verified and verification.nothing_pinned
+    outcome = (
+        "NOT verified"
+        if not verification.verified
+        else NOTHING_PINNED.capitalize()
+        if unpinned
+        else "Verified"
+    )
     lines = [
-        front_matter(manifest),
+        front_matter(manifest, figures["rows"]),
         f"# {name}",
         "",
-        f"{manifest.rows:,} rows of {manifest.row_tokens:,} tokens for supervised fine-tuning, "
-        f"built by fixed-SFT from {origin} with the tokenizer and chat template of `{tok.repo}` at "
-        f"`{tok.revision}`. Conversations are taken in a seeded permutation (seed "
+        f"{figures['rows']:,} rows of {manifest.row_tokens:,} tokens for supervised fine-tuning, "
+        f"built by fixed-SFT from {origin} with the tokenizer and chat template of "
+        f"{_origin(tok)}. Conversations are taken in a seeded permutation (seed "
         f"{manifest.seed}), rendered with the chat template, joined by EOS and cut into rows; rows "
         f"with no supervised token are skipped. `loss_mask` marks the {manifest.loss_mask} "
         "training targets: the assistant's answers and the stop tokens that end them.",
         "",
-        f"**{'Verified' if verified else 'NOT verified'}** against "
+        f"**{outcome}**{': ' if unpinned else ' against '}"
         + (
-            f"`manifests/{name}.yaml` (shipped with fixed-sft)."
+            f"`manifests/{name}.yaml` (shipped with fixed-sft)"
             if is_shipped(manifest)
-            else f"`{manifest.path}`."
-        ),
+            else f"`{manifest.path}`"
+        )
+        + (" pins no figure of the rows (`expect`)." if unpinned else "."),
         "",
         "## Hashes",
         "",
@@ -141,12 +159,12 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         "| input | repo | revision | sha256 |",
         "|---|---|---|---|",
         *[
-            f"| dataset: `{f['name']}` ({f['bytes']:,} bytes) | `{f['repo']}` | `{f['revision']}` "
-            f"| `{f['sha256']}`{' (its LFS object id)' if f['checked_against'] else ''} |"
+            f"| dataset: `{f['name']}` ({f['bytes']:,} bytes) | {_repo_cells(f)} "
+            f"| `{f['sha256']}`{_checked(f['checked_against'])} |"
             for f in report["source_files"]
         ],
         *[
-            f"| `{file}` | `{tok.repo}` | `{tok.revision}` | `{digest}` |"
+            f"| `{file}` | {_repo_cells(tok.where())} | `{digest}` |"
             for file, digest in tok.sha256.items()
         ],
         "",
@@ -193,6 +211,14 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
             if summary["conversations_left_out"]
             else []
         ),
+        *(
+            [
+                "- the stream's last tokens, less than a row, dropped (`rows: all`): "
+                f"{summary['remainder_tokens_dropped']:,}"
+            ]
+            if "remainder_tokens_dropped" in summary
+            else []
+        ),
         f"- padding tokens: {figures['padding_tokens']}",
         f"- encoded by {engine['name']} {engine['version']}"
         + (
@@ -207,6 +233,7 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         f"- limits: a conversation up to {report['limits']['conversation_chars']:,} characters, "
         f"its render up to {report['limits']['render_chars']:,} (`limits:`; more is refused)",
         "",
+        *_refused_table(report["refused_left_out"], manifest.leave_out_refused),
         *_datasets_table(manifest, summary),
         *_sources_table(summary, stats, name),
         *_tool_calls(manifest, summary),
@@ -241,6 +268,26 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
     return "\n".join(lines)
 
 
+def _origin(pin, short: bool = False) -> str:
+    """A pin in the card's words: a repo at its revision, or a local folder."""
+    if pin.local:
+        return f"the local folder `{pin.path}`"
+    return f"`{pin.repo}` at `{pin.revision[:12] if short else pin.revision}`"
+
+
+def _repo_cells(where: dict) -> str:
+    """The repo and revision cells of an input, or its folder's."""
+    if "path" in where:
+        return f"`{where['path']}` | local folder"
+    return f"`{where['repo']}` | `{where['revision']}`"
+
+
+def _checked(against: str | None) -> str:
+    if against is None:
+        return ""
+    return " (pinned by the manifest)" if against == PINNED_BY_MANIFEST else " (its LFS object id)"
+
+
 def _fmt_value(value) -> str:
     """A chat-format value in a table cell.
 
@@ -249,6 +296,31 @@ def _fmt_value(value) -> str:
     return (
         value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
     )
+
+
+def _refused_table(refused: list[dict], bound: int) -> list[str]:
+    """The refused conversations the build left out, where it left any."""
+    if not refused:
+        return []
+    return [
+        "### Conversations left out",
+        "",
+        f"The contract cannot encode these source conversations; `leave_out_refused: {bound}` "
+        'left them out of the stream (data/ROWS.md, "Rows"):',
+        "",
+        "| source index | id | reason |",
+        "|---:|---|---|",
+        *[
+            f"| {r['source_index']} | {_cell(str(r['id']))} | {_cell(r['reason'])} |"
+            for r in refused
+        ],
+        "",
+    ]
+
+
+def _cell(text: str) -> str:
+    """Text in a Markdown table cell: one line, no column bars."""
+    return " ".join(text.split()).replace("|", "\\|")
 
 
 def _datasets_table(manifest: Manifest, summary: dict) -> list[str]:
@@ -261,7 +333,7 @@ def _datasets_table(manifest: Manifest, summary: dict) -> list[str]:
         "| dataset | files | take | conversations | tokens | supervised tokens |",
         "|---|---|---:|---:|---:|---:|",
         *[
-            f"| `{pin.repo}` at `{pin.revision[:12]}` | `{pin.pattern}` | {pin.take or 'all'} | "
+            f"| {_origin(pin, short=True)} | `{pin.pattern}` | {pin.take or 'all'} | "
             f"{d['conversations']:,} | {d['tokens']:,} | {d['supervised_tokens']:,} |"
             for pin, d in zip(manifest.datasets, summary["by_dataset"], strict=True)
         ],

@@ -69,6 +69,11 @@ class Packer:
         self._ids = np.empty(self.row_tokens, dtype=np.int32)
         self._mask = np.empty(self.row_tokens, dtype=np.uint8)
 
+    @property
+    def filled(self) -> int:
+        """Tokens of the stream in the window not yet full."""
+        return self._fill
+
     def joined(self, conversation: EncodedConversation) -> tuple[np.ndarray, np.ndarray]:
         """The conversation's part of the stream (``with_eos``)."""
         return with_eos(

@@ -50,6 +50,8 @@ class BuildStats:
     only_stop_tokens: int = 0
     # conversations with no supervised token at all
     unsupervised: int = 0
+    # rows: all: the stream's tokens after the last full window, dropped
+    remainder_tokens: int | None = None
     # the datasets whose pin says ``tools: null``: a ``tools`` field deliberately not read
     tools_unread: list = field(default_factory=list)
     # over the consumed conversations: with tools given, with calls, calls whose arguments were
@@ -153,6 +155,11 @@ class BuildStats:
             "conversations_consumed": len(self.conversation_tokens),
             "stream_tokens_consumed": int(lengths.sum()),
             "windows_skipped": self.windows_skipped,
+            **(
+                {}
+                if self.remainder_tokens is None
+                else {"remainder_tokens_dropped": self.remainder_tokens}
+            ),
             "conversations_left_out": self.left_out,
             "conversations_training_only_stop_tokens": self.only_stop_tokens,
             "conversations_unsupervised": self.unsupervised,

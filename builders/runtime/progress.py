@@ -39,7 +39,7 @@ class Reporter:
             print(message, file=self.stream, flush=True)
 
     @contextmanager
-    def progress(self, step: str, total: int, unit: str):
+    def progress(self, step: str, total: int | None, unit: str):
         if self.verbosity == 0:
             yield _Silent()
         elif self.interactive:
@@ -92,7 +92,8 @@ class _Lines:
         elapsed = max(self.last - self.started, 1e-9)
         share = f" ({100 * self.done // self.total}%)" if self.total else ""
         print(
-            f"{self.step}: {self.done}/{self.total} {self.unit}{share}, "
+            f"{self.step}: {self.done}{'' if self.total is None else f'/{self.total}'} "
+            f"{self.unit}{share}, "
             f"{self.done / elapsed:.1f} {self.unit}/s over {elapsed:.0f} s",
             file=self.stream,
             flush=True,
