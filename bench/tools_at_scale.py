@@ -28,7 +28,6 @@ otherwise (``tools_at_scale.dense`` for ``--dense`` runs).
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -203,7 +202,6 @@ def main() -> None:
         "scale": args.scale,
         "rows": args.rows,
         "traces": "dense" if args.dense else "pooled",
-        "template_sha256": hashlib.sha256(template).hexdigest(),
     }
     print(
         f"\nturns (Tulu-shaped): {runs['turns']['seconds']} s, "
