@@ -229,6 +229,11 @@ def resolve_snapshot(repo: PinnedRepo, hub: Hub) -> Path:
     return Path(folder)
 
 
+def names_tools(manifest: Manifest) -> bool:
+    """Whether a dataset of the manifest names a tools field (the template must print tools)."""
+    return any(d.tools is not None for d in manifest.datasets)
+
+
 def load_pinned_tokenizer(
     pin: TokenizerPin,
     snapshot: Path,
@@ -351,7 +356,7 @@ def pinned_inputs(manifest: Manifest, hub: Hub) -> tuple[PinnedTokenizer, Source
         snapshots.tokenizer,
         manifest.loss_mask,
         manifest.limits,
-        any(d.tools is not None for d in manifest.datasets),
+        names_tools(manifest),
     )
     return pinned, open_source(manifest, snapshots)
 
