@@ -391,6 +391,23 @@ def test_a_tool_dataset_builds_and_inspect_shows_the_call_supervised(tmp_path):
     ), supervised
     assert not any('{"t": 18}' in s for s in supervised)
     assert '{"t": 18}' in shown.stdout
+    # a built row: its calls supervised, its tool results not
+    row = run_cli(
+        "inspect",
+        str(tmp_path / "out" / "tools-qwen3.parquet"),
+        "--manifest",
+        str(manifest),
+        "--row",
+        "0",
+        "--color",
+        "never",
+        hf_home=hf_home,
+    )
+    assert row.returncode == 0, row.stderr
+    supervised = re.findall(r"⟦(.*?)⟧", row.stdout, flags=re.S)
+    assert any("</tool_call><|im_end|>" in s for s in supervised), row.stdout
+    assert not any("<tool_response>" in s for s in supervised)
+    assert "<tool_response>" in row.stdout
 
 
 def test_tools_with_a_template_that_never_prints_them_is_exit_2_before_any_work(tmp_path):
