@@ -32,6 +32,7 @@ from builders.inputs.pinned import (
     PinnedTokenizer,
     hashed_files,
     load_pinned_tokenizer,
+    names_tools,
     open_source,
     resolve,
     source_files,
@@ -191,7 +192,11 @@ def prepared(
                 snapshots.tokenizer / "tokenizer.json", manifest.tokenizer.sha256["tokenizer.json"]
             )
             pinned = load_pinned_tokenizer(
-                manifest.tokenizer, snapshots.tokenizer, manifest.loss_mask, manifest.limits
+                manifest.tokenizer,
+                snapshots.tokenizer,
+                manifest.loss_mask,
+                manifest.limits,
+                names_tools(manifest),
             )
             source = open_source(manifest, snapshots)
             encoding.start(pinned, manifest.contract, engine, source)

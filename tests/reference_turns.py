@@ -231,7 +231,7 @@ class TurnsReference:
                 prompted = self.render(
                     TOOL_PROBE, tools=[PROBE_TOOL], add_generation_prompt=True, **prefill
                 )
-                prints = self._printed_texts(TOOL_PROBE, plain, [PROBE_TOOL], **prefill)
+                prints, _ = self._printed_texts(TOOL_PROBE, plain, [PROBE_TOOL], **prefill)
             except (TemplateError, Undefined):
                 return None
             if not prints or not prompted.startswith(plain):
@@ -253,8 +253,8 @@ class TurnsReference:
             text = self.render(messages, tools=tools)
         except TemplateError as error:
             raise Undefined(f"the template refuses the conversation: {error}") from None
-        prints = self._printed_texts(messages, text, tools)
-        supervised = self._supervised_characters(messages, text, prints, untrained)
+        prints, calls = self._printed_texts(messages, text, tools)
+        supervised = self._supervised_characters(messages, text, prints, untrained, calls)
         self._check_complete(messages, tools)
         encoding = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
         mask = [1 if any(supervised[start:end]) else 0 for start, end in encoding["offset_mapping"]]
@@ -313,9 +313,8 @@ class TurnsReference:
         if not fields:
             return
         text = self.render(marked, tools=tools)
-        spans = self._supervised_characters(
-            marked, text, self._printed_texts(marked, text, tools), frozenset()
-        ).spans
+        texts, calls = self._printed_texts(marked, text, tools)
+        spans = self._supervised_characters(marked, text, texts, frozenset(), calls).spans
         for n, j in enumerate(fields):
             forms = {f"\ue002{n}\ue003", json.dumps(f"\ue002{n}\ue003")[1:-1]}
             places = [(a.start(), a.end()) for f in forms for a in re.finditer(re.escape(f), text)]
@@ -324,14 +323,42 @@ class TurnsReference:
             if any(not (spans[j][0] <= a and b <= spans[j][1]) for a, b in places):
                 raise Undefined(f"a call field of message {j} is not supervised", message=j)
 
-    def _printed_texts(self, messages, text: str, tools=None, **variables) -> list:
-        """(start, end, message) of each printed text in ``text``.
+    def _printed_texts(self, messages, text: str, tools=None, **variables) -> tuple[list, list]:
+        """(start, end, message) of each printed text in ``text``, and of each call field.
 
-        Found by aligning the placeholder render.
+        Found by aligning the placeholder render, in which each call's name, argument keys and
+        string leaves are markers too (printed as they are, or as ``tojson`` escapes them).
         """
         runs, placeholders = [], []
+
+        def call_marker(value, owner):
+            if isinstance(value, str):
+                if not value:
+                    return value
+                runs.append((value, owner, True))
+                return f"\ue000{len(runs) - 1}\ue001"
+            if isinstance(value, dict):
+                return {call_marker(k, owner): call_marker(v, owner) for k, v in value.items()}
+            if isinstance(value, list):
+                return [call_marker(v, owner) for v in value]
+            return value
+
         for m in messages:
             placeholder = dict(m)
+            if m.get("tool_calls"):
+                placeholder["tool_calls"] = [
+                    {
+                        **call,
+                        "function": {
+                            **call["function"],
+                            "name": call_marker(call["function"]["name"], len(placeholders)),
+                            "arguments": call_marker(
+                                call["function"].get("arguments"), len(placeholders)
+                            ),
+                        },
+                    }
+                    for call in m["tool_calls"]
+                ]
             for key in TEXT_FIELDS:
                 if key in m:
                     parts = []
@@ -358,8 +385,8 @@ class TurnsReference:
                 return [] if at == len(text) else None
             if (k, at) in failed:
                 return None
-            run, owner = runs[markers[k]]
-            for printed in printings(run):
+            run, owner, *call = runs[markers[k]]
+            for printed in call_printings(run) if call else printings(run):
                 end = at + len(printed or "")
                 if printed and not text.startswith(printed, at):
                     continue
@@ -367,7 +394,7 @@ class TurnsReference:
                     continue
                 rest = align(k + 1, end + len(fixed[k + 1]))
                 if rest is not None:
-                    return ([(at, end, owner)] if printed else []) + rest
+                    return ([(at, end, owner, bool(call))] if printed else []) + rest
             failed.add((k, at))
             return None
 
@@ -383,24 +410,26 @@ class TurnsReference:
                 message=message_at(character, runs, rendered),
                 character=character,
             )
-        return found
+        return [p[:3] for p in found if not p[3]], [p[:3] for p in found if p[3]]
 
-    def _supervised_characters(self, messages, text, prints, untrained):
+    def _supervised_characters(self, messages, text, prints, untrained, calls=()):
         supervised = Characters(len(text))
         answers = [j for j, m in enumerate(messages) if m["role"] == "assistant"]
         headers = {}
         previous_header_end = 0
+        # where answers start, a call's printed fields count as its message's, as texts do
+        anchors = sorted([*prints, *calls])
         for j in answers:
             after_tool = j > 0 and messages[j - 1]["role"] == "tool" and self.tool_prompts
             prompts = self.tool_prompts if after_tool else self.prompts
-            own = [p for p in prints if p[2] == j]
+            own = [p for p in anchors if p[2] == j]
             # j printing nothing: the next printed text is the first of a later message after what
             # came before j (a template may move a later text in front, as DeepSeek does with system
             # messages)
-            floor = max([p[1] for p in prints if p[2] < j] + [previous_header_end])
-            later = [p[0] for p in prints if p[2] > j and p[0] >= floor]
+            floor = max([p[1] for p in anchors if p[2] < j] + [previous_header_end])
+            later = [p[0] for p in anchors if p[2] > j and p[0] >= floor]
             end = own[0][0] if own else min(later, default=len(text))
-            start = max([p[1] for p in prints if p[1] <= end] + [previous_header_end])
+            start = max([p[1] for p in anchors if p[1] <= end] + [previous_header_end])
             header = None
             for length in sorted({len(p) for p in prompts}, reverse=True):
                 found = [
@@ -478,6 +507,12 @@ def clock_at(date: datetime.date | None):
         chat_template_utils.datetime = saved
 
 
+def call_printings(field: str) -> list[str]:
+    """A call field as a template prints it: as it is, or as ``tojson`` escapes it."""
+    forms = [field, json.dumps(field, ensure_ascii=False)[1:-1], json.dumps(field)[1:-1]]
+    return list(dict.fromkeys(forms))
+
+
 def message_at(character: int, runs, rendered: str) -> int | None:
     """The message of the last run at or before ``character``.
 
@@ -488,7 +523,7 @@ def message_at(character: int, runs, rendered: str) -> int | None:
     for match in MARKER.finditer(rendered):
         if match.start() + shift > character:
             break
-        run, owner = runs[int(match.group(1))]
+        run, owner, *_ = runs[int(match.group(1))]
         shift += len(run) - (match.end() - match.start())
     return owner
 

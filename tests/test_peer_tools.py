@@ -77,7 +77,7 @@ def test_hf_generation_with_tools_equals_transformers(template_name, tmp_path):
         ),
         Tokenizer.from_str(tokenizer_text),
     )
-    cases = [c for k, option in enumerate(options) for c in tool_conversations(k, 20, **option)]
+    cases = [c for k, option in enumerate(options) for c in tool_conversations(k, 15, **option)]
     counts = {"equal": 0, "both refuse": 0}
     defined = []
     for position, (messages, tools) in enumerate(cases):
@@ -133,7 +133,7 @@ MILES_CASES = [
 
 
 def miles_cases() -> list:
-    return MILES_CASES + tool_conversations(21, 16)
+    return MILES_CASES + tool_conversations(21, 12)
 
 
 @pytest.fixture(scope="module")
@@ -187,5 +187,5 @@ def test_miles_readings_with_tools_equal_miles(qwen_json, miles, kind, template_
             # the null step_loss_mask leaves its answer untrained
             trained = tok.decode([i for i, m in zip(ids, mask, strict=True) if m])
             assert "trained" in trained and "not trained" not in trained
-    assert counts["equal"] >= 12, counts
+    assert counts["equal"] >= 10, counts
     print(f"miles-{kind} ({miles}) {template_name} with tools: {counts}")

@@ -31,6 +31,7 @@ import pytest
 from tokenizers import AddedToken, Tokenizer
 
 from builders.build import build
+from builders.encode.encoder import ConversationEncoder
 from builders.errors import ConversationError, ManifestError, UsageError
 from builders.fixture.conversations import hard_cases, synthetic
 from builders.fixture.hf_cache import parquet_shards
@@ -330,6 +331,24 @@ def peer_source() -> list[dict]:
     return [
         {**row, "messages": [{"step_loss_mask": 1, **m} for m in row["messages"]]} for row in rows
     ]
+
+
+def test_a_null_step_loss_mask_trains_nothing_under_miles(qwen_json):
+    """Where messages have the field, null where not written (parquet): miles trains none."""
+    rows = [
+        {"index": k, "id": f"s{k}", "messages": [{**m, "step_loss_mask": None} for m in messages]}
+        for k, messages in enumerate(synthetic(5, 30))
+    ]
+    spec = FormatSpec("miles-qwen", trl_templates()["qwen3"], eos="<|endoftext|>")
+    encoded = ConversationEncoder(Tokenizer.from_str(qwen_json), spec).encode(rows)
+    assert len(encoded) == 30 and not any(c.mask.any() for c in encoded)
+    with_one = [
+        {**r, "messages": [{**m, "step_loss_mask": 1} for m in r["messages"]]} for r in rows
+    ]
+    assert any(
+        c.mask.any()
+        for c in ConversationEncoder(Tokenizer.from_str(qwen_json), spec).encode(with_one)
+    )
 
 
 def lay_out_peer(hf_home: Path, qwen_json: str, template_name: str, loss_mask: str) -> Path:

@@ -9,21 +9,26 @@ call or raises, a dataset with tools and a template that never prints them.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
+import re
+from pathlib import Path
 
 import pytest
+import yaml
 from tokenizers import Tokenizer
 from tool_conversations import TOOLS, tool_conversations
 
 import real_models
 from builders.encode.encoder import ConversationEncoder
 from builders.errors import SourceDataError, UsageError
+from builders.fixture.hf_cache import put_snapshot
 from builders.fixture.make import PINNED_TEMPLATE, shared_dir, tokenizer_json
 from builders.formats import FormatSpec, glm5_spec
 from builders.inputs.pinned import special_tokens
 from builders.rows.packing import with_eos
-from helpers import NEEDS_SHARED
+from helpers import NEEDS_SHARED, run_cli
 from reference_turns import TurnsReference, Undefined
 
 WEATHER = [TOOLS[0]]
@@ -52,6 +57,14 @@ SAMPLE = [
     {"role": "tool", "tool_call_id": "f5g6h7i8j", "content": '{"t": 25}'},
     {"role": "assistant", "content": "Paris: 18°C, Tokyo: 25°C."},
 ]
+# an answer that prints only its call, an empty result, then an answer: the call's printed fields
+# end the first answer's search region, so the later answer's longer header is not taken for its own
+EMPTY_RESULT = [
+    SAMPLE[1],
+    {"role": "assistant", "content": "", "tool_calls": SAMPLE[2]["tool_calls"][:1]},
+    {"role": "tool", "content": ""},
+    {"role": "assistant", "content": "ok"},
+]
 ONE_CALL = [
     *SAMPLE[:2],
     {**SAMPLE[2], "tool_calls": SAMPLE[2]["tool_calls"][:1]},
@@ -67,8 +80,21 @@ def rows(conversations) -> list[dict]:
     ]
 
 
+ENCODERS: dict = {}
+
+
 def model_encoder(model: real_models.Model, tools: bool = True, template=None):
-    """A ``turns`` encoder over a real model's files (``template``: another one)."""
+    """A ``turns`` encoder over a real model's files (``template``: another one).
+
+    Made once per model, tools flag and template (an encoder keeps no state between encodes).
+    """
+    key = (model.name, tools, template)
+    if key not in ENCODERS:
+        ENCODERS[key] = _model_encoder(model, tools, template)
+    return ENCODERS[key]
+
+
+def _model_encoder(model: real_models.Model, tools: bool, template):
     files = model.files
     config = (
         json.loads(files["tokenizer_config.json"]) if "tokenizer_config.json" in files else None
@@ -129,7 +155,7 @@ def glm_encoders():
 @NEEDS_SHARED
 def test_turns_and_glm5_give_the_same_rows_for_tool_conversations_on_glm():
     glm5, turns = glm_encoders()
-    source = rows([(SAMPLE, WEATHER), *tool_conversations(11, 120)])
+    source = rows([(SAMPLE, WEATHER), (EMPTY_RESULT, WEATHER), *tool_conversations(11, 60)])
     by_glm5, by_turns = glm5.encode(source), turns.encode(source)
     for row, a, b in zip(source, by_glm5, by_turns, strict=True):
         assert a.ids.tolist() == b.ids.tolist(), row["id"]
@@ -171,6 +197,13 @@ def test_qwen3_supervises_the_calls_through_im_end_and_not_the_results():
     ), text
     # the schema is context
     assert '«{"type": "function"' not in text and "get_weather" in text.split("«")[0]
+    # the supervised tokens inside calls: those that start between the answer's last text and its
+    # stop token, counted on the render's own offsets
+    render = encoder.tokenizer.decode(conversation.ids.tolist(), skip_special_tokens=False)
+    start = render.index("I need both cities.") + len("I need both cities.")
+    end = render.index("<|im_end|>", start)
+    offsets = encoder.tokenizer.encode(render, add_special_tokens=False).offsets
+    assert conversation.tool_counts[-1] == sum(start <= a < end for a, _ in offsets) > 10
 
 
 def test_deepseek_v31_answers_right_after_the_tool_output():
@@ -261,9 +294,10 @@ def test_turns_with_tools_equals_the_reference_on_real_templates(name, tmp_path)
     reference = TurnsReference(tmp_path, {"sha256": dict.fromkeys(model.files), **model.fields})
     takes_tools = name != "deepseek-v3.1"
     encoder = model_encoder(model, tools=takes_tools)
-    cases = [(SAMPLE, WEATHER), (ONE_CALL, WEATHER), *tool_conversations(5, 12, **options)]
+    cases = [(SAMPLE, WEATHER), (ONE_CALL, WEATHER), (EMPTY_RESULT, WEATHER)]
+    cases += tool_conversations(5, 8, **options)
     if name == "qwen3":
-        cases += tool_conversations(6, 6, strings=True)
+        cases += tool_conversations(6, 4, strings=True)
     if not takes_tools:
         cases = [(messages, None) for messages, _ in cases]
     defined = 0
@@ -284,3 +318,102 @@ def test_turns_with_tools_equals_the_reference_on_real_templates(name, tmp_path)
         defined += 1
     # Llama 3 takes one call per answer: the two-call sample is refused
     assert defined >= len(cases) - (1 if name.startswith("llama") else 0)
+
+
+def lay_out_tool_build(hf_home, model: real_models.Model, name: str, conversations) -> Path:
+    """A JSON Lines dataset of tool conversations (arguments as JSON strings, as the OpenAI
+    wire format stores them) and ``model``'s tokenizer repo; returns a ``turns`` manifest with
+    ``dataset.tools``."""
+    lines = []
+    for k, (messages, tools) in enumerate(conversations):
+        stored = json.loads(json.dumps(messages))
+        for message in stored:
+            for call in message.get("tool_calls", []):
+                call["function"]["arguments"] = json.dumps(call["function"]["arguments"])
+        lines.append(json.dumps({"id": f"t{k}", "messages": stored, "tools": tools}))
+    files = {"data/train.jsonl": ("\n".join(lines) + "\n").encode()}
+    dataset = put_snapshot(hf_home, f"someone/{name}-chat", "dataset", files)
+    tokenizer = put_snapshot(hf_home, f"someone/{name}-tokenizer", "model", model.files)
+    spec = {
+        "name": name,
+        "dataset": {
+            "repo": f"someone/{name}-chat",
+            "revision": dataset,
+            "files": "data/*.jsonl",
+            "tools": "tools",
+        },
+        "tokenizer": {
+            "repo": f"someone/{name}-tokenizer",
+            "revision": tokenizer,
+            "sha256": {k: hashlib.sha256(v).hexdigest() for k, v in sorted(model.files.items())},
+            **model.fields,
+        },
+        "loss_mask": "turns",
+        "seed": 3,
+        "row_tokens": 256,
+        "rows": 4,
+    }
+    manifest = hf_home / f"{name}.yaml"
+    manifest.write_text(yaml.safe_dump(spec, allow_unicode=True, sort_keys=False))
+    return manifest
+
+
+def test_a_tool_dataset_builds_and_inspect_shows_the_call_supervised(tmp_path):
+    hf_home = tmp_path / "hf"
+    cases = [(SAMPLE, WEATHER), *tool_conversations(3, 12)]
+    manifest = lay_out_tool_build(hf_home, real_models.qwen3(), "tools-qwen3", cases)
+    done = run_cli("--manifest", str(manifest), "--out", str(tmp_path / "out"), hf_home=hf_home)
+    assert done.returncode == 0, done.stderr
+    calls = json.loads((tmp_path / "out" / "tools-qwen3.report.json").read_text())["stats"][
+        "tool_calls"
+    ]
+    assert 0 < calls["supervised_share_in_calls"] < 1 and calls["supervised_in_calls"] > 0
+    card = (tmp_path / "out" / "tools-qwen3.md").read_text()
+    assert "supervised tokens inside calls" in card
+    shown = run_cli(
+        "inspect",
+        "--manifest",
+        str(manifest),
+        "--source-index",
+        "0",
+        "--color",
+        "never",
+        hf_home=hf_home,
+    )
+    assert shown.returncode == 0, shown.stderr
+    # supervised: ⟦…⟧; the call and the stop after it are, the tool result is not
+    assert '"arguments": {"city": "Paris"}}\n</tool_call>' in shown.stdout
+    supervised = re.findall(r"⟦(.*?)⟧", shown.stdout, flags=re.S)
+    assert any(
+        '{"name": "get_weather", "arguments": {"city": "東京", "days": 2}}' in s
+        and s.endswith("<|im_end|>")
+        for s in supervised
+    ), supervised
+    assert not any('{"t": 18}' in s for s in supervised)
+    assert '{"t": 18}' in shown.stdout
+    # a built row: its calls supervised, its tool results not
+    row = run_cli(
+        "inspect",
+        str(tmp_path / "out" / "tools-qwen3.parquet"),
+        "--manifest",
+        str(manifest),
+        "--row",
+        "0",
+        "--color",
+        "never",
+        hf_home=hf_home,
+    )
+    assert row.returncode == 0, row.stderr
+    supervised = re.findall(r"⟦(.*?)⟧", row.stdout, flags=re.S)
+    assert any("</tool_call><|im_end|>" in s for s in supervised), row.stdout
+    assert not any("<tool_response>" in s for s in supervised)
+    assert "<tool_response>" in row.stdout
+
+
+def test_tools_with_a_template_that_never_prints_them_is_exit_2_before_any_work(tmp_path):
+    hf_home = tmp_path / "hf"
+    manifest = lay_out_tool_build(hf_home, real_models.deepseek(), "tools-ds", [(SAMPLE, WEATHER)])
+    done = run_cli("--manifest", str(manifest), "--out", str(tmp_path / "out"), hf_home=hf_home)
+    assert done.returncode == 2, done.stderr
+    assert "never prints them" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

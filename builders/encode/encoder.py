@@ -42,8 +42,8 @@ class EncodedConversation:
     # encoded by the reference engine too (a fast engine's sample), and agreed
     cross_checked: bool = False
     # tools given (1 or 0), calls with string arguments, calls with object arguments, tool
-    # messages (``builders.inputs.layout.tool_counts``)
-    tool_counts: tuple[int, int, int, int] = (0, 0, 0, 0)
+    # messages (``builders.inputs.layout.tool_counts``), supervised tokens inside calls
+    tool_counts: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)
 
 
 class ConversationEncoder:
@@ -105,10 +105,23 @@ class ConversationEncoder:
                     ends,
                     left_out=materialized is None,
                     cross_checked=annotated.cross_checked,
-                    tool_counts=tool_counts(row),
+                    tool_counts=(*tool_counts(row), self._supervised_in_calls(annotated, mask)),
                 )
             )
         return out
+
+    def _supervised_in_calls(self, annotated: Annotated, mask: np.ndarray) -> int:
+        """How many of a conversation's supervised tokens are its answers' calls.
+
+        0 where the format does not say which tokens are calls (the peer formats).
+        """
+        calls = annotated.in_calls
+        if calls is None or not len(mask) or not calls.any():
+            return 0
+        start = (
+            len(self.vocab.post_processor_wrap()[0]) if self.contract.encode == "add-special" else 0
+        )
+        return int(np.count_nonzero(mask[start : start + len(calls)][calls]))
 
     def annotate(self, rows: list[dict], rules=()) -> list[Annotated]:
         """Render, check and tokenize source rows once.

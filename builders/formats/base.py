@@ -68,6 +68,8 @@ class Annotated:
     # readings of mask_rule that are their own rules (glm5's slime rules): rule -> (appended stop
     # id or None, mask over ids and that token), or None where the rule leaves the conversation out
     rules: dict = field(default_factory=dict)
+    # bool: the token is an answer's calls (None where the format does not say)
+    in_calls: np.ndarray | None = None
 
 
 class ChatFormat(ABC):

@@ -80,7 +80,14 @@ class Glm5Format(ChatFormat):
             with located(rows[err.conversation]):
                 raise
         annotated = [
-            Annotated(ids, placement.classes, placement.message_text, lay.ends_with_answer, check)
+            Annotated(
+                ids,
+                placement.classes,
+                placement.message_text,
+                lay.ends_with_answer,
+                check,
+                in_calls=placement.in_calls,
+            )
             for lay, ids, placement, check in zip(layouts, tokens, placements, checked, strict=True)
         ]
         rules = [rule for rule in rules if rule in SLIME_RULES]

@@ -67,6 +67,7 @@ class Part(NamedTuple):
     token_class: int
     message_text: bool  # a message's own text (False: the template's markup)
     piece: int  # the piece it belongs to: 0 is the prefix, then one per message
+    calls: bool = False  # an answer's tool calls
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,9 @@ def layout(
             parts += _answer(message, i > last_user, i not in untrained, piece)
             if message.get("tool_calls"):
                 parts.append(
-                    Part(_calls(message["tool_calls"], i), parts[-1].token_class, False, piece)
+                    Part(
+                        _calls(message["tool_calls"], i), parts[-1].token_class, False, piece, True
+                    )
                 )
             if i not in untrained:
                 answers.append(piece)
@@ -192,6 +195,7 @@ class Placement(NamedTuple):
 
     classes: np.ndarray  # uint8 token class
     message_text: np.ndarray  # bool: the token is part of a message's own text
+    in_calls: np.ndarray  # bool: the token is part of an answer's tool calls
 
 
 def place(
@@ -212,7 +216,7 @@ def place(
     """
     if not layouts:
         return []
-    texts, part_class, part_text, part_piece = zip(
+    texts, part_class, part_text, part_piece, part_calls = zip(
         *(part for lay in layouts for part in lay.parts), strict=True
     )
     lengths = np.fromiter(map(measure, texts), np.int64, len(texts))
@@ -223,17 +227,19 @@ def place(
     )
     part_class = np.array(part_class, dtype=np.uint8)
     part_text = np.array(part_text, dtype=bool)
+    part_calls = np.array(part_calls, dtype=bool)
     part_end = np.cumsum(lengths)
     piece_end = np.zeros(piece_base[-1], dtype=np.int64)
     np.maximum.at(piece_end, part_piece, part_end)
     # each conversation's bytes end with its last piece
     rendering_end = piece_end[piece_base[1:] - 1]
     keep = lengths > 0
-    part_end, part_piece, part_class, part_text = (
+    part_end, part_piece, part_class, part_text, part_calls = (
         part_end[keep],
         part_piece[keep],
         part_class[keep],
         part_text[keep],
+        part_calls[keep],
     )
 
     counts = np.fromiter((len(i) for i in ids), np.int64, len(ids))
@@ -277,6 +283,7 @@ def place(
             )
     classes = np.repeat(part_class, per_part)
     message_text = np.repeat(part_text, per_part)
+    in_calls = np.repeat(part_calls, per_part)
     # the token right after each answer, within its conversation: the stop token that ends it,
     # when it is one
     answers = np.array([k for lay in layouts for k in lay.answers], dtype=np.int64) + np.repeat(
@@ -289,4 +296,7 @@ def place(
     after = after[inside]
     classes[after[np.isin(flat[after], stop_ids)]] = STOP_AFTER
     bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
-    return [Placement(classes[a:b], message_text[a:b]) for a, b in itertools.pairwise(bounds)]
+    return [
+        Placement(classes[a:b], message_text[a:b], in_calls[a:b])
+        for a, b in itertools.pairwise(bounds)
+    ]

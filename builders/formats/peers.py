@@ -152,23 +152,10 @@ class PeerFormat(ChatFormat):
 def peer_messages(messages) -> list[dict]:
     """The messages as a peer passes them to the template.
 
-    They are checked as every format checks them (with the roles and fields miles takes),
-    None-valued keys dropped; miles' ``step_loss_mask`` is kept, a null one as ``None``, which
-    miles reads as "not 1".
+    They are checked with the roles and fields miles takes, None-valued keys dropped; miles'
+    ``step_loss_mask`` is kept, a null one as ``None``, which miles reads as "not 1".
     """
-    plain = (
-        [
-            {k: v for k, v in m.items() if k != STEP_LOSS_MASK} if isinstance(m, dict) else m
-            for m in messages
-        ]
-        if isinstance(messages, list)
-        else messages
-    )
-    checked = normalize_messages(plain, peer=True)
-    return [
-        {**m, STEP_LOSS_MASK: original[STEP_LOSS_MASK]} if STEP_LOSS_MASK in original else m
-        for m, original in zip(checked, messages, strict=True)
-    ]
+    return normalize_messages(messages, peer=True)
 
 
 def trained(message: dict) -> bool:

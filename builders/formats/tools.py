@@ -194,13 +194,18 @@ def marked_calls(
     return out, fields
 
 
-def escaped_prints(text: str) -> list[str]:
+def escaped_prints(text: str) -> Iterator[str]:
     """``text`` as a template may print a string field: as it is, or as ``tojson`` escapes it.
 
-    Without the quotes; each form once, in that order.
+    Without the quotes; each form once, in that order, each made only when asked for.
     """
-    forms = [text, json.dumps(text, ensure_ascii=False)[1:-1], json.dumps(text)[1:-1]]
-    return list(dict.fromkeys(forms))
+    yield text
+    unicode = json.dumps(text, ensure_ascii=False)[1:-1]
+    if unicode != text:
+        yield unicode
+    ascii_only = json.dumps(text)[1:-1]
+    if ascii_only not in (text, unicode):
+        yield ascii_only
 
 
 def prints_tools(render: Callable[[list, list], str]) -> bool:

@@ -24,6 +24,7 @@ answer: supervised unless the reading ``stop: unsupervised``).
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from typing import NamedTuple
 
@@ -40,6 +41,9 @@ from builders.formats.vocab import char_spans
 from builders.messages import TEXT_FIELDS, normalize_messages, split_step_loss_mask
 
 OTHER, ANSWER, STOP = 0, 1, 2
+# what a character of a render is: markup, a message's printed text, an answer's calls (the markup
+# between its last printed text and its stop, in an answer that calls tools)
+MARKUP, TEXT, CALLS = 0, 1, 2
 CUTTING_METHODS = frozenset({"split", "rsplit", "startswith", "endswith", "replace", "find"})
 PROBE = [{"role": "user", "content": "probe"}]
 # markers are made of private-use characters: ``MARK_OPEN``, the run's number in hex digits,
@@ -203,17 +207,22 @@ class TurnsFormat(ChatFormat):
                 tokens[k] = np.array(e.ids, dtype=np.int32)
                 spans[k] = np.array(e.offsets, dtype=np.int64).reshape(-1, 2)
         out = []
-        for k, (row, text, ids, (classes, text_chars, ends)) in enumerate(
+        for k, (row, text, ids, (classes, kinds, ends)) in enumerate(
             zip(rows, rendered, tokens, marks, strict=True)
         ):
             with located(row):
                 char_span = (
                     self._byte_spans(text, ids) if spans[k] is None else _tiled(spans[k], len(text))
                 )
-                token_classes, message_text = _token_classes(classes, text_chars, char_span)
+                token_classes, token_kinds = _token_classes(classes, kinds, char_span)
             out.append(
                 Annotated(
-                    np.asarray(ids, dtype=np.int32), token_classes, message_text, ends, checked[k]
+                    np.asarray(ids, dtype=np.int32),
+                    token_classes,
+                    token_kinds == TEXT,
+                    ends,
+                    checked[k],
+                    in_calls=token_kinds == CALLS,
                 )
             )
         return out
@@ -272,7 +281,7 @@ class TurnsFormat(ChatFormat):
     def _characters(
         self, messages, text: str, shape: str, runs: list[Run], untrained
     ) -> tuple[np.ndarray, np.ndarray, bool]:
-        """Each character's class, and whether it is printed text.
+        """Each character's class, and its kind (``MARKUP``, ``TEXT``, ``CALLS``).
 
         The third value says whether the EOS after ``text`` is a stop.
         """
@@ -280,10 +289,12 @@ class TurnsFormat(ChatFormat):
         found = align(text, shape, runs, messages)
         printed = [(s, e, runs[n].message) for s, e, n in found if runs[n].field is None]
         classes = np.zeros(len(text), dtype=np.uint8)
-        text_chars = np.zeros(len(text), dtype=bool)
+        kinds = np.zeros(len(text), dtype=np.uint8)
         for start, end, _ in printed:
-            text_chars[start:end] = True
-        headers = self._headers(messages, text, printed)
+            kinds[start:end] = TEXT
+        # where answers start, a call's printed fields stand as its message's as texts do
+        anchors = sorted(printed + [(s, e, runs[n].message) for s, e, n in found if runs[n].field])
+        headers = self._headers(messages, text, anchors)
         ends_with_answer = False
         spans = {}
         for j, header in headers.items():
@@ -304,17 +315,20 @@ class TurnsFormat(ChatFormat):
             elif messages[following[2]]["role"] == "assistant" and following[2] in headers:
                 answer_end = headers[following[2]][0]
             spans[j] = (header[1], answer_end)
+            if messages[j].get("tool_calls"):
+                kinds[last:answer_end] = CALLS
             if j not in untrained:
                 classes[header[1] : answer_end] = ANSWER
                 if stop:
                     classes[stop[0] : stop[1]] = STOP
         _check_calls(shape, found, runs, spans)
-        return classes, text_chars, ends_with_answer
+        return classes, kinds, ends_with_answer
 
     def _headers(self, messages, text: str, printed) -> dict[int, tuple[int, int]]:
         """Each assistant message's header.
 
-        That is the ``[start, end)`` of the generation prompt found before it.
+        That is the ``[start, end)`` of the generation prompt found before it. ``printed``: the
+        printed texts and call fields, ``(start, end, message)`` in order.
         """
         headers, previous = {}, 0
         for j, message in enumerate(messages):
@@ -442,7 +456,7 @@ def _prints(marked: Run):
     for a in range(lead + 1):
         for b in range(len(run), len(run) - trail - 1, -1):
             yield run[a:b]
-    yield from tool_calls.escaped_prints(run)[1:]
+    yield from itertools.islice(tool_calls.escaped_prints(run), 1, None)
     yield ""
 
 
@@ -521,24 +535,24 @@ def _tiled(spans: np.ndarray, length: int) -> np.ndarray:
 
 
 def _token_classes(
-    classes: np.ndarray, text_chars: np.ndarray, spans: np.ndarray
+    classes: np.ndarray, kinds: np.ndarray, spans: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A token's class, and whether it is message text.
+    """A token's class, and its kind.
 
-    The class is ANSWER if any character it covers is, else STOP if any is, else OTHER; the token is
-    message text when its first character is.
+    The class is ANSWER if any character it covers is, else STOP if any is, else OTHER; the kind
+    is its first character's (``MARKUP`` for a token that covers none).
     """
     if not len(spans):
-        return np.zeros(0, np.uint8), np.zeros(0, bool)
+        return np.zeros(0, np.uint8), np.zeros(0, np.uint8)
     answer = np.concatenate([[0], np.cumsum(classes == ANSWER, dtype=np.int64)])
     stop = np.concatenate([[0], np.cumsum(classes == STOP, dtype=np.int64)])
     start, end = spans[:, 0], np.maximum(spans[:, 1], spans[:, 0])
     out = np.where(
         answer[end] > answer[start], ANSWER, np.where(stop[end] > stop[start], STOP, OTHER)
     )
-    first = np.minimum(start, max(len(text_chars) - 1, 0))
-    message_text = (end > start) & (text_chars[first] if len(text_chars) else False)
-    return out.astype(np.uint8), np.asarray(message_text, dtype=bool)
+    first = np.minimum(start, max(len(kinds) - 1, 0))
+    kind = np.where(end > start, kinds[first] if len(kinds) else MARKUP, MARKUP)
+    return out.astype(np.uint8), kind.astype(np.uint8)
 
 
 def markup_literals(template: str) -> tuple[str, ...]:
@@ -615,7 +629,7 @@ def check_spec(spec, tokenizer) -> None:
 
 def check_prints_tools(spec) -> None:
     """Refuse a dataset with tools and a template that never prints a tool schema (exit 2)."""
-    renderer = ChatRenderer(spec.chat_template, spec.render_date)
+    renderer = ChatRenderer(spec.chat_template, spec.render_date, spec.limits.render_chars)
     variables = {**spec.special_tokens, **spec.template_vars}
     try:
         printed = tool_calls.prints_tools(

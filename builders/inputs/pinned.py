@@ -231,10 +231,22 @@ def resolve_snapshot(repo: PinnedRepo, hub: Hub) -> Path:
     return Path(folder)
 
 
+def names_tools(manifest: Manifest) -> bool:
+    """Whether a dataset of the manifest names a tools field (the template must print tools)."""
+    return any(d.tools is not None for d in manifest.datasets)
+
+
 def load_pinned_tokenizer(
-    pin: TokenizerPin, snapshot: Path, loss_mask: str, limits: Limits = DEFAULT_LIMITS
+    pin: TokenizerPin,
+    snapshot: Path,
+    loss_mask: str,
+    limits: Limits = DEFAULT_LIMITS,
+    tools: bool = False,
 ) -> PinnedTokenizer:
-    """Check the snapshot's tokenizer files by sha256, then parse them."""
+    """Check the snapshot's tokenizer files by sha256, then parse them.
+
+    ``tools``: the dataset names a tools field, so the template must print tools.
+    """
     contents = {
         name: read_checked(in_its_cache(snapshot / name, snapshot), pin.sha256[name])
         for name in pin.files
@@ -272,6 +284,7 @@ def load_pinned_tokenizer(
         special_tokens(config) if config is not None else {},
         source,
         limits,
+        tools,
     )
     format_class(loss_mask).check_inputs(spec, tokenizer)
     return PinnedTokenizer(tokenizer, tokenizer_json, spec, snapshot)
@@ -344,7 +357,11 @@ def pinned_inputs(manifest: Manifest, hub: Hub) -> tuple[PinnedTokenizer, Source
     """The manifest's tokenizer and source, resolved and checked."""
     snapshots = resolve(manifest, hub)
     pinned = load_pinned_tokenizer(
-        manifest.tokenizer, snapshots.tokenizer, manifest.loss_mask, manifest.limits
+        manifest.tokenizer,
+        snapshots.tokenizer,
+        manifest.loss_mask,
+        manifest.limits,
+        names_tools(manifest),
     )
     return pinned, open_source(manifest, snapshots)
 

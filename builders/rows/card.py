@@ -14,6 +14,7 @@ import json
 import numpy as np
 import yaml
 
+from builders.formats import PEER_FORMATS
 from builders.manifest import PINNED_BY_MANIFEST, Manifest, is_shipped
 from builders.rows.figures import NOTHING_PINNED, Check, Verification
 from builders.rows.hub import write_readme
@@ -346,6 +347,16 @@ def _datasets_table(manifest: Manifest, summary: dict) -> list[str]:
     ]
 
 
+def _in_calls(manifest: Manifest, tools: dict) -> str:
+    """The supervised tokens inside calls, and their share of all supervised tokens.
+
+    A peer format's mask is the peer's: it does not say which tokens are calls.
+    """
+    if manifest.loss_mask in PEER_FORMATS:
+        return "not counted (peer format)"
+    return f"{tools['supervised_in_calls']:,} ({tools['supervised_share_in_calls']:.1%})"
+
+
 def _tool_calls(manifest: Manifest, summary: dict) -> list[str]:
     """The "Tool calls" section: what the consumed conversations hold of tool use.
 
@@ -353,18 +364,21 @@ def _tool_calls(manifest: Manifest, summary: dict) -> list[str]:
     """
     tools = summary["tool_calls"]
     named = [pin for pin in manifest.datasets if pin.tools is not None or pin.tools_unused]
-    if not named and not any(v for k, v in tools.items() if k != "tools_field_unread"):
+    if not named and not any(
+        v for k, v in tools.items() if k not in ("tools_field_unread", "supervised_share_in_calls")
+    ):
         return []
     forms = [pin.arguments for pin in manifest.datasets]
     return [
         "### Tool calls",
         "",
         "| conversations with tools | with calls | calls | arguments stored as JSON strings "
-        "| as objects | tool messages |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| as objects | tool messages | supervised tokens inside calls |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
         f"| {tools['conversations_with_tools']:,} | {tools['conversations_with_calls']:,} "
         f"| {tools['calls']:,} | {tools['calls_string_arguments']:,} "
-        f"| {tools['calls_object_arguments']:,} | {tools['tool_messages']:,} |",
+        f"| {tools['calls_object_arguments']:,} | {tools['tool_messages']:,} "
+        f"| {_in_calls(manifest, tools)} |",
         "",
         f"Arguments reach the template as `arguments: {'`, `'.join(dict.fromkeys(forms))}` says "
         '(data/ROWS.md, "Tool calls"): under `object` a JSON string is parsed, and the '

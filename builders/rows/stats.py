@@ -26,6 +26,7 @@ TOOL_COUNTS = (
     "calls_string_arguments",
     "calls_object_arguments",
     "tool_messages",
+    "supervised_in_calls",
 )
 
 
@@ -70,7 +71,7 @@ class BuildStats:
         ids: np.ndarray,
         mask: np.ndarray,
         dataset: int,
-        tool_counts: tuple[int, int, int, int] = (0, 0, 0, 0),
+        tool_counts: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0),
         conversation_id: str | None = None,
     ) -> None:
         """Count one conversation's part of the stream, from ``dataset``.
@@ -85,10 +86,18 @@ class BuildStats:
                 if len(self.duplicate_id_examples) < DUPLICATE_EXAMPLES:
                     self.duplicate_id_examples.append(conversation_id)
             self.ids_seen.add(conversation_id)
-        tools, strings, objects, tool_messages = tool_counts
+        tools, strings, objects, tool_messages, in_calls = tool_counts
         for key, value in zip(
             TOOL_COUNTS,
-            (tools, int(strings + objects > 0), strings + objects, strings, objects, tool_messages),
+            (
+                tools,
+                int(strings + objects > 0),
+                strings + objects,
+                strings,
+                objects,
+                tool_messages,
+                in_calls,
+            ),
             strict=True,
         ):
             self.tool_uses[key] += value
@@ -178,5 +187,14 @@ class BuildStats:
             else {},
             "by_source": self.by_source(),
             "by_dataset": self.by_dataset(),
-            "tool_calls": {**self.tool_uses, "tools_field_unread": self.tools_unread},
+            "tool_calls": {
+                **self.tool_uses,
+                # of the consumed conversations' supervised tokens, those inside answers' calls
+                "supervised_share_in_calls": round(
+                    self.tool_uses["supervised_in_calls"]
+                    / max(1, sum(self.conversation_supervised)),
+                    4,
+                ),
+                "tools_field_unread": self.tools_unread,
+            },
         }
