@@ -53,6 +53,8 @@ def test_qwen3_gets_its_stop_tokens_and_thinking_prefill_and_no_guessed_eos(qwen
     assert "# eos: not written" in done.stdout
     assert "eos: not written" in done.stderr and "<|im_end|>, <|endoftext|>" in done.stderr
     assert "enable_thinking" in done.stderr
+    # the template's own variables (set, looped over) are not the caller's to give
+    assert "not given" not in done.stderr
     quiet = run_cli("pin", "-q", "--tokenizer", str(qwen3_folder))
     assert quiet.returncode == 0 and quiet.stderr == ""
 

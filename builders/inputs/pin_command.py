@@ -235,15 +235,16 @@ def _prefills(template: str, special: dict, clock: bool) -> tuple[list[dict], li
     false on a probe conversation; those that change the generation prompt are prefills. The other
     variables are returned by name.
     """
-    from jinja2 import meta
+    from jinja2 import meta, nodes
 
     from builders.formats.render import ChatRenderer
 
     renderer = ChatRenderer(template, PROBE_DATE if clock else None)
+    parsed = renderer.environment().parse(template)
+    # set, looped over or a macro's parameter somewhere: the template's own, not the caller's
+    own = {n.name for n in parsed.find_all(nodes.Name) if n.ctx in ("store", "param")}
     variables = sorted(
-        meta.find_undeclared_variables(renderer.environment().parse(template))
-        - STANDARD_VARIABLES
-        - set(special)
+        meta.find_undeclared_variables(parsed) - STANDARD_VARIABLES - set(special) - own
     )
 
     def prompt(extra: dict) -> str | None:
