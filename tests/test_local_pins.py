@@ -172,3 +172,9 @@ def test_malformed_local_pins_name_the_field(folders, change, message):
     change(doc)
     with pytest.raises(ManifestError, match=re.escape(message)):
         parse_manifest(yaml.safe_dump(doc), path=folders / "m.yaml")
+
+
+def test_download_has_nothing_to_fetch_for_local_folders(folders):
+    done = run_cli("download", "--manifest", str(local_manifest(folders)))
+    assert done.returncode == 0, done.stderr
+    assert "nothing to download: every input of local is a local folder" in done.stdout
