@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A pool's time from its start-up message to every worker ready.
+"""A pool's time from its start-up messages to every worker's engine chosen.
 
 On the recipe-scale bench inputs (those of bench/build_at_scale.py, in bench/.cache):
 
@@ -21,7 +21,6 @@ os.environ.setdefault("HF_HOME", str(REPO / "bench" / ".cache" / "hf"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from builders.encode import pool as parallel  # noqa: E402
-from builders.encode.encoder import ConversationEncoder  # noqa: E402
 from builders.inputs.pinned import Hub, pinned_inputs  # noqa: E402
 from builders.manifest import load_manifest  # noqa: E402
 
@@ -29,12 +28,14 @@ from builders.manifest import load_manifest  # noqa: E402
 def main() -> None:
     manifest = load_manifest(REPO / "bench" / ".cache" / "bench.yaml")
     pinned, source = pinned_inputs(manifest, Hub())
-    reference = ConversationEncoder(pinned.tokenizer, pinned.spec, manifest.contract)
     for delay in (0, 4):
         with parallel.Pool(int(sys.argv[1])) as pool:
             time.sleep(delay)
             started = time.perf_counter()
-            pool.start(reference, "fastokens", pinned.tokenizer_json, source)
+            pool.load(
+                pinned.snapshot / "tokenizer.json", manifest.tokenizer.sha256["tokenizer.json"]
+            )
+            pool.start(pinned, manifest.contract, "fastokens", source)
             chosen = pool.settle()
             print(
                 f"message {delay} s after the pool started: start to ready "

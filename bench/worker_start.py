@@ -38,6 +38,7 @@ def step(name):
     started, used = time.perf_counter(), cpu()
 sys.path.insert(0, sys.argv[1])
 import builders.encode.worker; step("import builders.encode.worker")
+import builders.formats.render; step("import the chat renderer (transformers)")
 text, template = open(sys.argv[2]).read(), open(sys.argv[3]).read(); step("read tokenizer.json")
 from tokenizers import Tokenizer
 from builders.encode import engines

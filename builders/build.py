@@ -31,7 +31,9 @@ from builders.inputs.pinned import (
     Hub,
     PinnedTokenizer,
     hashed_files,
-    pinned_inputs,
+    load_pinned_tokenizer,
+    open_source,
+    resolve,
     source_files,
 )
 from builders.inputs.source import Source
@@ -97,8 +99,11 @@ def build(
                     rows = packed(manifest, source, reference, stream, stats, manifest.rows)
                     figures = _write_rows(manifest, rows, parquet.temporary, stats, reporter)
                     _report_left_out(stream, stats, reporter)
-                    # the last cross-checks, before anything is kept
+                    # the engine each worker chose, and the last cross-checks, before anything is
+                    # kept
+                    chosen = encoding.settle()
                     encoding.finish()
+                reporter.info(chosen.describe())
                 with timings.stage("hash_s"):
                     computed = {**figures.as_dict(), **file_hash(parquet.temporary)}
                     hashed_sources = [
@@ -117,7 +122,7 @@ def build(
                 stats,
                 (requested, workers),
                 hashed_sources,
-                inputs.chosen,
+                chosen,
                 stream,
                 reference.format.describe(),
             )
@@ -150,7 +155,6 @@ class Prepared:
     encoding: parallel.Encoding
     # encoded with ``encoding``
     stream: Stream
-    chosen: engines.Choice
 
 
 @contextmanager
@@ -178,9 +182,18 @@ def prepared(
     )
     with ExitStack() as scope:
         with timings.stage("resolve_inputs_s"):
-            # workers start while inputs open
+            # workers start while inputs open, and load what they encode with while the build
+            # checks and plans (see builders.encode.pool)
             encoding = scope.enter_context(parallel.encoding(workers))
-            pinned, source = pinned_inputs(manifest, hub)
+            snapshots = resolve(manifest, hub)
+            encoding.load(
+                snapshots.tokenizer / "tokenizer.json", manifest.tokenizer.sha256["tokenizer.json"]
+            )
+            pinned = load_pinned_tokenizer(
+                manifest.tokenizer, snapshots.tokenizer, manifest.loss_mask, manifest.limits
+            )
+            source = open_source(manifest, snapshots)
+            encoding.start(pinned, manifest.contract, engine, source)
             # every source file's bytes are hashed beside the build, and checked before anything
             # is put in place
             source_hashes = scope.enter_context(hashed_files(source_files(source)))
@@ -196,17 +209,11 @@ def prepared(
                 f"{manifest.loss_mask} chat format"
             )
             reference = ConversationEncoder(pinned.tokenizer, pinned.spec, manifest.contract)
-            # the engine is chosen (in the workers, where there are workers) while the build plans
-            encoding.start(reference, engine, pinned.tokenizer_json, source)
             leave_out = None if whole_source else manifest.leave_out_refused
             stream = Stream(source, order, needed_tokens, leave_out)
-            reporter.info(
-                "sampling conversations to plan the stream; choosing the engine "
-                f"(--engine {engine})"
-            )
+            reporter.info("sampling conversations to plan the stream")
             stream.plan(reference)
-            chosen = encoding.settle()
-        reporter.info(chosen.describe())
+            encoding.begin(reference)
         reporter.detail(
             f"tokenizer snapshot {pinned.snapshot}; source files: "
             f"{', '.join(str(f.path) for f in source.files)}"
@@ -223,7 +230,6 @@ def prepared(
             reference,
             encoding,
             stream.encoded_with(encoding),
-            chosen,
         )
 
 
@@ -392,7 +398,10 @@ def _report(
     """
     return {
         "name": manifest.name,
-        "manifest": str(manifest.path) if manifest.path else None,
+        # absolute: the folder a manifest's relative paths resolve against
+        "manifest": str(manifest.path.absolute()) if manifest.path else None,
+        # read back by verify and inspect wherever the build's files are moved together
+        "manifest_text": manifest.text,
         "parquet": final.name,
         "verified": verification.verified,
         "contract": manifest.contract.as_dict(),
@@ -414,6 +423,12 @@ def _report(
         "workers": workers[1],
         "workers_requested": workers[0],
         "cores": len(os.sched_getaffinity(0)),
-        "engine": {**chosen.as_dict(), "conversations_cross_checked": stats.cross_checked},
+        # with tokenizers chosen, nothing was compared (engines.Provisional sampled some before)
+        "engine": {
+            **chosen.as_dict(),
+            "conversations_cross_checked": stats.cross_checked
+            if chosen.name != "tokenizers"
+            else 0,
+        },
         "argv": sys.argv,
     }

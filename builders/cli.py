@@ -43,6 +43,11 @@ COMMANDS = (
 GLOBAL_FLAGS = ("-q", "--quiet", "-v", "--verbose", "--json")
 # diff: the two files' rows differ
 FILES_DIFFER = 8
+CARD_HELP = "the recipe card (YAML, schema_version: 1), or a text or Markdown page holding it"
+FILE_MANIFEST = (
+    "default: manifests/NAME.yaml for a file named NAME.parquet, else the manifest recorded in "
+    "the build report beside it, NAME.report.json"
+)
 
 EPILOG = """\
 examples:
@@ -52,6 +57,7 @@ examples:
   %(prog)s plan --manifest my.yaml --all                  # what the build will give, nothing written
   %(prog)s pin --dataset ./chats --files "*.jsonl"        # the pinned YAML block of a folder (or a repo)
   %(prog)s --verify out/glm47flash-tulu3-fixed8192-v1.parquet
+  %(prog)s verify moved/NAME.parquet --rows-sha256 HEX  # a file without its report: the card's hash
   %(prog)s download --build glm47flash-tulu3-fixed8192-v1  # fetch the pinned inputs, then build offline
   %(prog)s inspect out/fixture-synthetic-v1.parquet --row 3 --fixture-cache .fixture-cache
   %(prog)s diff out/a/NAME.parquet out/b/NAME.parquet
@@ -146,7 +152,14 @@ def parser() -> argparse.ArgumentParser:
 
     v = command("verify", "re-read a built file and check it against its manifest")
     v.add_argument("file", type=Path, help="the parquet file to verify")
-    _manifest_options(v, default_help="default: manifests/NAME.yaml for a file named NAME.parquet")
+    _manifest_options(v, default_help=FILE_MANIFEST)
+    v.add_argument(
+        "--rows-sha256",
+        metavar="HEX",
+        type=_sha256,
+        help="check the file's rows against this rows_sha256 alone, as a recipe card publishes "
+        "it, with no manifest (for a file that travels without its report)",
+    )
 
     i = command("inspect", "show a row or a source conversation decoded, supervision highlighted")
     i.add_argument(
@@ -164,7 +177,7 @@ def parser() -> argparse.ArgumentParser:
         help="highlight supervised tokens with terminal colors "
         "(default: when printing to a terminal)",
     )
-    _manifest_options(i, default_help="default: manifests/NAME.yaml for a file named NAME.parquet")
+    _manifest_options(i, default_help=FILE_MANIFEST)
     _hub_options(i)
 
     d = command("diff", "compare two built files: the first row and token where they differ")
@@ -220,7 +233,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="CARD",
         type=Path,
         required=True,
-        help="the recipe card (YAML, schema_version: 1)",
+        help=CARD_HELP,
     )
     m.add_argument(
         "-o",
@@ -235,7 +248,7 @@ def parser() -> argparse.ArgumentParser:
         "check a recipe card's figures against its build's manifest, field by field, with "
         "no Hub (for a recipes repository's CI); with --rows, a built file against them too",
     )
-    c.add_argument("card", type=Path, help="the recipe card (YAML, schema_version: 1)")
+    c.add_argument("card", type=Path, help=CARD_HELP)
     c.add_argument(
         "--rows",
         metavar="FILE",
@@ -469,19 +482,49 @@ def _hub(args, manifest):
     return Hub(cache_dir=args.fixture_cache / "hub", offline=True)
 
 
-def _manifest(args, file: Path | None = None):
+def _manifest(args):
     from builders.manifest import load_manifest, shipped_manifest
 
     if args.manifest is not None:
         return load_manifest(args.manifest)
-    name = args.name
-    if name is None and file is not None:
-        name = file.name.removesuffix(".parquet").removesuffix(".unverified")
-    if name is None:
+    if args.name is None:
         raise UsageError("which manifest? give --build NAME or --manifest FILE (see --help)")
-    if Path(name).name != name or name in ("", ".", ".."):
-        raise UsageError(f"--build takes a manifest name, not a path: {name!r}")
-    return shipped_manifest(name, args.manifests)
+    if Path(args.name).name != args.name or args.name in ("", ".", ".."):
+        raise UsageError(f"--build takes a manifest name, not a path: {args.name!r}")
+    return shipped_manifest(args.name, args.manifests)
+
+
+def _file_manifest(args, file: Path, instead: str = "--manifest FILE or --build NAME"):
+    """The manifest to read a built file with, and what to call it.
+
+    ``--build``/``--manifest``; else the manifest named like the file (NAME.parquet,
+    NAME.unverified.parquet); else the one the build report beside the file records.
+    """
+    from builders.manifest import shipped_manifest, shipped_manifests
+    from builders.rows.figures import recorded_manifest, report_beside
+
+    name = file.name.removesuffix(".parquet").removesuffix(".unverified")
+    folder = args.manifests or shipped_manifests()
+    if args.manifest is not None or args.name is not None:
+        manifest = _manifest(args)
+        return manifest, str(manifest.path)
+    if name and (folder / f"{name}.yaml").is_file():
+        manifest = shipped_manifest(name, args.manifests)
+        return manifest, str(manifest.path)
+    report = report_beside(file)
+    manifest = recorded_manifest(file)
+    if manifest is not None:
+        return manifest, f"the manifest recorded in {report}"
+    raise UsageError(
+        f"{file}: which manifest? No {folder / f'{name}.yaml'} is named like it, and no build "
+        f"report beside it ({report}) records one: give {instead}"
+    )
+
+
+def _sha256(text: str) -> str:
+    if len(text) != 64 or any(c not in "0123456789abcdef" for c in text):
+        raise argparse.ArgumentTypeError(f"64 lowercase hex digits (a sha256), not {text!r}")
+    return text
 
 
 def _workers(text: str) -> str | int:
@@ -542,19 +585,39 @@ def _pin(args) -> int:
 def _verify(args) -> int:
     from dataclasses import asdict
 
-    from builders.rows.figures import file_figures, recorded_recipe, verify
+    from builders.rows.figures import (
+        file_figures,
+        recorded_recipe,
+        verify,
+        verify_rows_sha256,
+    )
     from builders.rows.rowfile import check_row_file
 
     check_row_file(args.file)
-    manifest = _manifest(args, args.file)
-    figures = file_figures(args.file, manifest.row_tokens, manifest.contract.hash)
-    verification = verify(figures, manifest, recorded_recipe(args.file, figures["parquet_sha256"]))
+    if args.rows_sha256 is not None:
+        if args.manifest is not None or args.name is not None:
+            raise UsageError("--rows-sha256 checks the rows alone: give it without a manifest")
+        figures = file_figures(args.file, None)
+        verification = verify_rows_sha256(figures, args.rows_sha256)
+        manifest, against = None, f"rows_sha256 {args.rows_sha256}"
+    else:
+        manifest, against = _file_manifest(
+            args,
+            args.file,
+            "--manifest FILE (the manifest it was built from), or --rows-sha256 HEX (the "
+            "rows_sha256 its recipe card publishes)",
+        )
+        figures = file_figures(args.file, manifest.row_tokens, manifest.contract.hash)
+        built_from = recorded_recipe(args.file, figures["parquet_sha256"])
+        verification = verify(figures, manifest, built_from)
     if args.json:
         print(
             json.dumps(
                 {
                     "file": str(args.file),
-                    "manifest": str(manifest.path),
+                    # None: the manifest a report records, gone from its file; or --rows-sha256
+                    "manifest": str(manifest.path) if manifest and manifest.path else None,
+                    "against": against,
                     "verified": verification.verified,
                     "figures": figures,
                     "checks": [asdict(c) for c in verification.checks],
@@ -566,7 +629,7 @@ def _verify(args) -> int:
         )
     else:
         _print_checks(verification)
-        print(f"{_outcome(verification)}: {args.file} against {manifest.path}")
+        print(f"{_outcome(verification)}: {args.file} against {against}")
     return _exit_code(verification)
 
 
@@ -586,7 +649,9 @@ def _export(args) -> int:
 def _outcome(verification) -> str:
     if not verification.verified:
         return f"NOT verified ({verification.summary()})"
-    return "built, nothing pinned to verify" if verification.nothing_pinned else "verified"
+    from builders.rows.figures import NOTHING_PINNED
+
+    return NOTHING_PINNED if verification.nothing_pinned else "verified"
 
 
 def _exit_code(verification) -> int:
@@ -604,7 +669,9 @@ def _inspect(args) -> int:
         from builders.rows.rowfile import check_row_file
 
         check_row_file(args.file)
-    manifest = _manifest(args, args.file)
+        manifest, _ = _file_manifest(args, args.file)
+    else:
+        manifest = _manifest(args)
     hub = _hub(args, manifest)
     _reporter(args).info(f"reading the pinned inputs of {manifest.name}")
     if args.source_index is not None:
@@ -640,7 +707,7 @@ def _diff(args) -> int:
         )
         result, b = diff_files(args.a, args.b, _decoder(args, manifest)), args.b
     else:
-        manifest = _manifest(args, None)
+        manifest = _manifest(args)
         hub = _hub(args, manifest)
         with tempfile.TemporaryDirectory() as folder:
             built = build(manifest, Path(folder), hub, _reporter(args), card=False)
@@ -666,12 +733,12 @@ def _diff(args) -> int:
 
 
 def _manifest_named_like(args, file: Path):
-    """The manifest a built file's name names, where there is one; else None.
+    """The manifest of a built file, where one is found; else None.
 
-    NAME.parquet names NAME.
+    The one NAME.parquet names, or the one its build report records.
     """
     try:
-        return _manifest(args, file)
+        return _file_manifest(args, file)[0]
     except UsageError:
         return None
 
@@ -846,8 +913,9 @@ def _check_recipe(args) -> int:
             )
         )
     else:
-        if not args.quiet:
-            for check in checks:
+        # -q: the differing fields still, with both values
+        for check in checks:
+            if not args.quiet or check.status == "differs":
                 _print_field(check)
         if verification is not None:
             print(f"{args.rows} against {manifest.path}:")

@@ -21,7 +21,7 @@ from builders.errors import ManifestError
 from builders.formats import FORMATS, PEER_FORMATS, RENDER_ARGUMENTS, refusal
 from builders.limits import DEFAULT_LIMITS, LIMIT_KEYS, Limits
 from builders.messages import ARGUMENTS, DEFAULT_KEYS, KEY_NAMES
-from builders.yamlfile import FloatText, parse_yaml, read_yaml
+from builders.yamlfile import FloatText, parse_yaml, read_text
 
 LOSS_MASKS = tuple(FORMATS)
 # where the chat template may come from
@@ -241,6 +241,8 @@ class Manifest:
     leave_out_refused: int = 0
     # bounds on one conversation; they refuse, never change rows (not in the recipe)
     limits: Limits = DEFAULT_LIMITS
+    # the YAML it was read from, as written (a build's report records it)
+    text: str | None = field(default=None, compare=False, repr=False)
 
     def recipe(self) -> dict:
         """Everything the manifest says that the rows depend on, by field name.
@@ -348,15 +350,15 @@ def shipped_manifest(name: str, folder: str | Path | None = None) -> Manifest:
 def load_manifest(path: str | Path) -> Manifest:
     """Read and validate the manifest at ``path``."""
     path = Path(path)
-    return _validate(read_yaml(path, "manifest"), source=str(path), path=path)
+    return parse_manifest(read_text(path, "manifest"), source=str(path), path=path)
 
 
 def parse_manifest(text: str, source: str = "<manifest>", path: Path | None = None) -> Manifest:
     """Validate manifest YAML text; ``source`` names it in error messages."""
-    return _validate(parse_yaml(text, source, "manifest"), source, path)
+    return _validate(parse_yaml(text, source, "manifest"), source, path, text)
 
 
-def _validate(doc, source: str, path: Path | None) -> Manifest:
+def _validate(doc, source: str, path: Path | None, text: str) -> Manifest:
     """The manifest ``doc`` (its YAML, loaded) describes; ``source`` names it."""
     check = FieldChecker(source, path.parent if path is not None else Path.cwd())
     top = check.mapping(
@@ -446,6 +448,7 @@ def _validate(doc, source: str, path: Path | None) -> Manifest:
             top.get("leave_out_refused", 0), "leave_out_refused"
         ),
         limits=check.limits(top.get("limits")),
+        text=text,
     )
 
 

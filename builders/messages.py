@@ -61,10 +61,11 @@ def split_step_loss_mask(messages) -> tuple[list, frozenset[int]]:
 def normalize_messages(
     messages,
     *,
-    fields: tuple[str, ...] = PLAIN_KEYS,
+    fields: tuple[str, ...] = MESSAGE_KEYS,
     roles: tuple[str, ...] = ROLES,
     arguments: str = "as-is",
     names: dict[str, str] | None = None,
+    peer: bool = False,
 ) -> list[dict]:
     """Check the messages, normalise their tool calls, and drop keys whose value is None.
 
@@ -74,9 +75,13 @@ def normalize_messages(
     template. ``tool_calls`` (an assistant's only) become ``{id?, type: function, function: {name,
     arguments}}``, ``arguments`` parsed from a JSON string under ``arguments: object``; an answer
     with calls and no content gets ``""``. ``names`` gives the stored name of a field, for the
-    messages. Messages this returned come back unchanged.
+    messages. ``peer``: what miles takes too (the roles ``developer`` and ``function``, a ``name``
+    on any message; elsewhere only a tool result has one). Messages this returned come back
+    unchanged.
     """
     names = names or {}
+    if peer:
+        roles = READ_ROLES
     if not isinstance(messages, list):
         raise ConversationError(f"messages is {type(messages).__name__}, not a list")
     if not messages:
@@ -84,12 +89,14 @@ def normalize_messages(
             "the conversation has no messages (apply_chat_template refuses an empty one)"
         )
     return [
-        _message(position, message, fields, roles, arguments, names)
+        _message(position, message, fields, roles, arguments, names, peer)
         for position, message in enumerate(messages)
     ]
 
 
-def _message(position: int, message, fields, roles, arguments: str, names: dict) -> dict:
+def _message(
+    position: int, message, fields, roles, arguments: str, names: dict, peer: bool
+) -> dict:
     """One message of ``normalize_messages``."""
     if not isinstance(message, dict):
         raise ConversationError(f"message {position} is {type(message).__name__}, not a mapping")
@@ -129,8 +136,9 @@ def _message(position: int, message, fields, roles, arguments: str, names: dict)
     for key, article, only in (
         ("reasoning_content", "an", "assistant"),
         ("tool_call_id", "a", "tool"),
+        ("name", "a", "tool"),
     ):
-        if key in message and role != only:
+        if key in message and role != only and not (peer and key == "name"):
             raise ConversationError(
                 f"message {position} ({role}) has {names.get(key, key)}, which only {article} "
                 f"{only} message may have"

@@ -45,6 +45,11 @@ YamlLoader.add_constructor("tag:yaml.org,2002:float", _float_text)
 
 def read_yaml(path: Path, what: str, loader_class: type[YamlLoader] = YamlLoader):
     """The YAML document in file ``path``, a ``what`` ("manifest"), within the bounds."""
+    return parse_yaml(read_text(path, what), str(path), what, loader_class)
+
+
+def read_text(path: Path, what: str) -> str:
+    """The text of file ``path``, a ``what`` ("manifest"), within the size bound."""
     if not path.is_file():
         raise ManifestError(
             f"{path}: no such file" if not path.exists() else f"{path}: not a regular file"
@@ -59,7 +64,7 @@ def read_yaml(path: Path, what: str, loader_class: type[YamlLoader] = YamlLoader
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise ManifestError(f"{path}: not UTF-8 text (byte {err.start})") from err
-    return parse_yaml(text, str(path), what, loader_class)
+    return text
 
 
 def parse_yaml(text: str, source: str, what: str, loader_class: type[YamlLoader] = YamlLoader):

@@ -30,12 +30,16 @@ def miles_lengths(tok) -> tuple[int, int]:
     return first - ((second - first) - end_interval - len(raw)), len(prompted) - len(ids)
 
 
-def miles_loss_mask(tok, kind: str, messages: list[dict]) -> tuple[list[int], list[int]]:
+def miles_loss_mask(
+    tok, kind: str, messages: list[dict], tools: list | None = None
+) -> tuple[list[int], list[int]]:
     if kind == "qwen" and "<｜Assistant｜>" in tok.get_added_vocab():
         kind = "distill_qwen"
     if kind == "distill_qwen":
         prompt = tok(
-            tok.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True),
+            tok.apply_chat_template(
+                messages[:1], tokenize=False, add_generation_prompt=True, tools=tools
+            ),
             add_special_tokens=False,
         )["input_ids"]
         response = tok(messages[-1]["content"], add_special_tokens=False)["input_ids"]
@@ -47,12 +51,15 @@ def miles_loss_mask(tok, kind: str, messages: list[dict]) -> tuple[list[int], li
     dummy = tok.apply_chat_template([DUMMY], tokenize=True, return_dict=False)
     ids, mask = [], []
     for i, message in enumerate(messages):
+        first_tools = tools if i == 0 else None
         if kind == "qwen":
-            piece = tok.apply_chat_template([message], tokenize=True, return_dict=False)
+            piece = tok.apply_chat_template(
+                [message], tokenize=True, return_dict=False, tools=first_tools
+            )
         elif i == 0:
-            piece = tok.apply_chat_template([message, DUMMY], tokenize=True, return_dict=False)[
-                : -len(dummy)
-            ]
+            piece = tok.apply_chat_template(
+                [message, DUMMY], tokenize=True, return_dict=False, tools=tools
+            )[: -len(dummy)]
         else:
             piece = tok.apply_chat_template([DUMMY, message], tokenize=True, return_dict=False)[
                 len(dummy) :
@@ -70,8 +77,8 @@ def miles_loss_mask(tok, kind: str, messages: list[dict]) -> tuple[list[int], li
     return ids, mask
 
 
-def hf_generation(tok, messages: list[dict]) -> tuple[list[int], list[int]]:
+def hf_generation(tok, messages: list[dict], tools=None) -> tuple[list[int], list[int]]:
     out = tok.apply_chat_template(
-        messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        messages, tools=tools, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
     )
     return list(out["input_ids"]), list(out["assistant_masks"])

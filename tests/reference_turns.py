@@ -10,8 +10,12 @@ aligned with the real one by a depth-first search over what each marker may have
 generation prompts come from ``apply_chat_template(add_generation_prompt=True)``; and the
 supervised characters are mapped to tokens by the tokenizer's character offsets.
 
-``TurnsReference(...).conversation(messages)`` returns a conversation's ids and mask followed by
-its EOS, or raises ``Undefined`` for exactly the conversations ROWS.md leaves undefined.
+``TurnsReference(...).conversation(messages, tools=...)`` returns a conversation's ids and mask
+followed by its EOS, or raises ``Undefined`` for exactly the conversations ROWS.md leaves
+undefined. With tools ("Tool calls"): the render gets ``tools=``; tool fields holding an added
+token, a stop or a generation prompt are refused; a second render with each call field replaced by
+a marker must print every marker inside its answer's supervised characters (found by running the
+rule on that render); an answer right after a tool message starts after the tool probe's markup.
 """
 
 from __future__ import annotations
@@ -41,6 +45,23 @@ SPECIAL_TOKEN_NAMES = (
 )
 PROBE = [{"role": "user", "content": "probe"}]
 MARKER = re.compile("\ue000(\\d+)\ue001")
+PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "probe_fn",
+        "description": "probe",
+        "parameters": {"type": "object", "properties": {}},
+    },
+}
+TOOL_PROBE = [
+    {"role": "user", "content": "probe"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "probe_fn", "arguments": {}}}],
+    },
+    {"role": "tool", "content": "probe"},
+]
 
 
 class Undefined(ValueError):
@@ -123,13 +144,15 @@ def printings(run: str) -> list[str | None]:
     """What a template may print of ``run``.
 
     The run less some leading and/or trailing whitespace, earliest start first, then longest;
-    ``None`` (printed nothing) last.
+    then the run as ``tojson`` escapes it, without its quotes; ``None`` (printed nothing) last.
     """
     core_start = len(run) - len(run.lstrip())
     core_end = len(run.rstrip())
-    return [run[i:j] for i in range(core_start + 1) for j in range(len(run), core_end - 1, -1)] + [
-        None
-    ]
+    trimmed = [run[i:j] for i in range(core_start + 1) for j in range(len(run), core_end - 1, -1)]
+    escaped = [json.dumps(run, ensure_ascii=False)[1:-1], json.dumps(run)[1:-1]]
+    return (
+        trimmed + [e for k, e in enumerate(escaped) if e != run and e not in escaped[:k]] + [None]
+    )
 
 
 class TurnsReference:
@@ -172,7 +195,10 @@ class TurnsReference:
         self.eos_id = self.tok.convert_tokens_to_ids(self.eos)
         self.stops = list(fields["stop"])
         self.literals = markup_literals(self.template)
-        self.prompts = [self._generation_prompt(v) for v in (fields.get("prefills") or [{}])]
+        prefills = fields.get("prefills") or [{}]
+        self.prompts = [self._generation_prompt(v) for v in prefills]
+        self.tool_prompts = self._tool_prompts(prefills)
+        self.forbidden = [*self.tok.get_added_vocab(), *self.stops, *self.prompts]
 
     def render(self, messages, **variables) -> str:
         """transformers' render.
@@ -195,24 +221,110 @@ class TurnsReference:
         )
         return with_prompt[len(without) :]
 
-    def conversation(self, messages, untrained=frozenset()) -> tuple[list[int], list[int]]:
+    def _tool_prompts(self, prefills) -> list[str] | None:
+        """``C_t + G_t(v)`` per prefill: the markup after the tool probe's last printed text,
+        then its generation prompt; None where the template cannot render the probe."""
+        out = []
+        for prefill in prefills:
+            try:
+                plain = self.render(TOOL_PROBE, tools=[PROBE_TOOL], **prefill)
+                prompted = self.render(
+                    TOOL_PROBE, tools=[PROBE_TOOL], add_generation_prompt=True, **prefill
+                )
+                prints = self._printed_texts(TOOL_PROBE, plain, [PROBE_TOOL], **prefill)
+            except (TemplateError, Undefined):
+                return None
+            if not prints or not prompted.startswith(plain):
+                return None
+            out.append(plain[prints[-1][1] :] + prompted[len(plain) :])
+        return out if all(out) else None
+
+    def conversation(
+        self, messages, untrained=frozenset(), tools=None
+    ) -> tuple[list[int], list[int]]:
         """Token ids and mask of one conversation followed by its EOS.
 
         Raises ``Undefined``.
         """
         messages = checked(messages)
+        tools = tools or None
+        self._refuse_injection(messages, tools)
         try:
-            text = self.render(messages)
+            text = self.render(messages, tools=tools)
         except TemplateError as error:
             raise Undefined(f"the template refuses the conversation: {error}") from None
-        prints = self._printed_texts(messages, text)
+        prints = self._printed_texts(messages, text, tools)
         supervised = self._supervised_characters(messages, text, prints, untrained)
+        self._check_complete(messages, tools)
         encoding = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
         mask = [1 if any(supervised[start:end]) else 0 for start, end in encoding["offset_mapping"]]
         ids = list(encoding["input_ids"])
         return [*ids, self.eos_id], [*mask, int(supervised.eos)]
 
-    def _printed_texts(self, messages, text: str) -> list[tuple[int, int, int]]:
+    def _refuse_injection(self, messages, tools) -> None:
+        """Refuse a tool field that holds an added token, a stop or a generation prompt."""
+        fields = list(strings_in(tools))
+        for m in messages:
+            for call in m.get("tool_calls", []):
+                fields += [call.get("id"), call["function"]["name"]]
+                fields += list(strings_in(call["function"].get("arguments")))
+            fields += [m.get("tool_call_id"), m.get("name")]
+        for field in fields:
+            if isinstance(field, str) and any(f and f in field for f in self.forbidden):
+                raise Undefined(f"the tool field {field!r} holds the template's own markup")
+
+    def _check_complete(self, messages, tools) -> None:
+        """Each call's name, argument keys and string leaves, replaced by markers.
+
+        Every marker must be printed inside its answer's supervised characters.
+        """
+        fields = []
+
+        def mark(j, value):
+            if isinstance(value, str):
+                if not value:
+                    return value
+                fields.append(j)
+                return f"\ue002{len(fields) - 1}\ue003"
+            if isinstance(value, dict):
+                return {mark(j, k): mark(j, v) for k, v in value.items()}
+            if isinstance(value, list):
+                return [mark(j, v) for v in value]
+            return value
+
+        marked = []
+        for j, m in enumerate(messages):
+            if m.get("tool_calls"):
+                m = {
+                    **m,
+                    "tool_calls": [
+                        {
+                            **call,
+                            "function": {
+                                **call["function"],
+                                "name": mark(j, call["function"]["name"]),
+                                "arguments": mark(j, call["function"].get("arguments")),
+                            },
+                        }
+                        for call in m["tool_calls"]
+                    ],
+                }
+            marked.append(m)
+        if not fields:
+            return
+        text = self.render(marked, tools=tools)
+        spans = self._supervised_characters(
+            marked, text, self._printed_texts(marked, text, tools), frozenset()
+        ).spans
+        for n, j in enumerate(fields):
+            forms = {f"\ue002{n}\ue003", json.dumps(f"\ue002{n}\ue003")[1:-1]}
+            places = [(a.start(), a.end()) for f in forms for a in re.finditer(re.escape(f), text)]
+            if not places:
+                raise Undefined(f"a call field of message {j} is not printed", message=j)
+            if any(not (spans[j][0] <= a and b <= spans[j][1]) for a, b in places):
+                raise Undefined(f"a call field of message {j} is not supervised", message=j)
+
+    def _printed_texts(self, messages, text: str, tools=None, **variables) -> list:
         """(start, end, message) of each printed text in ``text``.
 
         Found by aligning the placeholder render.
@@ -232,7 +344,7 @@ class TurnsReference:
                     placeholder[key] = "".join(parts)
             placeholders.append(placeholder)
         try:
-            rendered = self.render(placeholders)
+            rendered = self.render(placeholders, tools=tools, **variables)
         except TemplateError as error:
             raise Undefined(f"the template refuses the placeholder conversation: {error}") from None
         # literal, marker, literal, marker, ..., literal
@@ -279,6 +391,8 @@ class TurnsReference:
         headers = {}
         previous_header_end = 0
         for j in answers:
+            after_tool = j > 0 and messages[j - 1]["role"] == "tool" and self.tool_prompts
+            prompts = self.tool_prompts if after_tool else self.prompts
             own = [p for p in prints if p[2] == j]
             # j printing nothing: the next printed text is the first of a later message after what
             # came before j (a template may move a later text in front, as DeepSeek does with system
@@ -288,10 +402,10 @@ class TurnsReference:
             end = own[0][0] if own else min(later, default=len(text))
             start = max([p[1] for p in prints if p[1] <= end] + [previous_header_end])
             header = None
-            for length in sorted({len(p) for p in self.prompts}, reverse=True):
+            for length in sorted({len(p) for p in prompts}, reverse=True):
                 found = [
                     at
-                    for p in self.prompts
+                    for p in prompts
                     if len(p) == length
                     for at in [text.find(p, start, end)]
                     if at >= 0
@@ -308,11 +422,11 @@ class TurnsReference:
             headers[j] = header
             previous_header_end = header[1]
         for j in answers:
-            if j in untrained:
-                continue
+            # marked, or only measured (an untrained answer's span, for the completeness check)
+            target = Characters(len(text)) if j in untrained else supervised
             own = [p for p in prints if p[2] == j]
             answer_end = own[-1][1] if own else headers[j][1]
-            supervised.mark(headers[j][1], answer_end)
+            target.mark(headers[j][1], answer_end)
             following = [p for p in prints if p[0] >= answer_end and p[2] != j]
             next_print = min(following) if following else None
             markup_end = next_print[0] if next_print else len(text)
@@ -323,14 +437,19 @@ class TurnsReference:
                 for s in self.stops
                 if (at := text.find(s, answer_end, markup_end)) >= 0
             ]
+            end = answer_end
             if stops:
                 at, negative_length = min(stops)
-                supervised.mark(answer_end, at - negative_length)
+                target.mark(answer_end, at - negative_length)
+                end = at
             elif next_print is None:
-                supervised.mark(answer_end, len(text))
-                supervised.eos = supervised.eos or self.eos in self.stops
+                target.mark(answer_end, len(text))
+                target.eos = target.eos or self.eos in self.stops
+                end = len(text)
             elif messages[next_print[2]]["role"] == "assistant":
-                supervised.mark(answer_end, max(answer_end, headers[next_print[2]][0]))
+                end = max(answer_end, headers[next_print[2]][0])
+                target.mark(answer_end, end)
+            supervised.spans[j] = (headers[j][1], end)
         return supervised
 
 
@@ -383,6 +502,8 @@ class Characters(list):
     def __init__(self, n: int):
         super().__init__([0] * n)
         self.eos = False
+        # each answer's characters before its stop token: (start, end)
+        self.spans = {}
 
     def mark(self, start: int, end: int) -> None:
         for i in range(start, end):
@@ -400,18 +521,36 @@ def checked(messages) -> list[dict]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise Undefined(f"message {i} is not a mapping", message=i)
-        m = {k: v for k, v in m.items() if v is not None}
-        allowed = {"role", "content"} | (
-            {"reasoning_content"} if m.get("role") == "assistant" else set()
-        )
+        m = {k: v for k, v in m.items() if v is not None and (k, v) != ("tool_calls", [])}
+        if m.get("tool_calls") and m.get("role") == "assistant":
+            m.setdefault("content", "")
+            if not all(isinstance(c["function"]["name"], str) for c in m["tool_calls"]):
+                raise Undefined(f"message {i} has a call without a name", message=i)
+        allowed = {"role", "content"} | {
+            "assistant": {"reasoning_content", "tool_calls"},
+            "tool": {"tool_call_id", "name"},
+        }.get(m.get("role"), set())
         if set(m) - allowed:
             raise Undefined(f"message {i} has fields {sorted(set(m) - allowed)}", message=i)
         if not isinstance(m.get("role"), str) or not all(
-            isinstance(m.get(k, ""), str) for k in TEXT_FIELDS
+            isinstance(m.get(k, ""), str) for k in (*TEXT_FIELDS, "tool_call_id", "name")
         ):
             raise Undefined(f"message {i} has a role or text that is not a string", message=i)
         out.append(m)
     return out
+
+
+def strings_in(value):
+    """Every string in a JSON value, its keys included."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield k
+            yield from strings_in(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from strings_in(v)
 
 
 def turns_fields(manifest: Path) -> dict:

@@ -4,6 +4,7 @@ Across processes, hash seeds, thread counts and fixture generation.
 """
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -61,6 +62,11 @@ def test_build_bytes_do_not_depend_on_the_process(workers, env, fixture_cache, b
     )
     assert done.returncode == 0, done.stderr
     assert (out / f"{SELF_CONTAINED}.parquet").read_bytes() == reference
+    # workers encode with tokenizers until fastokens has loaded: the count is the same either way
+    engine = json.loads((out / f"{SELF_CONTAINED}.report.json").read_text())["engine"]
+    in_process = json.loads(built(SELF_CONTAINED).report.read_text())["engine"]
+    assert engine["name"] == in_process["name"] == "fastokens"
+    assert engine["conversations_cross_checked"] == in_process["conversations_cross_checked"] > 0
 
 
 def test_fixture_cache_is_the_same_in_another_process(tmp_path):

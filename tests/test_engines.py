@@ -295,3 +295,70 @@ def test_workers_choose_the_engine_by_its_probes(fixture_cache, built, tmp_path)
     assert (out / f"{SELF_CONTAINED}.parquet").read_bytes() == built(
         SELF_CONTAINED
     ).parquet.read_bytes()
+
+
+def test_a_worker_encodes_with_tokenizers_while_fastokens_loads(tmp_path, monkeypatch):
+    """A worker's batches before its engine is chosen are the reference's.
+
+    Its fastokens load waits for a file the test makes once the first batch is back. Those
+    conversations, and the ones after fastokens took over, are what this process encodes with the
+    guarded engine from the start: the same tokens, masks and cross-checked samples.
+    """
+    import hashlib
+
+    import pyarrow as pa
+
+    from builders.encode.pool import InProcess, Pool
+    from builders.fixture.make import synthetic_rows
+    from builders.inputs.pinned import PinnedTokenizer
+    from helpers import encoder
+
+    gate = tmp_path / "fastokens may load"
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, sys, time\n"
+        "if any('builders.encode.worker' in a for a in sys.orig_argv):\n"
+        "    from builders.encode import engines\n"
+        "    real = engines.FastokensEngine.__init__\n"
+        "    def gated(self, text):\n"
+        f"        while not os.path.exists({str(gate)!r}):\n"
+        "            time.sleep(0.01)\n"
+        "        real(self, text)\n"
+        "    engines.FastokensEngine.__init__ = gated\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    enc = encoder(FIXTURE_TEMPLATE.read_text(encoding="utf-8"))
+    rows = [{**row, "index": k} for k, row in enumerate(synthetic_rows(seed=3, count=160))]
+    table, positions = pa.Table.from_pylist(rows), np.arange(len(rows))
+    text = enc.tokenizer.to_str()
+    (tmp_path / "tokenizer.json").write_text(text, encoding="utf-8")
+    pinned = PinnedTokenizer(enc.tokenizer, text, enc.spec, tmp_path)
+
+    def encoded(encoding, *, before_choice=None) -> tuple[list, str]:
+        waiting = {}
+        with encoding:
+            encoding.load(tmp_path / "tokenizer.json", hashlib.sha256(text.encode()).hexdigest())
+            encoding.start(pinned, enc.contract, "auto", None)
+            encoding.begin(enc)
+            encoding.submit(table.slice(0, 80), positions[:80], waiting)
+            first = [encoding.take(waiting, p) for p in range(80)]
+            if before_choice is not None:
+                before_choice(encoding)
+            name = encoding.settle().name
+            encoding.submit(table.slice(80), positions[80:], waiting)
+            out = first + [encoding.take(waiting, p) for p in range(80, len(rows))]
+            encoding.finish()
+        return out, name
+
+    def not_chosen_yet(pool):
+        assert pool.workers[0].started and pool.workers[0].choice is None
+        gate.touch()
+
+    here, here_engine = encoded(InProcess())
+    there, there_engine = encoded(Pool(1), before_choice=not_chosen_yet)
+    assert here_engine == there_engine == "fastokens"
+    assert [c.cross_checked for c in there] == [c.cross_checked for c in here]
+    assert sum(c.cross_checked for c in here[:80]) >= 2
+    for mine, theirs in zip(here, there, strict=True):
+        assert np.array_equal(mine.ids, theirs.ids) and np.array_equal(mine.mask, theirs.mask)

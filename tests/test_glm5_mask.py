@@ -113,7 +113,7 @@ def test_rendering_and_tokens_match_apply_chat_template(template, tmp_path):
         ([{"role": "user", "content": ["a", "b"]}], "content is a list"),
         (
             [{"role": "user", "content": "x", "tool_calls": [{"name": "f"}]}],
-            "unsupported field 'tool_calls'",
+            "has tool_calls, which only an assistant message may have",
         ),
         ([{"role": "user", "content": "x", "reasoning_content": "y"}], "only an assistant message"),
         ("not a list", "not a list"),

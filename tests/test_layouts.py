@@ -557,21 +557,3 @@ def test_json_list_scan_minds_strings_escapes_and_chunk_edges(tmp_path, monkeypa
             }
             for r in json.loads(text_of_file)
         ], text_of_file
-
-
-def test_a_mixture_is_no_recipe_cards_build():
-    from builders.inputs.recipe import manifest_fields
-
-    pins = "".join(f"\n  - {{repo: o/d{j}, revision: {'a' * 40}, split: train}}" for j in range(2))
-    manifest = parse_manifest(f"""name: m
-datasets:{pins}
-tokenizer: {{repo: o/t, revision: {"a" * 40}, sha256: {FAKE_SHA256}}}
-loss_mask: glm5
-seed: 1
-row_tokens: 8
-rows: 1
-""")
-    assert manifest.mixture and [pin.repo for pin in manifest.datasets] == ["o/d0", "o/d1"]
-    assert set(manifest.recipe()) >= {"datasets[0].repo", "datasets[1].revision"}
-    with pytest.raises(ManifestError, match="a mixture of 2 datasets; a recipe card names one"):
-        manifest_fields(manifest)

@@ -315,12 +315,20 @@ PEER_TEMPLATE = {"miles-qwen": "qwen3", "miles-qwen3": "qwen3", "hf-generation":
 
 
 def peer_source() -> list[dict]:
+    """Hard and synthetic conversations, each message's ``step_loss_mask`` stored.
+
+    A message without one reads back from the struct column as null, which miles does not train:
+    the source gives 1 where a conversation leaves it out, as miles' own data would.
+    """
     hard = [
         {"id": f"hard_{i}", "source": "hard", "messages": m} for i, m in enumerate(QWEN_HARD_CASES)
     ]
-    return hard + [
+    rows = hard + [
         {"id": f"synthetic_{k}", "source": "synthetic", "messages": m}
         for k, m in enumerate(synthetic(5, 30))
+    ]
+    return [
+        {**row, "messages": [{"step_loss_mask": 1, **m} for m in row["messages"]]} for row in rows
     ]
 
 
@@ -364,7 +372,10 @@ def peer_reference_rows(hf_home: Path, manifest, loss_mask: str, qwen_hf) -> lis
     eos = qwen_hf.convert_tokens_to_ids("<|endoftext|>")
 
     def encode(messages):
-        messages = [{k: v for k, v in m.items() if v is not None} for m in messages]
+        # miles keeps a null step_loss_mask (an untrained answer); transformers drops null fields
+        messages = [
+            {k: v for k, v in m.items() if v is not None or k == "step_loss_mask"} for m in messages
+        ]
         ids, mask = (
             hf_generation(qwen_hf, messages)
             if loss_mask == "hf-generation"

@@ -6,6 +6,7 @@ estimate falls short, and reports a bad conversation in stream order, whatever t
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import numpy as np
@@ -179,7 +180,7 @@ def test_a_batch_sent_to_a_worker_carries_only_its_rows():
     assert len(sent) < 20 * 1000
 
 
-def test_workers_encode_as_this_process_does():
+def test_workers_encode_as_this_process_does(tmp_path):
     """A pool's conversations and errors are those of this process.
 
     Each field of the conversations, dtypes included.
@@ -188,6 +189,7 @@ def test_workers_encode_as_this_process_does():
 
     from builders.encode.pool import InProcess, Pool
     from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows
+    from builders.inputs.pinned import PinnedTokenizer
     from helpers import encoder
 
     enc = encoder(FIXTURE_TEMPLATE.read_text(encoding="utf-8"))
@@ -198,11 +200,18 @@ def test_workers_encode_as_this_process_does():
     # the contract cannot encode it
     rows[7]["messages"].append({"role": "function", "content": "x"})
     table, positions = pa.Table.from_pylist(rows), np.arange(100, 100 + len(rows))
+    text = enc.tokenizer.to_str()
+    tokenizer_file = tmp_path / "tokenizer.json"
+    tokenizer_file.write_text(text, encoding="utf-8")
+    sha256 = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    pinned = PinnedTokenizer(enc.tokenizer, text, enc.spec, tmp_path)
 
     def encoded(encoding) -> dict:
         waiting, out = {}, {}
         with encoding:
-            encoding.start(enc, "tokenizers", enc.tokenizer.to_str(), None)
+            encoding.load(tokenizer_file, sha256)
+            encoding.start(pinned, enc.contract, "tokenizers", None)
+            encoding.begin(enc)
             assert encoding.settle().name == "tokenizers"
             # one batch for each worker
             encoding.submit(table.slice(0, 25), positions[:25], waiting)
@@ -252,7 +261,8 @@ def test_a_format_that_json_cannot_carry_is_refused_before_workers_start():
     from helpers import encoder
 
     enc = encoder(FIXTURE_TEMPLATE.read_text(encoding="utf-8"))
-    assert json.loads(start_up_message(enc))["format"]["chat_template"] == enc.spec.chat_template
-    enc.format.spec = dataclasses.replace(enc.spec, template_vars={"table": {1: "one"}})
+    sent = json.loads(start_up_message(enc.spec, enc.contract))
+    assert sent["format"]["chat_template"] == enc.spec.chat_template
+    spec = dataclasses.replace(enc.spec, template_vars={"table": {1: "one"}})
     with pytest.raises(UsageError, match="build with --workers 1"):
-        start_up_message(enc)
+        start_up_message(spec, enc.contract)

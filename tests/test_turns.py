@@ -236,10 +236,14 @@ def test_an_untrained_answer_is_rendered_but_not_supervised():
                 {"role": "user", "content": "x"},
                 {"role": "assistant", "content": "y", "tool_calls": [{"name": "f"}]},
             ],
-            "'tool_calls'",
+            "has no arguments",
+        ),
+        (
+            [{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}],
+            "has tool_calls, which only an assistant message may have",
         ),
         ([{"role": "user", "content": [{"type": "text", "text": "x"}]}], "content is a list"),
-        ([{"role": "user", "content": "x", "name": "bob"}], "'name'"),
+        ([{"role": "user", "content": "x", "name": "bob"}], "has name, which only a tool"),
     ],
 )
 def test_messages_with_tools_lists_or_other_fields_are_refused_by_name(messages, named):

@@ -46,7 +46,8 @@ MODELS = {
 }
 TOOL_MESSAGE, ASSISTANT_FIRST, ANSWER_AFTER_TWO = 20, 25, 28
 # what ROWS.md leaves undefined among the hard conversations, per model. DeepSeek-V3.1 prints no
-# header before an answer that does not follow a user message. Qwen3: an empty answer before another
+# header before an answer that does not follow a user message (after a tool result, the tool
+# probe's closing markup starts it: "Tool calls"). Qwen3: an empty answer before another
 # one finds the second's longer generation prompt (the empty think block) in its search region.
 # Gemma 3's template raises where the roles do not alternate user/assistant.
 NOT_AFTER_A_USER = {
@@ -58,7 +59,7 @@ NOT_AFTER_A_USER = {
     ANSWER_AFTER_TWO,
 }
 REFUSED = {
-    "deepseek-v3.1": NOT_AFTER_A_USER,
+    "deepseek-v3.1": NOT_AFTER_A_USER - {TOOL_MESSAGE},
     "qwen3": {EMPTY_THEN_ANSWER},
     "sentencepiece-gemma3": NOT_AFTER_A_USER | {SYSTEM_AFTER_REASONING, BLANK_SYSTEM},
 }
@@ -465,13 +466,15 @@ SHAPES_REFUSED = {
 
 @pytest.mark.parametrize("shape", list(SHAPES_REFUSED))
 def test_a_message_with_tool_calls_or_other_fields_is_refused_by_name(shape, tmp_path):
+    """Gemma 3's template prints no tool calls: the completeness check refuses them."""
     conversation = [
         {"role": "user", "content": "hello"},
         {"role": "assistant", "content": "hi"},
         SHAPES_REFUSED[shape],
     ]
-    with pytest.raises(Undefined):
-        checked(conversation)
+    if shape == "another field":
+        with pytest.raises(Undefined):
+            checked(conversation)
     m = MODELS["sentencepiece-gemma3"]()
     manifest = real_models.lay_out_turns(
         tmp_path,

@@ -18,6 +18,7 @@ never trusted on its word:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -125,16 +126,13 @@ class Guarded(Engine):
         Return which were sampled. ``indices`` are the conversations' source indices.
         """
         self._raise_finished()
-        sampled = [
-            i % CROSS_CHECK_EVERY == 0 or len(t) > CROSS_CHECK_LONG
-            for i, t in zip(indices, ids, strict=True)
-        ]
-        chosen = [k for k, s in enumerate(sampled) if s]
-        if chosen:
+        chosen = sampled(ids, indices)
+        picked = [k for k, s in enumerate(chosen) if s]
+        if picked:
             self.check(
-                [texts[k] for k in chosen], [ids[k] for k in chosen], [indices[k] for k in chosen]
+                [texts[k] for k in picked], [ids[k] for k in picked], [indices[k] for k in picked]
             )
-        return sampled
+        return chosen
 
     def check(self, texts: list[str], ids: list[np.ndarray], indices: list[int]) -> None:
         """Compare ``ids`` with the reference's encoding of ``texts``.
@@ -169,6 +167,33 @@ class Guarded(Engine):
                     f"nothing was written to the final path. "
                     f"Build with --engine tokenizers, and please report the conversation"
                 )
+
+
+class Provisional(TokenizersEngine):
+    """The reference, encoding while a guarded engine is chosen beside it (``Choosing``).
+
+    It samples the conversations the guard would (``sampled``), so the count of those cross-checked
+    does not depend on when the guarded engine took over: a sampled conversation it encodes holds
+    the reference's own tokens, with nothing to compare. Where the choice falls back to tokenizers,
+    the build counts none.
+    """
+
+    def cross_check(
+        self, texts: list[str], ids: list[np.ndarray], indices: list[int]
+    ) -> list[bool]:
+        return sampled(ids, indices)
+
+
+def sampled(ids: list[np.ndarray], indices: list[int]) -> list[bool]:
+    """Which encoded conversations a guard cross-checks.
+
+    Those whose source index (``indices``) is a multiple of ``CROSS_CHECK_EVERY``, and every one
+    over ``CROSS_CHECK_LONG`` tokens.
+    """
+    return [
+        i % CROSS_CHECK_EVERY == 0 or len(t) > CROSS_CHECK_LONG
+        for i, t in zip(indices, ids, strict=True)
+    ]
 
 
 @dataclass(frozen=True)
@@ -235,6 +260,37 @@ def choose(requested: str, tokenizer: Tokenizer, tokenizer_json: str, chat_templ
             )
         return Choice.of(reference, requested, f"{problem}; encoding with tokenizers")
     return Choice.of(Guarded(fast, reference), requested, None)
+
+
+class Choosing:
+    """The engine of a worker, chosen (``choose``) in a thread while it encodes.
+
+    Until then it encodes with ``provisional``: the reference, which gives the same rows. The
+    thread loads the fast engine and runs its probes; ``chosen()`` is called when it is done.
+    """
+
+    def __init__(
+        self,
+        requested: str,
+        tokenizer: Tokenizer,
+        tokenizer_json: str,
+        chat_template: str,
+        chosen: Callable[[], None],
+    ):
+        self.provisional = (
+            TokenizersEngine(tokenizer) if requested == "tokenizers" else Provisional(tokenizer)
+        )
+        thread = ThreadPoolExecutor(1, thread_name_prefix="engine-choice")
+        self._choice = thread.submit(choose, requested, tokenizer, tokenizer_json, chat_template)
+        self._choice.add_done_callback(lambda _: chosen())
+        thread.shutdown(wait=False)
+
+    def done(self) -> bool:
+        return self._choice.done()
+
+    def result(self) -> Choice:
+        """The engine chosen; a refused ``--engine`` raises here."""
+        return self._choice.result()
 
 
 def _disagreements(fast, reference, texts: list[str]) -> list[str]:

@@ -7,8 +7,16 @@ runs the same ``ConversationEncoder``, so the rows do not depend on the number o
 workers also choose the engine (its probes), decode the source's row groups themselves
 (``submit_group``) and cross-check their own samples: what scales with the source runs in them, and
 the main process only orders, cuts and writes. At most ``2 × workers`` tasks are in flight: memory
-stays bounded. Either way the engine is chosen while the build plans, and ``settle`` waits for that
-choice; a pool's interpreters start before the build opens its inputs.
+stays bounded.
+
+Start-up, where a pool's workers wait for nothing the build does not need to give them: their
+interpreters start (and import) before the build opens its inputs; each parses the pinned
+``tokenizer.json`` (``load``) while the build checks the other inputs; it makes its encoder once
+it has the chat format (``start``), before the build checks the source's order and plans; and it
+encodes its first tasks with the reference engine while the engine asked for loads and runs its
+probes beside it (``engines.Choosing``). The build hands out tasks without waiting for them, and
+``settle`` (after the rows) gives the engine every worker chose. In this process the engine is
+chosen in a thread while the build plans, and ``begin`` waits for it.
 
 ``--workers auto`` (``worker_count``) is one process where the machine has at most
 ``IN_PROCESS_UP_TO`` cores (the engine's own threads use them; measured fastest there, see
@@ -26,17 +34,22 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import wait
-from typing import Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import pyarrow as pa
 
+from builders.contract import Contract
 from builders.encode import engines
 from builders.encode.encoder import ConversationEncoder, EncodedConversation
 from builders.encode.worker import Worker, encode_rows
 from builders.errors import EngineDisagreement, RefusedConversation
 from builders.inputs.layout import conversations
 from builders.inputs.source import Source
+
+if TYPE_CHECKING:
+    from builders.inputs.pinned import PinnedTokenizer
 
 # stream position → EncodedConversation, or the RefusedConversation of that conversation
 Encoded = dict
@@ -66,9 +79,11 @@ class Encoding(Protocol):
     # batches handed out before the stream takes the oldest
     ahead: int
 
+    def load(self, tokenizer_file: Path, sha256: str) -> None: ...
     def start(
-        self, encoder: ConversationEncoder, engine: str, tokenizer_json: str, source: Source
+        self, pinned: PinnedTokenizer, contract: Contract, engine: str, source: Source | None
     ) -> None: ...
+    def begin(self, encoder: ConversationEncoder) -> None: ...
     def settle(self) -> engines.Choice: ...
     def finish(self) -> None: ...
     def submit(self, table: pa.Table, positions: np.ndarray, encoded: Encoded) -> None: ...
@@ -99,27 +114,30 @@ class InProcess:
         self._chooser.shutdown(wait=True, cancel_futures=True)
         return False
 
-    def start(
-        self, encoder: ConversationEncoder, engine: str, tokenizer_json: str, source: Source
-    ) -> None:
-        """Begin choosing the engine for ``encoder``.
+    def load(self, tokenizer_file: Path, sha256: str) -> None:
+        """Nothing: this process parses the tokenizer as it checks the inputs."""
 
-        ``engine`` is what ``--engine`` asks for; ``encoder`` the format and contract, with the
-        reference engine until ``settle``; ``tokenizer_json`` is the pinned file's text.
+    def start(
+        self, pinned: PinnedTokenizer, contract: Contract, engine: str, source: Source | None
+    ) -> None:
+        """Begin choosing the engine for ``pinned``'s tokenizer.
+
+        ``engine`` is what ``--engine`` asks for.
         """
-        self.encoder = encoder
         self._choice = self._chooser.submit(
-            engines.choose, engine, encoder.tokenizer, tokenizer_json, encoder.spec.chat_template
+            engines.choose, engine, pinned.tokenizer, pinned.tokenizer_json, pinned.chat_template
         )
 
-    def settle(self) -> engines.Choice:
-        """The engine chosen; encode with it from now on.
+    def begin(self, encoder: ConversationEncoder) -> None:
+        """Encode with ``encoder``'s format and contract, and the engine chosen.
 
         A refused ``--engine`` raises here.
         """
-        choice = self._choice.result()
-        self.encoder = self.encoder.with_engine(choice.engine)
-        return choice
+        self.encoder = encoder.with_engine(self._choice.result().engine)
+
+    def settle(self) -> engines.Choice:
+        """The engine chosen."""
+        return self._choice.result()
 
     def finish(self) -> None:
         """Let the engine's last cross-checks finish (a disagreement raises)."""
@@ -170,25 +188,37 @@ class Pool(InProcess):
         self._stop()
         return False
 
-    def start(
-        self, encoder: ConversationEncoder, engine: str, tokenizer_json: str, source: Source | None
-    ) -> None:
-        """Send each worker what it encodes with.
+    def load(self, tokenizer_file: Path, sha256: str) -> None:
+        """Have each worker parse the pinned ``tokenizer.json``.
 
-        That is ``encoder``'s format and contract, the ``engine`` asked for, ``tokenizer_json``
-        (the pinned file's text, which ``encoder``'s tokenizer was loaded from), and the ``source``
-        whose row groups it decodes.
+        Each reads ``tokenizer_file`` itself and checks it against ``sha256``.
         """
-        self.encoder, self.source = encoder, source
         for worker in self.workers:
-            worker.send_start_up(encoder, engine, tokenizer_json, source)
+            worker.send_tokenizer(tokenizer_file, sha256)
+
+    def start(
+        self, pinned: PinnedTokenizer, contract: Contract, engine: str, source: Source | None
+    ) -> None:
+        """Send each worker what it encodes with besides the tokenizer (``load``).
+
+        That is ``pinned``'s chat format, the ``contract``, the ``engine`` asked for, and the
+        ``source`` whose row groups it decodes.
+        """
+        self.source = source
+        for worker in self.workers:
+            worker.send_start_up(pinned.spec, contract, engine, source)
+
+    def begin(self, encoder: ConversationEncoder) -> None:
+        """Nothing: the workers encode as soon as they can, with encoders of their own."""
 
     def settle(self) -> engines.Choice:
-        """The engine every worker chose once it started.
+        """The engine every worker chose.
 
-        A worker that could not start, or a refused ``--engine``, raises here.
+        Answers to tasks still on their way are not wanted. A worker that could not start, or a
+        refused ``--engine``, raises here.
         """
-        while not all(worker.started for worker in self.workers):
+        self.hold = None
+        while not all(worker.choice is not None for worker in self.workers):
             self._collect({}, block=True)
         chosen = {json.dumps(worker.choice, sort_keys=True) for worker in self.workers}
         if len(chosen) > 1:
@@ -252,7 +282,7 @@ class Pool(InProcess):
         for channel in wait(list(by_channel), timeout=None if block else 0):
             batch, later = by_channel[channel].receive()
             encoded.update(batch)
-            if later is not None:
+            if later is not None and self.hold is not None:
                 self.hold(later.drop_columns(["position"]), later.column("position").to_numpy())
 
     def _least_busy(self, encoded: Encoded) -> Worker:

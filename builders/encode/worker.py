@@ -7,19 +7,21 @@ therefore closes its channel at once: the build sees the end of it, or a broken 
 lock or pipe shared with other processes can be left blocked. Only JSON and Arrow IPC travel on
 the channel:
 
-- build → worker: the start-up message (contract, the engine ``--engine`` asks for, the chat
-  format's inputs and the source's files, as JSON), the tokenizer's JSON text, then tasks, each a
-  JSON header and an Arrow IPC stream: ``{}`` and source rows with a ``position`` column (their
-  stream positions), or ``{"group": G, "eager": E}`` and the rows of source row group G the pass
-  wants (``row`` in the group, ``position``): the worker decodes the group itself, encodes the
-  rows before position E and sends the others back undecoded-to-Python (Arrow) for the build to
-  hold. Closing the channel ends the worker.
-- worker → build: a JSON header for each message: ``ready`` once it has loaded what it encodes
-  with, with the engine it chose (``builders.encode.engines.choose``: the same probes in every
-  worker); for each task ``batch`` (with the conversations the contract cannot encode, by position
-  and message), followed by an Arrow IPC stream of the encoded conversations and, for a group, one
-  of the rows held back; or ``failed`` with the reason (and, for an error the user can
-  cause, its class), after which it exits.
+- build → worker: where the pinned ``tokenizer.json`` lies and its sha256 (the worker reads,
+  checks and parses it while the build checks its other inputs), the start-up message (contract,
+  the engine ``--engine`` asks for, the chat format's inputs and the source's files), then tasks,
+  each a JSON header and an Arrow IPC stream: ``{}`` and source rows with a ``position`` column
+  (their stream positions), or ``{"group": G, "eager": E}`` and the rows of source row group G
+  the pass wants (``row`` in the group, ``position``): the worker decodes the group itself,
+  encodes the rows before position E and sends the others back undecoded-to-Python (Arrow) for
+  the build to hold. Closing the channel ends the worker.
+- worker → build: a JSON header for each message: ``ready`` once it can encode (with the
+  reference engine, while the engine asked for loads beside it: ``engines.Choosing``); ``engine``
+  once it has chosen (``builders.encode.engines.choose``: the same probes in every worker), and
+  encodes with that from then on; for each task ``batch`` (with the conversations the contract
+  cannot encode, by position and message), followed by an Arrow IPC stream of the encoded
+  conversations and, for a group, one of the rows held back; or ``failed`` with the reason (and,
+  for an error the user can cause, its class), after which it exits.
 
 A guarded engine's cross-check runs in the worker, on its own samples, and a batch is sent only
 once its comparisons passed: the build never re-encodes anything.
@@ -30,6 +32,7 @@ encoding to finish, and it exits quietly when the channel ends (the build finish
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -73,6 +76,8 @@ BOOTSTRAP = (
     "from builders.encode.worker import serve; serve(int(sys.argv[2]))"
 )
 NOTHING_LEFT = "nothing was left at the final path"
+# the task a worker finds in its queue once it has chosen its engine
+CHOSEN = (None, None)
 
 
 class Worker:
@@ -95,21 +100,26 @@ class Worker:
             )
         self.channel = Connection(ours.detach())
         self.started = False  # it said ready
-        # the engine it chose (``Choice.as_dict``), once ready
+        # the engine it chose (``Choice.as_dict``), once it said so
         self.choice: dict | None = None
         self.in_flight = 0  # batches sent, not yet returned
 
-    def send_start_up(
-        self, encoder: ConversationEncoder, engine: str, tokenizer_json: str, source: Source | None
-    ) -> None:
-        """Send what the worker encodes with, and the source it decodes.
+    def send_tokenizer(self, path: Path, sha256: str) -> None:
+        """Have the worker parse the pinned ``tokenizer.json`` at ``path``.
 
-        That is ``encoder``'s format and contract, the ``engine`` asked for, ``tokenizer_json``
-        (the pinned file's text, which ``encoder``'s tokenizer was loaded from), and the source
-        whose row groups it decodes.
+        It does if the file's sha256 is ``sha256``.
         """
-        self._send(start_up_message(encoder, engine, source))
-        self._send(tokenizer_json.encode("utf-8"))
+        self._send(json.dumps({"tokenizer": str(path), "sha256": sha256}).encode("utf-8"))
+
+    def send_start_up(
+        self, spec: FormatSpec, contract: Contract, engine: str, source: Source | None
+    ) -> None:
+        """Send what the worker encodes with besides the tokenizer, and the source it decodes.
+
+        That is the chat format ``spec``, the ``contract``, the ``engine`` asked for, and the
+        source whose row groups it decodes.
+        """
+        self._send(start_up_message(spec, contract, engine, source))
 
     def send_batch(self, table: pa.Table, positions: np.ndarray) -> None:
         """Source rows to encode, with their stream positions."""
@@ -166,7 +176,10 @@ class Worker:
                 f"a tokenizing worker process could not start: {header['failed']}; {NOTHING_LEFT}"
             )
         if "ready" in header:
-            self.started, self.choice = True, header["engine"]
+            self.started = True
+            return [], None
+        if "engine" in header:
+            self.choice = header["engine"]
             return [], None
         self.in_flight -= 1
         failed = [(error[0], RefusedConversation(*error[1:])) for error in header["errors"]]
@@ -233,17 +246,23 @@ def serve(fd: int) -> None:
     channel = Connection(fd)
     tasks: queue.SimpleQueue = queue.SimpleQueue()
     try:
-        start_up = json.loads(channel.recv_bytes())
-        tokenizer_json = channel.recv_bytes().decode("utf-8")
-        threading.Thread(target=_receive, args=(channel, tasks), daemon=True).start()
+        # parsed while the build checks its other inputs
+        tokenizer_json = _checked_text(json.loads(channel.recv_bytes()))
         tokenizer = Tokenizer.from_str(tokenizer_json)
+        start_up = json.loads(channel.recv_bytes())
+        threading.Thread(target=_receive, args=(channel, tasks), daemon=True).start()
         encoder = ConversationEncoder(
             tokenizer, _format_spec(start_up["format"]), Contract(**start_up["contract"])
         )
-        choice = engines.choose(
-            start_up["engine"], tokenizer, tokenizer_json, encoder.spec.chat_template
+        # the reference encodes until the engine asked for has loaded and passed its probes
+        choosing = engines.Choosing(
+            start_up["engine"],
+            tokenizer,
+            tokenizer_json,
+            encoder.spec.chat_template,
+            chosen=lambda: tasks.put(CHOSEN),
         )
-        encoder = encoder.with_engine(choice.engine)
+        encoder = encoder.with_engine(choosing.provisional)
         datasets = start_up["source"], start_up["conversation_chars"]
     except (EOFError, OSError):
         # the build is gone
@@ -252,11 +271,18 @@ def serve(fd: int) -> None:
         _fail(channel, err)
         return
     try:
-        channel.send_bytes(json.dumps({"ready": True, "engine": choice.as_dict()}).encode("utf-8"))
+        channel.send_bytes(json.dumps({"ready": True}).encode("utf-8"))
         # opened at the first group
         source = None
         for header, body in iter(tasks.get, None):
             try:
+                if choosing is not None and choosing.done():
+                    choice, choosing = choosing.result(), None
+                    encoder = encoder.with_engine(choice.engine)
+                    channel.send_bytes(json.dumps({"engine": choice.as_dict()}).encode("utf-8"))
+                if header is None:
+                    # CHOSEN: no task
+                    continue
                 table = _read(body)
                 later = None
                 if "group" in header:
@@ -302,21 +328,24 @@ def serve(fd: int) -> None:
 
 
 def start_up_message(
-    encoder: ConversationEncoder, engine: str = "tokenizers", source: Source | None = None
+    spec: FormatSpec,
+    contract: Contract,
+    engine: str = "tokenizers",
+    source: Source | None = None,
 ) -> bytes:
     """What a worker's encoder is made of besides the tokenizer, as JSON.
 
-    That is the contract, the engine asked for (``--engine``) and the chat format's inputs, and the
-    source it decodes (each dataset's pin and files). A format whose template variables JSON does
-    not carry exactly (a mapping with keys that are not text, binary data) is refused here: workers
-    would render otherwise.
+    That is the ``contract``, the ``engine`` asked for (``--engine``) and the chat format's inputs
+    (``spec``), and the source it decodes (each dataset's pin and files). A format whose template
+    variables JSON does not carry exactly (a mapping with keys that are not text, binary data) is
+    refused here: workers would render otherwise.
     """
-    spec = asdict(encoder.spec)
+    fields = asdict(spec)
     try:
-        text = json.dumps(spec, allow_nan=False)
+        text = json.dumps(fields, allow_nan=False)
     except (TypeError, ValueError):
         text = None
-    if text is None or _format_spec(json.loads(text)) != encoder.spec:
+    if text is None or _format_spec(json.loads(text)) != spec:
         raise UsageError(
             "tokenizer.template_vars and tokenizer.prefills hold data other than plain JSON (text "
             "keys, text, numbers, lists): worker processes could not render as this process does; "
@@ -332,13 +361,21 @@ def start_up_message(
     )
     return json.dumps(
         {
-            "contract": encoder.contract.as_dict(),
+            "contract": contract.as_dict(),
             "engine": engine,
-            "format": spec,
+            "format": fields,
             "source": datasets,
             "conversation_chars": None if source is None else source.conversation_chars,
         }
     ).encode("utf-8")
+
+
+def _checked_text(message: dict) -> str:
+    """The text of the ``tokenizer.json`` a message names, if its sha256 is the message's."""
+    data = Path(message["tokenizer"]).read_bytes()
+    if hashlib.sha256(data).hexdigest() != message["sha256"]:
+        raise RuntimeError(f"{message['tokenizer']}: its sha256 changed since the build checked it")
+    return data.decode("utf-8")
 
 
 def _source(datasets: list, conversation_chars: int) -> Source:

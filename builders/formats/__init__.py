@@ -63,6 +63,8 @@ class FormatSpec:
     template_source: str = "chat_template.jinja"
     # the manifest's bounds on one conversation and its render
     limits: Limits = DEFAULT_LIMITS
+    # the dataset names a tools field (``dataset.tools``): the template must print tools
+    tools: bool = False
 
 
 def refusal(loss_mask: str, contract: Contract) -> tuple[str, str] | None:

@@ -17,6 +17,7 @@ from builders.formats import glm5_layout as glm5
 from builders.formats import slime
 from builders.formats.base import Annotated, ChatFormat, located
 from builders.formats.render import ChatRenderer
+from builders.formats.tools import row_tools
 from builders.formats.vocab import char_spans
 from builders.messages import normalize_messages, split_step_loss_mask
 
@@ -90,15 +91,17 @@ class Glm5Format(ChatFormat):
                     a.rules[rule] = self._slime(rule, lay, spans)
         return annotated
 
-    def layout(self, messages, untrained: frozenset[int] = frozenset()) -> glm5.Layout:
+    def layout(
+        self, messages, untrained: frozenset[int] = frozenset(), tools: list | None = None
+    ) -> glm5.Layout:
         """The glm5 layout of ``messages``, checked against the template.
 
         The layout's text must be what the chat template renders.
         """
         messages = normalize_messages(messages)
-        lay = glm5.layout(messages, untrained)
+        lay = glm5.layout(messages, untrained, tools)
         try:
-            rendered = self.renderer.render(messages)
+            rendered = self.renderer.render(messages, tools)
         except jinja2.TemplateError as err:
             raise ConversationError(
                 f"the chat template failed ({self.spec.template_source}): {err}"
@@ -111,18 +114,19 @@ class Glm5Format(ChatFormat):
 
         Where the template fails, the rows are rendered a row at a time to find the error.
         """
-        conversations, layouts = [], []
+        conversations, tools, layouts = [], [], []
         for row in rows:
             with located(row):
                 messages, untrained = split_step_loss_mask(row["messages"])
                 conversations.append(normalize_messages(messages))
-                layouts.append(glm5.layout(conversations[-1], untrained))
+                tools.append(row_tools(row))
+                layouts.append(glm5.layout(conversations[-1], untrained, tools[-1]))
         try:
-            rendered = self.renderer.render_all(conversations)
+            rendered = self.renderer.render_all(conversations, tools=tools)
         except jinja2.TemplateError:
-            for row in rows:
+            for row, row_tool_list in zip(rows, tools, strict=True):
                 with located(row):
-                    self.layout(*split_step_loss_mask(row["messages"]))
+                    self.layout(*split_step_loss_mask(row["messages"]), row_tool_list)
             raise
         for row, text, lay in zip(rows, rendered, layouts, strict=True):
             with located(row):

@@ -1,11 +1,11 @@
 """The glm5 loss mask: the answers and the stop tokens that end them.
 
-The rendered text is one piece per message (the GLM-4.7-Flash template, no tools), each made
-of parts: the template's markup (role tokens, think tags, tool-response tags) and the
-message's own text. This module lays the parts out from the message structure, so it knows
-where each begins and ends without scanning tokens; the encoder checks that the parts joined
-are exactly what the pinned template rendered, so a template that renders otherwise is
-refused rather than masked wrongly.
+The rendered text is one piece per message (the GLM-4.7-Flash template), each made of parts:
+the template's markup (role tokens, think tags, tool-response tags, an answer's tool calls) and
+the message's own text; a conversation with tools starts with their system block. This module
+lays the parts out from the message structure, so it knows where each begins and ends without
+scanning tokens; the encoder checks that the parts joined are exactly what the pinned template
+rendered, so a template that renders otherwise is refused rather than masked wrongly.
 
 Each token gets a class: what it is under the structure rule (the answer's role token, its
 prefill think tag, the rest of the answer, the stop token after an answer, anything else).
@@ -18,6 +18,7 @@ tokenizer with a normalizer), so they are exact whatever offsets a tokenizer wou
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -36,6 +37,16 @@ ROLE_TOKENS = {
     "tool": "<|observation|>",
 }
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+TOOLS_HEAD = (
+    "<|system|>\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+)
+TOOLS_TAIL = (
+    "</tools>\n\nFor each function call, output the function name and arguments within the "
+    "following XML format:\n<tool_call>{function-name}<arg_key>{arg-key-1}</arg_key>"
+    "<arg_value>{arg-value-1}</arg_value><arg_key>{arg-key-2}</arg_key>"
+    "<arg_value>{arg-value-2}</arg_value>...</tool_call>"
+)
 
 # token classes under the structure rule
 # not part of an answer: prefix, system, user and tool pieces, untrained answers
@@ -77,19 +88,29 @@ class Layout:
         return self.parts[-1].piece + 1
 
 
-def layout(messages: list[dict], untrained: frozenset[int] = frozenset()) -> Layout:
+def layout(
+    messages: list[dict], untrained: frozenset[int] = frozenset(), tools: list | None = None
+) -> Layout:
     """Lay out the glm5 pieces of normalized ``messages``.
 
     The answers at the positions in ``untrained`` (miles' ``step_loss_mask: 0``) are laid out
-    like the others but supervise nothing, not even the stop token after them.
+    like the others but supervise nothing, not even the stop token after them. ``tools`` (None: no
+    tools) make a system block after the prefix.
     """
     last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
     parts = [Part(PREFIX, OTHER, False, 0)]
+    if tools:
+        listed = "".join(_tojson(tool) + "\n" for tool in tools)
+        parts.append(Part(TOOLS_HEAD + listed + TOOLS_TAIL, OTHER, False, 0))
     answers = []
     for i, message in enumerate(messages):
         role, piece = message["role"], i + 1
         if role == "assistant":
             parts += _answer(message, i > last_user, i not in untrained, piece)
+            if message.get("tool_calls"):
+                parts.append(
+                    Part(_calls(message["tool_calls"], i), parts[-1].token_class, False, piece)
+                )
             if i not in untrained:
                 answers.append(piece)
         elif role == "tool":
@@ -139,6 +160,31 @@ def _answer(message: dict, show_reasoning: bool, trained: bool, piece: int) -> t
         Part(THINK_CLOSE, prefill, False, piece),
         Part(content.strip(), answer, True, piece),
     )
+
+
+def _calls(calls: list[dict], position: int) -> str:
+    """An answer's calls as the template prints them after its content."""
+    out = []
+    for k, call in enumerate(calls):
+        function = call.get("function") or call
+        arguments = function.get("arguments")
+        if not isinstance(arguments, dict):
+            raise ConversationError(
+                f"message {position} (assistant) call {k}: arguments is "
+                f"{type(arguments).__name__}, and the GLM-4.7-Flash template prints an object's "
+                f"keys and values (read them with dataset.arguments: object)"
+            )
+        out.append(f"<tool_call>{function['name']}")
+        for key, value in arguments.items():
+            shown = value if isinstance(value, str) else _tojson(value)
+            out.append(f"<arg_key>{key}</arg_key><arg_value>{shown}</arg_value>")
+        out.append("</tool_call>")
+    return "".join(out)
+
+
+def _tojson(value) -> str:
+    """transformers' ``tojson(ensure_ascii=False)``."""
+    return json.dumps(value, ensure_ascii=False)
 
 
 class Placement(NamedTuple):

@@ -15,14 +15,17 @@ Each reproduces what that tool makes of a conversation.
   * from every message after the first that is not a system message, the first
     ``system_message_length`` tokens are cut;
   * an assistant message's tokens after the first ``gen_token_length`` are supervised, unless
-    its ``step_loss_mask`` is not 1; everything else is 0; the pieces are concatenated;
+    its ``step_loss_mask`` is present and not 1 (null included); everything else is 0; the
+    pieces are concatenated;
+  * a conversation's tools go to the first message's render only;
   * ``qwen`` becomes ``distill_qwen`` when the vocabulary has the added token ``<｜Assistant｜>``:
     the first message rendered with the generation prompt (0), then the last message's content
     tokenized alone (1, or 0 when its ``step_loss_mask`` is not 1); the messages between are
     dropped.
 
-- ``hf-generation``: transformers' ``apply_chat_template(messages, tokenize=True, return_dict=True,
-  return_assistant_tokens_mask=True)``: ``input_ids`` and ``assistant_masks``: the render's
+- ``hf-generation``: transformers' ``apply_chat_template(messages, tools=tools, tokenize=True,
+  return_dict=True, return_assistant_tokens_mask=True)``: ``input_ids`` and ``assistant_masks``: the
+  render's
   ``{% generation %}`` spans, a token supervised when its offsets overlap a span (transformers'
   one pass over the tokens, reproduced in ``_overlap_mask``).
 
@@ -30,12 +33,15 @@ The renders are transformers' own (``ChatRenderer``, with the variables ``apply_
 would pass: the pinned special-token strings, then ``template_vars``); each distinct piece is
 rendered once per batch, and the texts are tokenized in one batch (``add_special_tokens=False``, as
 ``PreTrainedTokenizerFast`` tokenizes). The messages reach the template as the peer gives them,
-``step_loss_mask`` included. Under a peer format the EOS joined after a conversation is
-unsupervised, so no conversation "ends with an answer"; ``stop`` and ``prefills`` do not apply.
+``step_loss_mask`` included, null fields dropped (as transformers drops them); a peer takes what
+miles takes: the roles ``developer`` and ``function``, a ``name`` on any message. Under a peer
+format the EOS joined after a conversation is unsupervised, so no conversation "ends with an
+answer"; ``stop`` and ``prefills`` do not apply.
 """
 
 from __future__ import annotations
 
+import json
 import re
 
 import jinja2
@@ -45,7 +51,8 @@ from builders.contract import Contract
 from builders.errors import ConversationError, UsageError
 from builders.formats.base import SUPERVISED, Annotated, ChatFormat, located
 from builders.formats.render import ChatRenderer
-from builders.messages import normalize_messages, split_step_loss_mask
+from builders.formats.tools import row_tools
+from builders.messages import STEP_LOSS_MASK, normalize_messages
 
 MILES_TEST_STRING = "FOR TESTING ONLY"
 MILES_DUMMY = {"role": "user", "content": "FOR CALCULATING LOSS MASK ONLY"}
@@ -74,13 +81,14 @@ class PeerFormat(ChatFormat):
         return {"loss_mask": self.name, "eos": self.eos, "template": self.spec.template_source}
 
     def annotate(self, rows: list[dict], engine, rules: tuple[str, ...] = ()) -> list[Annotated]:
-        conversations = []
+        conversations, tools = [], []
         for row in rows:
             with located(row):
                 conversations.append(peer_messages(row["messages"]))
+                tools.append(row_tools(row))
         try:
             # the pinned tokenizer's own ids, as the peer has them
-            encoded = self.encode_all(conversations)
+            encoded = self.encode_all(conversations, tools)
         except ConversationError as err:
             with located(rows[err.conversation]):
                 raise
@@ -88,8 +96,10 @@ class PeerFormat(ChatFormat):
             Annotated(ids, mask, np.zeros(len(ids), dtype=bool), False) for ids, mask in encoded
         ]
 
-    def encode_all(self, conversations: list[list[dict]]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Each conversation's int32 ids and uint8 mask.
+    def encode_all(
+        self, conversations: list[list[dict]], tools: list | None = None
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each conversation's int32 ids and uint8 mask (``tools``: each one's, or None).
 
         Where the peer fails on one: a ConversationError with ``.conversation``.
         """
@@ -110,26 +120,28 @@ class PeerFormat(ChatFormat):
         conversations: list[list[dict]],
         spans: bool = False,
         add_generation_prompt: bool = False,
+        tools: list | None = None,
         **variables,
     ):
         """The renders (with ``spans``: and their generation spans).
 
-        They are rendered with the format's variables and ``variables``; a template error names
-        the conversation.
+        They are rendered with the format's variables and ``variables``, each conversation with its
+        ``tools`` (None: none); a template error names the conversation.
         """
         variables = {**self.variables, **variables}
+        tools = [None] * len(conversations) if tools is None else tools
 
-        def render(batch):
+        def render(batch, batch_tools):
             if spans:
-                return self.renderer.render_with_spans(batch, variables)
-            return self.renderer.render_all(batch, variables, add_generation_prompt)
+                return self.renderer.render_with_spans(batch, variables, batch_tools)
+            return self.renderer.render_all(batch, variables, add_generation_prompt, batch_tools)
 
         try:
-            return render(conversations)
+            return render(conversations, tools)
         except jinja2.TemplateError:
-            for position, conversation in enumerate(conversations):
+            for position, (conversation, own) in enumerate(zip(conversations, tools, strict=True)):
                 try:
-                    render([conversation])
+                    render([conversation], [own])
                 except jinja2.TemplateError as err:
                     raise ConversationError.at(
                         position, f"the chat template failed ({self.spec.template_source}): {err}"
@@ -140,12 +152,33 @@ class PeerFormat(ChatFormat):
 def peer_messages(messages) -> list[dict]:
     """The messages as a peer passes them to the template.
 
-    They are checked as every format checks them, None-valued keys dropped, miles'
-    ``step_loss_mask`` kept.
+    They are checked as every format checks them (with the roles and fields miles takes),
+    None-valued keys dropped; miles' ``step_loss_mask`` is kept, a null one as ``None``, which
+    miles reads as "not 1".
     """
-    plain, _ = split_step_loss_mask(messages)
-    normalize_messages(plain)
-    return [{key: value for key, value in m.items() if value is not None} for m in messages]
+    plain = (
+        [
+            {k: v for k, v in m.items() if k != STEP_LOSS_MASK} if isinstance(m, dict) else m
+            for m in messages
+        ]
+        if isinstance(messages, list)
+        else messages
+    )
+    checked = normalize_messages(plain, peer=True)
+    return [
+        {**m, STEP_LOSS_MASK: original[STEP_LOSS_MASK]} if STEP_LOSS_MASK in original else m
+        for m, original in zip(checked, messages, strict=True)
+    ]
+
+
+def trained(message: dict) -> bool:
+    """miles' ``message.get("step_loss_mask", 1) == 1``."""
+    return message.get(STEP_LOSS_MASK, 1) == 1
+
+
+def shown(message: dict) -> dict:
+    """The message as transformers renders it: null fields dropped."""
+    return {key: value for key, value in message.items() if value is not None}
 
 
 class MilesFormat(PeerFormat):
@@ -198,10 +231,14 @@ class MilesFormat(PeerFormat):
         end_interval = len(ids) - len(raw) - second
         return first - ((second - first) - end_interval - len(raw)), len(prompted_ids) - len(ids)
 
-    def encode_all(self, conversations):
+    def encode_all(self, conversations, tools=None):
+        tools = [None] * len(conversations) if tools is None else tools
         if self.rule == "distill_qwen":
-            return self._distill(conversations)
-        keys = [[self._piece_key(i, m) for i, m in enumerate(c)] for c in conversations]
+            return self._distill(conversations, tools)
+        keys = [
+            [self._piece_key(i, m, own) for i, m in enumerate(c)]
+            for c, own in zip(conversations, tools, strict=True)
+        ]
         distinct = list(dict.fromkeys(key for conversation in keys for key in conversation))
         pieces = dict(zip(distinct, self._pieces(distinct, keys), strict=True))
         return [
@@ -211,19 +248,24 @@ class MilesFormat(PeerFormat):
             )
         ]
 
-    def _piece_key(self, position: int, message: dict) -> tuple:
-        # qwen renders every message alone (tools, never given here, only with the first);
-        # qwen3 wraps the first one otherwise than the others
-        return self.rule == "qwen3" and position == 0, tuple(message.items())
+    def _piece_key(self, position: int, message: dict, tools: list | None) -> tuple:
+        # qwen renders every message alone, the first one with the tools; qwen3 wraps the first
+        # one otherwise than the others
+        first = position == 0
+        return (
+            self.rule == "qwen3" and first,
+            json.dumps(shown(message), ensure_ascii=False, default=repr),
+            json.dumps(tools, ensure_ascii=False, default=repr) if first and tools else None,
+        )
 
     def _pieces(self, distinct: list[tuple], keys: list[list[tuple]]) -> list[np.ndarray]:
         """Each distinct message's tokens as miles cuts them from its render.
 
         They are the tokens before the system cut.
         """
-        renders = []
-        for first, items in distinct:
-            message = dict(items)
+        renders, tools = [], []
+        for first, message_json, tools_json in distinct:
+            message = json.loads(message_json)
             renders.append(
                 [message]
                 if self.rule == "qwen"
@@ -231,8 +273,12 @@ class MilesFormat(PeerFormat):
                 if first
                 else [MILES_DUMMY, message]
             )
+            tools.append(None if tools_json is None else json.loads(tools_json))
+        if self.rule == "qwen3":
+            renders.append([MILES_DUMMY])
+            tools.append(None)
         try:
-            texts = self._render(renders + ([[MILES_DUMMY]] if self.rule == "qwen3" else []))
+            texts = self._render(renders, tools=tools)
         except ConversationError as err:
             # name the first conversation that holds the message
             key = distinct[err.conversation]
@@ -245,7 +291,7 @@ class MilesFormat(PeerFormat):
         dummy = len(ids.pop())
         return [
             piece[:-dummy] if first else piece[dummy:]
-            for (first, _), piece in zip(distinct, ids, strict=True)
+            for (first, *_), piece in zip(distinct, ids, strict=True)
         ]
 
     def _join(
@@ -256,7 +302,7 @@ class MilesFormat(PeerFormat):
             if message["role"] != "system" and i > 0:
                 ids = ids[self.system_message_length :]
             mask = np.zeros(len(ids), np.uint8)
-            if message["role"] == "assistant" and message.get("step_loss_mask", 1) == 1:
+            if message["role"] == "assistant" and trained(message):
                 if len(ids) < self.gen_token_length:
                     raise ConversationError.at(
                         position,
@@ -269,20 +315,22 @@ class MilesFormat(PeerFormat):
             all_masks.append(mask)
         return np.concatenate(all_ids).astype(np.int32), np.concatenate(all_masks)
 
-    def _distill(self, conversations):
+    def _distill(self, conversations, tools):
         """miles' distill_qwen: the first message as a prompt, then the last.
 
         The last message's content is tokenized alone.
         """
-        prompts = self._render([c[:1] for c in conversations], add_generation_prompt=True)
+        prompts = self._render(
+            [[shown(c[0])] for c in conversations], add_generation_prompt=True, tools=tools
+        )
         ids = self._ids(prompts + [c[-1]["content"] for c in conversations])
         out = []
         for conversation, prompt, response in zip(
             conversations, ids[: len(prompts)], ids[len(prompts) :], strict=True
         ):
-            trained = conversation[-1].get("step_loss_mask", 1) == 1
+            last = trained(conversation[-1])
             mask = np.concatenate(
-                [np.zeros(len(prompt), np.uint8), np.full(len(response), trained, np.uint8)]
+                [np.zeros(len(prompt), np.uint8), np.full(len(response), last, np.uint8)]
             )
             out.append((np.concatenate([prompt, response]).astype(np.int32), mask))
         return out
@@ -313,8 +361,9 @@ class HFGenerationFormat(PeerFormat):
             )
         super().__init__(spec, tokenizer, vocab)
 
-    def encode_all(self, conversations):
-        texts, spans = self._render(conversations, spans=True)
+    def encode_all(self, conversations, tools=None):
+        # transformers knows no step_loss_mask: a null one is dropped as any null field
+        texts, spans = self._render([list(map(shown, c)) for c in conversations], True, tools=tools)
         # the offsets are needed
         encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
         return [

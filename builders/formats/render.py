@@ -1,9 +1,10 @@
 """Rendering conversations with a pinned chat template.
 
 Rendering is transformers' own (the steps of ``render_jinja_template``: sandboxed Jinja with
-``trim_blocks`` and ``lstrip_blocks``), as ``apply_chat_template(messages, tokenize=False)``
-renders, with no tools; a chat format passes the variables it pins. The sandbox is bounded by the
-manifest's ``limits.render_chars`` (``builders.formats.sandbox``).
+``trim_blocks`` and ``lstrip_blocks``), as ``apply_chat_template(messages, tools=...,
+tokenize=False)`` renders; a chat format passes the variables it pins, and each conversation's
+tools (None: no tools). The sandbox is bounded by the manifest's ``limits.render_chars``
+(``builders.formats.sandbox``).
 """
 
 from __future__ import annotations
@@ -67,24 +68,31 @@ class ChatRenderer:
             self._compiled = _failing_as_template_errors(sandbox.from_string, self.chat_template)
         return self._compiled
 
-    def render(self, messages: list[dict]) -> str:
-        return self.render_all([messages])[0]
+    def render(self, messages: list[dict], tools: list | None = None) -> str:
+        return self.render_all([messages], tools=[tools])[0]
 
     def render_all(
         self,
         conversations: list[list[dict]],
         variables: dict | None = None,
         add_generation_prompt: bool = False,
+        tools: list | None = None,
     ) -> list[str]:
         """Several conversations, each as ``render_jinja_template`` renders it.
 
-        They are rendered with no tools or documents.
+        ``tools`` holds each conversation's tool list (None: no tools for any); no documents.
         """
         kwargs = _plain_template_data(variables or {})
-        return [self._generate([], chat, add_generation_prompt, kwargs) for chat in conversations]
+        return [
+            self._generate([], chat, chat_tools, add_generation_prompt, kwargs)
+            for chat, chat_tools in zip(conversations, _each(tools, conversations), strict=True)
+        ]
 
     def render_with_spans(
-        self, conversations: list[list[dict]], variables: dict | None = None
+        self,
+        conversations: list[list[dict]],
+        variables: dict | None = None,
+        tools: list | None = None,
     ) -> tuple[list[str], list[list[tuple[int, int]]]]:
         """``render_all``, with each conversation's ``{% generation %}`` spans.
 
@@ -94,15 +102,20 @@ class ChatRenderer:
         """
         kwargs = _plain_template_data(variables or {})
         rendered, spans = [], []
-        for chat in conversations:
+        for chat, chat_tools in zip(conversations, _each(tools, conversations), strict=True):
             blocks, indices = [], []
             with self.environment().activate_tracker(blocks, indices):
-                rendered.append(self._generate(blocks, chat, False, kwargs))
+                rendered.append(self._generate(blocks, chat, chat_tools, False, kwargs))
             spans.append(indices)
         return rendered, spans
 
     def _generate(
-        self, blocks: list, chat: list[dict], add_generation_prompt: bool, variables: dict
+        self,
+        blocks: list,
+        chat: list[dict],
+        tools: list | None,
+        add_generation_prompt: bool,
+        variables: dict,
     ) -> str:
         """One conversation's render, its pieces counted into ``blocks`` as they are printed."""
         template = self._template()
@@ -112,7 +125,7 @@ class ChatRenderer:
         def generate():
             for block in template.generate(
                 messages=_alias_reasoning_fields(_plain_template_data(chat)),
-                tools=None,
+                tools=_plain_template_data(tools),
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
                 **variables,
@@ -132,3 +145,8 @@ def _failing_as_template_errors(work, *args):
         raise
     except Exception as err:
         raise TemplateFailure(f"{type(err).__name__}: {err}") from err
+
+
+def _each(tools: list | None, conversations: list) -> list:
+    """Each conversation's tools (None for all where ``tools`` is None)."""
+    return [None] * len(conversations) if tools is None else tools

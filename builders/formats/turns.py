@@ -11,6 +11,12 @@ the template's own generation prompts found before each answer; supervision runs
 through the answer's texts and the markup after them up to the first stop token. Characters
 are marked, then tokens: a token is supervised when any character it covers is.
 
+With tools (data/ROWS.md, "Tool calls"), the render gets ``tools=``; tool fields are markup,
+refused where they hold a token, stop or header of the template's own (``builders.formats.tools``);
+the placeholder render also replaces each call's name, argument keys and string leaves by markers,
+which must all be printed inside their answer's supervised span; an answer after a tool result
+starts after the tool probe's closing markup and generation prompt.
+
 Token classes: ``OTHER``, ``ANSWER`` (supervised), ``STOP`` (the stop token that ends an
 answer: supervised unless the reading ``stop: unsupervised``).
 """
@@ -19,13 +25,15 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import NamedTuple
 
 import jinja2
 import numpy as np
 from jinja2 import nodes
 
 from builders.contract import Contract
-from builders.errors import ConversationError, ManifestError, PinnedInputError
+from builders.errors import ConversationError, ManifestError, PinnedInputError, UsageError
+from builders.formats import tools as tool_calls
 from builders.formats.base import Annotated, ChatFormat, located
 from builders.formats.render import ChatRenderer
 from builders.formats.vocab import char_spans
@@ -38,6 +46,15 @@ PROBE = [{"role": "user", "content": "probe"}]
 # ``MARK_CLOSE``
 MARK_OPEN, MARK_CLOSE, MARK_DIGITS = "\ue000", "\ue001", "\ue010"
 _MARKER = re.compile(f"{MARK_OPEN}[{MARK_DIGITS}-{chr(ord(MARK_DIGITS) + 15)}]+{MARK_CLOSE}")
+
+
+class Run(NamedTuple):
+    """What a marker stands for: a run of a message's text, or a call field (markup)."""
+
+    message: int
+    text: str
+    # the call's name, argument key or string leaf; None: a text run
+    field: tool_calls.CallField | None = None
 
 
 class TurnsFormat(ChatFormat):
@@ -59,6 +76,9 @@ class TurnsFormat(ChatFormat):
         self.stops = tuple(spec.stop)
         self.eos_is_stop = spec.eos in spec.stop
         self._byte_level = vocab.byte_level()
+        self.tool_prompts = self._tool_prompts()
+        added = [t.content for t in tokenizer.get_added_tokens_decoder().values()]
+        self.injection = tool_calls.Injection([*added, *self.stops, *self.prompts])
 
     @classmethod
     def check_inputs(cls, spec, tokenizer) -> None:
@@ -82,6 +102,7 @@ class TurnsFormat(ChatFormat):
             "template_vars": dict(spec.template_vars),
             "render_date": spec.render_date,
             "generation_prompts": list(self.prompts),
+            "after_tool_prompts": None if self.tool_prompts is None else list(self.tool_prompts),
             "markup_literals": list(self.literals),
         }
 
@@ -109,19 +130,52 @@ class TurnsFormat(ChatFormat):
                     f"its render of the probe conversation; the turns mask needs one"
                 )
             prompts.append(prompted[len(plain) :])
-        return tuple(sorted(set(prompts), key=lambda p: (-len(p), prompts.index(p))))
+        return _longest_first(prompts)
+
+    def _tool_prompts(self) -> tuple[str, ...] | None:
+        """``C_t + G_t(v)`` for each prefill ``v``, longest first.
+
+        ``G_t(v)`` is the generation prompt after the tool probe (a call, then its result), ``C_t``
+        the markup of its render after its last printed text. None where the template fails on
+        the probe, prints none of its texts, or its prompted render does not extend it (it takes
+        no tool calls): an answer after a tool result then starts as any other does.
+        """
+        probe = normalize_messages(tool_calls.TOOL_PROBE)
+        held, runs = self._placeholders(probe)
+        candidates = []
+        for prefill in self.spec.prefills:
+            variables = {**self.variables, **prefill}
+            try:
+                plain, prompted, shape = (
+                    self.renderer.render_all([c], variables, g, [[tool_calls.PROBE_TOOL]])[0]
+                    for c, g in ((probe, False), (probe, True), (held, False))
+                )
+                found = align(plain, shape, runs, probe)
+            except (jinja2.TemplateError, ConversationError):
+                return None
+            printed = [p for p in found if runs[p[2]].field is None]
+            if not printed or not prompted.startswith(plain):
+                return None
+            candidates.append(plain[printed[-1][1] :] + prompted[len(plain) :])
+        if not all(candidates):
+            return None
+        return _longest_first(candidates)
 
     def annotate(self, rows: list[dict], engine, rules: tuple[str, ...] = ()) -> list[Annotated]:
-        conversations, placeheld, untrained = [], [], []
+        conversations, tools, placeheld, untrained = [], [], [], []
         for row in rows:
             with located(row):
                 messages, skipped = split_step_loss_mask(row["messages"])
                 messages = normalize_messages(messages)
+                row_tools = tool_calls.row_tools(row)
+                if row_tools or any("tool_calls" in m or m["role"] == "tool" for m in messages):
+                    self.injection.check(messages, row_tools)
                 conversations.append(messages)
+                tools.append(row_tools)
                 placeheld.append(self._placeholders(messages))
                 untrained.append(skipped)
-        rendered = self._render(rows, conversations)
-        shapes = self._render(rows, [p[0] for p in placeheld])
+        rendered = self._render(rows, conversations, tools)
+        shapes = self._render(rows, [p[0] for p in placeheld], tools)
         marks = []
         for row, messages, text, shape, (_, runs), skipped in zip(
             rows, conversations, rendered, shapes, placeheld, untrained, strict=True
@@ -164,26 +218,27 @@ class TurnsFormat(ChatFormat):
             )
         return out
 
-    def _render(self, rows: list[dict], conversations: list[list[dict]]) -> list[str]:
+    def _render(self, rows: list[dict], conversations: list[list[dict]], tools) -> list[str]:
         try:
-            return self.renderer.render_all(conversations, self.variables)
+            return self.renderer.render_all(conversations, self.variables, tools=tools)
         except jinja2.TemplateError:
-            for row, messages in zip(rows, conversations, strict=True):
+            for row, messages, row_tools in zip(rows, conversations, tools, strict=True):
                 with located(row):
                     try:
-                        self.renderer.render_all([messages], self.variables)
+                        self.renderer.render_all([messages], self.variables, tools=[row_tools])
                     except jinja2.TemplateError as err:
                         raise ConversationError(
                             f"the chat template failed ({self.spec.template_source}): {err}"
                         ) from err
             raise
 
-    def _placeholders(self, messages: list[dict]) -> tuple[list[dict], list[tuple[int, str]]]:
+    def _placeholders(self, messages: list[dict]) -> tuple[list[dict], list[Run]]:
         """``messages`` with every text replaced by its placeholder.
 
-        The second value is each marker's (message, run), by number.
+        Each call's name, argument keys and string leaves are replaced by markers too. The second
+        value is what each marker stands for, by number.
         """
-        runs: list[tuple[int, str]] = []
+        runs: list[Run] = []
         out = []
         for position, message in enumerate(messages):
             held = dict(message)
@@ -191,6 +246,13 @@ class TurnsFormat(ChatFormat):
                 if key in message:
                     held[key] = self._placeholder(message[key], position, runs)
             out.append(held)
+        if any("tool_calls" in m for m in messages):
+
+            def marker(field: tool_calls.CallField) -> str:
+                runs.append(Run(field.message, field.text, field))
+                return _marker(len(runs) - 1)
+
+            out, _ = tool_calls.marked_calls(out, marker)
         return out, runs
 
     def _placeholder(self, text: str, position: int, runs: list) -> str:
@@ -200,7 +262,7 @@ class TurnsFormat(ChatFormat):
             run = text[at:start]
             if run.strip():
                 pieces.append(_marker(len(runs)))
-                runs.append((position, run))
+                runs.append(Run(position, run))
             else:
                 pieces.append(run)
             pieces.append(text[start:end])
@@ -208,41 +270,45 @@ class TurnsFormat(ChatFormat):
         return "".join(pieces)
 
     def _characters(
-        self, messages, text: str, shape: str, runs, untrained
+        self, messages, text: str, shape: str, runs: list[Run], untrained
     ) -> tuple[np.ndarray, np.ndarray, bool]:
         """Each character's class, and whether it is printed text.
 
         The third value says whether the EOS after ``text`` is a stop.
         """
-        # (start, end, message), in order
-        printed = align(text, shape, runs, messages)
+        # (start, end, marker), in order
+        found = align(text, shape, runs, messages)
+        printed = [(s, e, runs[n].message) for s, e, n in found if runs[n].field is None]
         classes = np.zeros(len(text), dtype=np.uint8)
         text_chars = np.zeros(len(text), dtype=bool)
         for start, end, _ in printed:
             text_chars[start:end] = True
         headers = self._headers(messages, text, printed)
         ends_with_answer = False
+        spans = {}
         for j, header in headers.items():
-            if j in untrained:
-                continue
             own = [p for p in printed if p[2] == j]
             last = own[-1][1] if own else header[1]
-            classes[header[1] : last] = ANSWER
+            answer_end, stop = last, None
             following = next((p for p in printed if p[0] >= last and p[2] != j), None)
             stop_end = len(text) if following is None else following[0]
             markup = text[last:stop_end]
-            found = [(at, -len(s)) for s in self.stops if (at := markup.find(s)) >= 0]
-            if found:
+            stops = [(at, -len(s)) for s in self.stops if (at := markup.find(s)) >= 0]
+            if stops:
                 # the first stop token (the longest, where two start at one character)
-                at, length = min(found)
-                length = -length
-                classes[last : last + at] = ANSWER
-                classes[last + at : last + at + length] = STOP
+                at, length = min(stops)
+                answer_end, stop = last + at, (last + at, last + at - length)
             elif following is None:
-                classes[last:] = ANSWER
-                ends_with_answer = self.eos_is_stop
+                answer_end = len(text)
+                ends_with_answer = self.eos_is_stop and j not in untrained
             elif messages[following[2]]["role"] == "assistant" and following[2] in headers:
-                classes[last : headers[following[2]][0]] = ANSWER
+                answer_end = headers[following[2]][0]
+            spans[j] = (header[1], answer_end)
+            if j not in untrained:
+                classes[header[1] : answer_end] = ANSWER
+                if stop:
+                    classes[stop[0] : stop[1]] = STOP
+        _check_calls(shape, found, runs, spans)
         return classes, text_chars, ends_with_answer
 
     def _headers(self, messages, text: str, printed) -> dict[int, tuple[int, int]]:
@@ -254,6 +320,8 @@ class TurnsFormat(ChatFormat):
         for j, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
+            after_tool = j > 0 and messages[j - 1]["role"] == "tool" and self.tool_prompts
+            prompts = self.tool_prompts if after_tool else self.prompts
             own = [p for p in printed if p[2] == j]
             # printing nothing, j ends at the next printed text: the first of a later message after
             # what came before j (a template may move a later text to the front, as DeepSeek's
@@ -267,16 +335,18 @@ class TurnsFormat(ChatFormat):
             # (among prompts as long: the earliest)
             found = next(
                 (
-                    min((region.find(g), g) for g in self.prompts if len(g) == size and g in region)
-                    for size in sorted({len(g) for g in self.prompts}, reverse=True)
-                    if any(len(g) == size and g in region for g in self.prompts)
+                    min((region.find(g), g) for g in prompts if len(g) == size and g in region)
+                    for size in sorted({len(g) for g in prompts}, reverse=True)
+                    if any(len(g) == size and g in region for g in prompts)
                 ),
                 None,
             )
             if found is None:
+                what = "closing markup and generation prompts after a tool result"
                 raise ConversationError(
-                    f"message {j} (assistant): none of the template's generation prompts "
-                    f"({', '.join(map(repr, self.prompts))}) occurs before it "
+                    f"message {j} (assistant): none of the template's "
+                    f"{what if after_tool else 'generation prompts'} "
+                    f"({', '.join(map(repr, prompts))}) occurs before it "
                     f"(characters {start}..{end} of the render: {region[-60:]!r}); "
                     f"the turns mask is undefined for this conversation"
                 )
@@ -303,16 +373,15 @@ class TurnsFormat(ChatFormat):
         return char_spans(text, lengths)
 
 
-def align(
-    text: str, shape: str, runs: list[tuple[int, str]], messages
-) -> list[tuple[int, int, int]]:
+def align(text: str, shape: str, runs: list[Run], messages) -> list[tuple[int, int, int]]:
     """Where each marker of ``shape`` is printed in ``text``.
 
     ``shape`` is the placeholder render, ``text`` the real render. Each marker stands for its run,
-    printed as the run itself, less some leading and/or trailing whitespace, or not at all; the
-    first assignment that reproduces ``text`` is taken, trying each marker's prints earliest and
-    longest first. Returns the non-empty prints as ``(start, end, message)``; when no assignment
-    reproduces ``text``, raises ConversationError at the furthest character any assignment reached.
+    printed as the run itself, less some leading and/or trailing whitespace, or not at all (a call
+    field: as it is, or as ``tojson`` escapes it); the first assignment that reproduces ``text`` is
+    taken, trying each marker's prints earliest and longest first. Returns the non-empty prints as
+    ``(start, end, marker)``; when no assignment reproduces ``text``, raises ConversationError at
+    the furthest character any assignment reached.
     """
     pieces = _MARKER.split(shape)
     markers = [_marker_number(m) for m in _MARKER.findall(shape)]
@@ -325,7 +394,7 @@ def align(
     n = len(markers)
 
     def state(i: int, position: int):
-        return i, position, iter(_prints(runs[markers[i]][1])) if i < n else iter(())
+        return i, position, iter(_prints(runs[markers[i]])) if i < n else iter(())
 
     stack, spans, failed = [state(0, len(pieces[0]))], [], set()
     furthest = (len(pieces[0]), 0)
@@ -333,7 +402,7 @@ def align(
         i, position, candidates = stack[-1]
         if i == n and position == len(text):
             return [
-                (start, end, runs[m][0])
+                (start, end, m)
                 for m, (start, end) in zip(markers, spans, strict=True)
                 if end > start
             ]
@@ -358,22 +427,56 @@ def align(
     _refuse(text, at, markers[min(i, n - 1)] if n else None, messages, runs)
 
 
-def _prints(run: str):
-    """The ways a template may print ``run``.
+def _prints(marked: Run):
+    """The ways a template may print a marker's run.
 
-    They come earliest and longest first, then not at all.
+    A text run: earliest and longest first, then as ``tojson`` escapes it (without its quotes),
+    then not at all. A call field: as it is, or as ``tojson`` escapes it.
     """
+    run = marked.text
+    if marked.field is not None:
+        yield from tool_calls.escaped_prints(run)
+        return
     lead = len(run) - len(run.lstrip())
     trail = len(run) - len(run.rstrip())
     for a in range(lead + 1):
         for b in range(len(run), len(run) - trail - 1, -1):
             yield run[a:b]
+    yield from tool_calls.escaped_prints(run)[1:]
     yield ""
 
 
-def _refuse(text: str, at: int, marker, messages, runs):
+def _check_calls(shape: str, found, runs: list[Run], spans: dict) -> None:
+    """Refuse a conversation whose calls are not all printed inside their answers.
+
+    Each call field's marker must occur in the placeholder render, each print inside its answer's
+    supervised span (``spans``: each answer's ``[start, end)`` before its stop token).
+    """
+    fields = {n: r for n, r in enumerate(runs) if r.field is not None}
+    if not fields:
+        return
+    shown = {_marker_number(m) for m in _MARKER.findall(shape)}
+    for n, run in fields.items():
+        if n not in shown:
+            raise ConversationError(
+                f"message {run.message} (assistant): the chat template does not print "
+                f"{run.field.describe()}, so the call would be trained incomplete; "
+                f'this template cannot train these calls (data/ROWS.md, "Tool calls")'
+            )
+    for start, end, n in found:
+        run = fields.get(n)
+        span = spans.get(run.message) if run else None
+        if run and not (span and span[0] <= start and end <= span[1]):
+            raise ConversationError(
+                f"message {run.message} (assistant): the chat template prints "
+                f"{run.field.describe()} at characters {start}..{end}, outside the answer's "
+                f"supervised span; the call would not be trained whole"
+            )
+
+
+def _refuse(text: str, at: int, marker, messages, runs: list[Run]):
     where = (
-        f"message {runs[marker][0]} ({messages[runs[marker][0]]['role']})"
+        f"message {runs[marker].message} ({messages[runs[marker].message]['role']})"
         if marker is not None
         else "the markup"
     )
@@ -383,6 +486,10 @@ def _refuse(text: str, at: int, marker, messages, runs):
         f"(the real render and the placeholder render differ from character {at}: "
         f"real {text[at : at + 40]!r})"
     )
+
+
+def _longest_first(prompts: list[str]) -> tuple[str, ...]:
+    return tuple(sorted(set(prompts), key=lambda p: (-len(p), prompts.index(p))))
 
 
 def _marker(number: int) -> str:
@@ -507,3 +614,27 @@ def check_spec(spec, tokenizer) -> None:
                 f"the chat template tests text against {literal!r}, which the turns mask's "
                 f"placeholder markers use"
             )
+    if spec.tools:
+        check_prints_tools(spec)
+
+
+def check_prints_tools(spec) -> None:
+    """Refuse a dataset with tools and a template that never prints a tool schema (exit 2)."""
+    renderer = ChatRenderer(spec.chat_template, spec.render_date)
+    variables = {**spec.special_tokens, **spec.template_vars}
+    try:
+        printed = tool_calls.prints_tools(
+            lambda messages, tools: renderer.render_all([messages], variables, tools=[tools])[0]
+        )
+    except jinja2.TemplateError as err:
+        raise UsageError(
+            f"the dataset names tools, and the chat template ({spec.template_source}) fails on "
+            f"a conversation with a tool: {err}"
+        ) from err
+    if not printed:
+        raise UsageError(
+            f"the dataset names tools, and the chat template ({spec.template_source}) never "
+            f"prints them (a probe tool's name {tool_calls.PROBE_NAME!r} does not occur in its "
+            f"render): the schema would never reach the model. Use a template that renders "
+            f"tools, or set dataset.tools: null to build without them"
+        )

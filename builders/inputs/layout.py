@@ -149,7 +149,7 @@ class Layout:
             normalized = normalize_messages(
                 renamed,
                 fields=MESSAGE_KEYS,
-                roles=READ_ROLES,
+                peer=True,
                 arguments=self.arguments,
                 names=self.stored,
             )
@@ -205,6 +205,12 @@ class Layout:
         if not isinstance(role, str):
             fail(f"has {self.stored['role']!r} {kind(role)}, not a string")
         mapped = self.role_map
+        if mapped is None and role not in READ_ROLES:
+            fail(
+                f"has role {role!r}, not one of {', '.join(READ_ROLES)}: a dataset that names its "
+                "roles otherwise maps them with the layout's roles: (ShareGPT's: roles: {system: "
+                "system, human: user, gpt: assistant}; docs/datasets.md)"
+            )
         if mapped is None:
             return role
         if role not in mapped:

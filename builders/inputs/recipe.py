@@ -8,6 +8,8 @@ fields the seed card (``../shared/spec/recipe-glm47flash-h200-attune.txt``) show
 
 - ``workload.row_tokens``;
 - ``workload.dataset``: ``source`` (a Hub dataset), ``revision``, ``license``, ``rows_sha256``;
+  or, for a mixture, ``sources``: a list of datasets, each with ``name``, ``source``,
+  ``revision``, ``license`` and ``take`` (the manifest's ``datasets:``);
 - ``workload.dataset.build``: ``name``, ``tokenizer`` (``NAME (revision <40 hex>; FILE sha256
   <64 hex>; ...)``), ``loss_mask``, ``rows``, ``row_tokens``, ``padding_tokens``, ``seed``,
   ``supervised_token_ratio``, ``parquet_sha256``, ``parquet_bytes`` (``packing`` and ``builder``
@@ -38,7 +40,7 @@ from builders.manifest import (
     Ratio,
     parse_manifest,
 )
-from builders.yamlfile import YamlLoader, read_yaml
+from builders.yamlfile import YamlLoader, parse_yaml, read_text
 
 # the tokenizer files a card's manifest pins (glm5's)
 CARD_FILES = ("tokenizer.json", "chat_template.jinja")
@@ -64,7 +66,15 @@ SECTIONS = {
         "notes",
     ),
     "workload": ("row_tokens", "rows", "global_batch", "precision", "dataset"),
-    "workload.dataset": ("name", "source", "revision", "license", "rows_sha256", "build"),
+    "workload.dataset": (
+        "name",
+        "source",
+        "revision",
+        "license",
+        "sources",
+        "rows_sha256",
+        "build",
+    ),
     "workload.dataset.build": (
         "name",
         "tokenizer",
@@ -98,6 +108,9 @@ SECTIONS = {
     "result.active_params": ("count", "source", "revision"),
 }
 DATASET, BUILD = "workload.dataset", "workload.dataset.build"
+SOURCES = f"{DATASET}.sources"
+# the keys of each of a mixture's sources (the seed card's dataset keys, and take)
+SOURCE_KEYS = ("name", "source", "revision", "license", "take")
 TOKENIZER_LINE = f"{BUILD}.tokenizer"
 _LINE_FORM = (
     "'NAME (revision <40 hex>; tokenizer.json sha256 <64 hex>; "
@@ -107,6 +120,12 @@ _LINE = re.compile(r"(?P<name>[^()]*[^()\s]) \((?P<pins>[^()]*)\)")
 _REVISION_PIN = re.compile(r"revision (?P<value>\S+)")
 _FILE_PIN = re.compile(r"(?P<file>\S+) sha256 (?P<value>\S+)")
 _HUB = "https://huggingface.co/"
+# in a text or Markdown page: the card's first line, a fence, the end of a YAML document
+_CARD_START = re.compile(r"schema_version\s*:")
+_FENCE = re.compile(r" {0,3}(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`\s]*)[^`]*$")
+_DOCUMENT_END = re.compile(r"(---|\.\.\.)\s*$")
+# the fenced blocks a card may be in: no language given, or YAML
+YAML_INFO = ("", "yaml", "yml")
 
 
 @dataclass(frozen=True)
@@ -126,6 +145,8 @@ class Card:
     source: str
     figures: tuple[Figure, ...]
     notes: tuple[str, ...]
+    # the datasets it lists: one (workload.dataset.source), or a mixture's (.sources)
+    datasets: int = 1
 
     def value(self, field: str):
         """The card's value for a manifest field.
@@ -181,10 +202,15 @@ def read_card(path: str | Path) -> Card:
     if isinstance(version, bool) or version != 1:
         check.fail("schema_version", f"this parser reads schema_version 1, got {version!r}")
     sections = {path: _section(doc, path, check) for path in SECTIONS}
+    sources = _sources(sections[DATASET], check)
+    # each section with the keys known there, a mixture's sources too
+    read = [(path, known, sections[path]) for path, known in SECTIONS.items()] + [
+        (where, SOURCE_KEYS, source) for where, source in sources if where != DATASET
+    ]
     unknown = [
         f"{path}.{key}" if path else str(key)
-        for path, known in SECTIONS.items()
-        for key in sections[path]
+        for path, known, section in read
+        for key in section
         if key not in known
     ]
     notes = [f"fields this parser does not know, not read: {', '.join(unknown)}"] if unknown else []
@@ -198,9 +224,16 @@ def read_card(path: str | Path) -> Card:
 
     figures = [
         figure("name", BUILD, "name", FieldChecker.plain_name),
-        figure("dataset.repo", DATASET, "source", _dataset_repo),
-        figure("dataset.revision", DATASET, "revision", FieldChecker.commit),
-        figure("dataset.license", DATASET, "license", FieldChecker.string),
+        *(
+            Figure(
+                f"{_prefix(j, len(sources))}.{field}",
+                f"{where}.{key}",
+                None if source.get(key) is None else read(check, source[key], f"{where}.{key}"),
+            )
+            for j, (where, source) in enumerate(sources)
+            for field, key, read in _DATASET_FIGURES
+            if key != "take" or where != DATASET
+        ),
         Figure(
             "tokenizer.repo",
             f"{TOKENIZER_LINE}: NAME, with result.active_params.source",
@@ -228,7 +261,34 @@ def read_card(path: str | Path) -> Card:
         ),
         figure("expect.padding_tokens", BUILD, "padding_tokens", FieldChecker.non_negative_int),
     ]
-    return Card(source, tuple(figures), tuple(notes))
+    return Card(source, tuple(figures), tuple(notes), len(sources))
+
+
+def _sources(dataset: dict, check: FieldChecker) -> list[tuple[str, dict]]:
+    """The card's datasets, each with where it is on the card.
+
+    ``workload.dataset`` itself (its ``source``), or each of its ``sources`` (a mixture).
+    """
+    if "sources" not in dataset:
+        return [(DATASET, dataset)]
+    mixed = [key for key in ("source", "revision", "license") if key in dataset]
+    if mixed:
+        check.fail(
+            SOURCES,
+            f"give either source: (one dataset) or sources: (a mixture), not both (the card "
+            f"gives {DATASET}.{mixed[0]} too)",
+        )
+    listed = dataset["sources"]
+    if not isinstance(listed, list) or not listed:
+        check.fail(SOURCES, f"expected a non-empty list of datasets, got {listed!r}")
+    for j, item in enumerate(listed):
+        check.any_mapping(item, f"{SOURCES}[{j}]")
+    return [(f"{SOURCES}[{j}]", item) for j, item in enumerate(listed)]
+
+
+def _prefix(j: int, count: int) -> str:
+    """A dataset's manifest field prefix, as ``Manifest.recipe`` names it."""
+    return "dataset" if count == 1 else f"datasets[{j}]"
 
 
 def implied_manifest(card: Card) -> ImpliedManifest:
@@ -257,12 +317,18 @@ def implied_manifest(card: Card) -> ImpliedManifest:
             + "; ".join(f"{f.field} (card: {f.where})" for f in needed),
         )
     g = card.value
-    dataset = {"repo": g("dataset.repo"), "revision": g("dataset.revision"), "split": DEFAULT_SPLIT}
-    if g("dataset.license") is not None:
-        dataset["license"] = g("dataset.license")
+    datasets = [
+        {
+            "repo": g(f"{prefix}.repo"),
+            "revision": g(f"{prefix}.revision"),
+            "split": DEFAULT_SPLIT,
+            **{key: g(f"{prefix}.{key}") for key in ("license", "take") if g(f"{prefix}.{key}")},
+        }
+        for prefix in (_prefix(j, card.datasets) for j in range(card.datasets))
+    ]
     doc = {
         "name": g("name"),
-        "dataset": dataset,
+        **({"dataset": datasets[0]} if card.datasets == 1 else {"datasets": datasets}),
         "tokenizer": {
             "repo": g("tokenizer.repo"),
             "revision": g("tokenizer.revision"),
@@ -276,13 +342,17 @@ def implied_manifest(card: Card) -> ImpliedManifest:
             name: g(f"expect.{name}") for name in PINNED_FIGURES if g(f"expect.{name}") is not None
         },
     }
-    absent = [f for f in card.figures if f.value is None and _optional(f)]
+    absent = [
+        f for f in card.figures if f.value is None and _optional(f) and not f.field.endswith("take")
+    ]
+    each = "dataset" if card.datasets == 1 else "datasets[*]"
     comments = [
         f"The manifest the recipe card {' '.join(Path(card.source).name.split())} implies "
         "(fixed-sft manifest --from-recipe).",
         "Not on the card, so:",
-        f"  dataset.split: {DEFAULT_SPLIT}, assumed (the card names no split)",
-        "  dataset.rows, dataset.permutation_sha256: left out (optional checks of the source)",
+        f"  {each}.split: {DEFAULT_SPLIT}, assumed (the card names no split)",
+        f"  {each}.rows{', dataset.permutation_sha256' if card.datasets == 1 else ''}: left out "
+        "(optional checks of the source)",
         "  contract: left out, so the readings are ROWS.md's defaults",
         "  expect.writer: left out (the card does not say which pyarrow wrote its file: "
         "a rebuild whose",
@@ -307,16 +377,14 @@ def implied_manifest(card: Card) -> ImpliedManifest:
 
 def manifest_fields(manifest: Manifest) -> dict:
     """A manifest's values under the field names a card's figures use."""
-    if manifest.mixture:
-        raise ManifestError(
-            f"{manifest.name} is a mixture of {len(manifest.datasets)} datasets; a recipe card "
-            f"names one (workload.dataset)"
-        )
+    count = len(manifest.datasets)
     return {
         "name": manifest.name,
-        "dataset.repo": manifest.dataset.repo,
-        "dataset.revision": manifest.dataset.revision,
-        "dataset.license": manifest.dataset.license,
+        **{
+            f"{_prefix(j, count)}.{key}": getattr(pin, key)
+            for j, pin in enumerate(manifest.datasets)
+            for key in ("repo", "revision", "license", "take")
+        },
         "tokenizer.repo": manifest.tokenizer.repo,
         "tokenizer.revision": manifest.tokenizer.revision,
         **{f"tokenizer.sha256.{name}": sha for name, sha in manifest.tokenizer.sha256.items()},
@@ -329,10 +397,17 @@ def manifest_fields(manifest: Manifest) -> dict:
 
 
 def compare(card: Card, manifest: Manifest) -> list[FieldCheck]:
-    """Each of the card's figures against the manifest's value of that field."""
+    """Each of the card's figures against the manifest's value of that field.
+
+    Where the card lists another number of datasets than the manifest, that comes first.
+    """
     pinned, checks = manifest_fields(manifest), []
+    count = len(manifest.datasets)
+    if card.datasets > 1 or count > 1:
+        status = "ok" if card.datasets == count else "differs"
+        checks.append(FieldCheck("datasets", f"{DATASET} (how many)", card.datasets, count, status))
     for figure in card.figures:
-        theirs = pinned[figure.field]
+        theirs = pinned.get(figure.field)
         if figure.value is None:
             status = "not on the card"
         elif theirs is None:
@@ -429,6 +504,15 @@ def _dataset_repo(check: FieldChecker, value, field: str) -> str:
     return _hub_repo(check, value, field, "datasets/")
 
 
+# a dataset's figures: (manifest field under its prefix, the card's key, how it is read)
+_DATASET_FIGURES = (
+    ("repo", "source", _dataset_repo),
+    ("revision", "revision", FieldChecker.commit),
+    ("license", "license", FieldChecker.string),
+    ("take", "take", FieldChecker.positive_int),
+)
+
+
 def _section(doc: dict, path: str, check: FieldChecker) -> dict:
     """The mapping at ``path`` (``{}`` where the card has none).
 
@@ -471,7 +555,64 @@ class _CardLoader(YamlLoader):
 
 def _load(path: Path):
     """The card's YAML, within the bounds on size, nesting and node count."""
-    return read_yaml(path, "recipe card", _CardLoader)
+    return parse_yaml(
+        _card_part(read_text(path, "recipe card"), path), str(path), "recipe card", _CardLoader
+    )
+
+
+def _card_part(text: str, path: Path) -> str:
+    """The card's YAML: a .yaml file whole, else the card inside a text or Markdown page.
+
+    In a page, the card is the fenced block (```` ``` ```` or ``~~~``, with no language or YAML)
+    holding a line that starts with ``schema_version:``, else the YAML document that starts at such
+    a line outside any fenced block and runs to the page's end or to a ``---`` or ``...`` line.
+    The lines before it are kept, blank, so that an error's line number is the page's. A page with
+    no card, or with two, is refused.
+    """
+    if path.suffix.lower() in (".yaml", ".yml"):
+        return text
+    lines = text.splitlines(keepends=True)
+    starts = [k for k, line in enumerate(lines) if _CARD_START.match(line)]
+    blocks = _fenced_blocks(lines)
+    cards = [
+        (a, b) for a, b, info in blocks if info in YAML_INFO and any(a <= k < b for k in starts)
+    ] or [
+        (k, next((e for e in range(k, len(lines)) if _DOCUMENT_END.match(lines[e])), len(lines)))
+        for k in starts
+        if not any(a <= k < b for a, b, _ in blocks)
+    ]
+    if not cards:
+        raise ManifestError(
+            f"{path}: no recipe card in this page: no line starts with schema_version: (a card's "
+            "first field), in a fenced block or not"
+        )
+    if len(cards) > 1:
+        raise ManifestError(
+            f"{path}: {len(cards)} recipe cards in this page (from lines "
+            f"{', '.join(str(a + 1) for a, _ in cards)}): give one"
+        )
+    ((first, end),) = cards
+    return "\n" * first + "".join(lines[first:end])
+
+
+def _fenced_blocks(lines: list[str]) -> list[tuple[int, int, str]]:
+    """The Markdown fenced blocks of a page.
+
+    Each is (its first line inside, the line of its closing fence, its language, lower case).
+    """
+    blocks, k = [], 0
+    while k < len(lines):
+        fence = _FENCE.match(lines[k])
+        if fence is None:
+            k += 1
+            continue
+        end = next(
+            (e for e in range(k + 1, len(lines)) if lines[e].strip() == fence["fence"]),
+            len(lines),
+        )
+        blocks.append((k + 1, end, fence["info"].lower()))
+        k = end + 1
+    return blocks
 
 
 class _Dumper(yaml.SafeDumper):
@@ -487,8 +628,8 @@ _Dumper.add_representer(
 
 
 def _optional(figure: Figure) -> bool:
-    """A figure a manifest may leave out (its expect, the license)."""
-    return figure.field.startswith("expect.") or figure.field == "dataset.license"
+    """A figure a manifest may leave out (its expect, a license, a take)."""
+    return figure.field.startswith("expect.") or figure.field.endswith((".license", ".take"))
 
 
 def _same(card, manifest) -> bool:

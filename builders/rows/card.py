@@ -15,6 +15,7 @@ import numpy as np
 import yaml
 
 from builders.manifest import PINNED_BY_MANIFEST, Manifest, is_shipped
+from builders.rows.figures import NOTHING_PINNED, Check, Verification
 from builders.rows.hub import write_readme
 from builders.rows.stats import BuildStats
 from builders.runtime.atomic import Outputs
@@ -109,7 +110,15 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         else f"a mixture of {len(manifest.datasets)} datasets (below)"
     )
     summary = stats.summary()
-    verified = report["verified"]
+    verification = Verification([Check(**check) for check in report["checks"]], [])
+    unpinned = verification.verified and verification.nothing_pinned
+    outcome = (
+        "NOT verified"
+        if not verification.verified
+        else NOTHING_PINNED.capitalize()
+        if unpinned
+        else "Verified"
+    )
     lines = [
         front_matter(manifest, figures["rows"]),
         f"# {name}",
@@ -121,12 +130,13 @@ def card_text(manifest: Manifest, report: dict, stats: BuildStats) -> str:
         f"with no supervised token are skipped. `loss_mask` marks the {manifest.loss_mask} "
         "training targets: the assistant's answers and the stop tokens that end them.",
         "",
-        f"**{'Verified' if verified else 'NOT verified'}** against "
+        f"**{outcome}**{': ' if unpinned else ' against '}"
         + (
-            f"`manifests/{name}.yaml` (shipped with fixed-sft)."
+            f"`manifests/{name}.yaml` (shipped with fixed-sft)"
             if is_shipped(manifest)
-            else f"`{manifest.path}`."
-        ),
+            else f"`{manifest.path}`"
+        )
+        + (" pins no figure of the rows (`expect`)." if unpinned else "."),
         "",
         "## Hashes",
         "",

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from builders.errors import VerificationError
 from builders.inputs.digest import file_digest
-from builders.manifest import PINNED_FIGURES, Manifest, cli_command
+from builders.manifest import PINNED_FIGURES, Manifest, cli_command, parse_manifest
 from builders.rows.rowfile import ROW_GROUP_ROWS, iter_row_batches, writer_version
 from builders.rows.segments import SegmentHash, supervised_segment_starts
 
@@ -106,10 +106,16 @@ class RowFigures:
         }
 
 
-def file_figures(path: Path, row_tokens: int, hash_layout: str = "u4-u1") -> dict:
-    """Re-read a row file and compute all its figures."""
-    figures, row_groups = RowFigures(row_tokens, hash_layout), []
+def file_figures(path: Path, row_tokens: int | None, hash_layout: str = "u4-u1") -> dict:
+    """Re-read a row file and compute all its figures.
+
+    ``row_tokens`` None: as long as the file's first rows are.
+    """
+    figures, row_groups = None, []
     for ids, mask, starts in iter_row_batches(path):
+        if figures is None:
+            row_tokens = row_tokens or ids.shape[1]
+            figures = RowFigures(row_tokens, hash_layout)
         if ids.shape[1] != row_tokens:
             raise VerificationError(
                 f"{path}: rows hold {ids.shape[1]} tokens, the manifest says {row_tokens}"
@@ -118,6 +124,7 @@ def file_figures(path: Path, row_tokens: int, hash_layout: str = "u4-u1") -> dic
             raise VerificationError(f"{path}: loss_mask holds values other than 0 and 1")
         figures.add(ids, mask, starts)
         row_groups.append(len(ids))
+    figures = figures or RowFigures(row_tokens or 0, hash_layout)
     return {**figures.as_dict(), **file_hash(path), "row_group_rows": row_groups}
 
 
@@ -133,6 +140,30 @@ class Check:
     expected: object
     got: object
     status: str  # "ok", "differs" or "not pinned"
+
+
+# the outcome of a build whose manifest pins no figure: the command line's and the card's words
+NOTHING_PINNED = "built, nothing pinned to verify"
+# a rows_sha256 that differs from the pin in at most this many of its 64 hex characters is near
+# it: the pin is likely mistyped (the hashes of other rows share about 4 characters by chance)
+NEAR_CHARACTERS = 16
+
+
+def differing_characters(digest: str, pinned: str) -> int:
+    """In how many places two hex digests differ."""
+    return sum(a != b for a, b in zip(digest, pinned, strict=True))
+
+
+def mistyped_pin(digest: str, pinned: str) -> str | None:
+    """What to say of a pinned hash ``digest`` is near; None where it is not near."""
+    differing = differing_characters(digest, pinned)
+    if differing > NEAR_CHARACTERS:
+        return None
+    return (
+        f"rows_sha256 {digest}, which differs from the pin in only {differing} of its 64 "
+        "characters (the hashes of other rows share about 4): the pin is likely mistyped; copy "
+        "it again from where it was published"
+    )
 
 
 @dataclass(frozen=True)
@@ -211,21 +242,80 @@ def verify(figures: dict, manifest: Manifest, built_from: dict | None = None) ->
     return Verification(checks, _notes(checks, manifest, built_from, figures.get("row_group_rows")))
 
 
+def report_beside(path: Path) -> Path:
+    """The build report of a row file: ``NAME.report.json`` beside ``NAME[.unverified].parquet``."""
+    name = path.name.removesuffix(".parquet").removesuffix(".unverified")
+    return path.with_name(f"{name}.report.json")
+
+
+def _report_of(path: Path) -> dict | None:
+    """The build report beside a row file, read; None where there is none, or not one of ours."""
+    try:
+        document = json.loads(report_beside(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return document if isinstance(document, dict) else None
+
+
 def recorded_recipe(path: Path, parquet_sha256: str) -> dict | None:
     """The recipe that the build report beside a row file records.
 
     None unless that report is of this very file.
     """
-    report = path.with_name(
-        f"{path.name.removesuffix('.parquet').removesuffix('.unverified')}.report.json"
-    )
     try:
-        document = json.loads(report.read_text(encoding="utf-8"))
+        document = _report_of(path)
         return (
             document["recipe"] if document["figures"]["parquet_sha256"] == parquet_sha256 else None
         )
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         return None
+
+
+def recorded_manifest(path: Path) -> Manifest | None:
+    """The manifest that the build report beside a row file records, whole.
+
+    None where there is no report, or it records no manifest text (older reports do not), or
+    that text is not what the rows were built from (its recipe is not the report's). It is read as
+    from its file, so relative paths in it resolve as they did; its ``path`` is that file where it
+    still holds the same text, else None.
+    """
+    document = _report_of(path)
+    text = document.get("manifest_text") if document else None
+    if not isinstance(text, str):
+        return None
+    original = Path(document["manifest"]) if isinstance(document.get("manifest"), str) else None
+    source = f"{report_beside(path)} (the manifest its build recorded)"
+    manifest = parse_manifest(text, source=source, path=original)
+    if manifest.recipe() != document.get("recipe"):
+        return None
+    try:
+        same = original is not None and original.read_text(encoding="utf-8") == text
+    except (OSError, UnicodeDecodeError):
+        same = False
+    return replace(manifest, path=original if same else None)
+
+
+def verify_rows_sha256(figures: dict, rows_sha256: str) -> Verification:
+    """Compare a file's figures with a ``rows_sha256`` alone (as a recipe card publishes it)."""
+    checks = [
+        Check(
+            name,
+            rows_sha256 if name == "rows_sha256" else None,
+            figures[name],
+            ("ok" if figures[name] == rows_sha256 else "differs")
+            if name == "rows_sha256"
+            else "not pinned",
+        )
+        for name in ("rows", *PINNED_FIGURES)
+    ]
+    notes = []
+    if checks[1].status == "differs":
+        notes.append(
+            f"the rows are not the rows {rows_sha256} names (hashed as data/ROWS.md's default "
+            "`hash: u4-u1` reading: token ids as little-endian uint32, then the mask as uint8, row "
+            "by row): other rows, or a card whose build hashed them under another `hash` reading"
+        )
+    return Verification(checks, notes)
 
 
 def _row_groups_note(row_groups: list[int] | None) -> str:
@@ -251,8 +341,8 @@ def _notes(
 ) -> list[str]:
     """What to make of a difference.
 
-    The writer's version, rows that match in a file that does not, and for rows that differ, the
-    inputs they were built from or the reading of the row contract.
+    The writer's version, rows that match in a file that does not, and for rows that differ, a
+    mistyped pin, the inputs they were built from or the reading of the row contract.
     """
     expect, out = manifest.expect, []
     running = writer_version()
@@ -276,7 +366,13 @@ def _notes(
             f"written, run `{explain} --writer`"
         )
     elif status.get("rows_sha256") == "differs":
-        out.append(_rows_differ(manifest, built_from, explain))
+        got = next(check.got for check in checks if check.figure == "rows_sha256")
+        mistyped = mistyped_pin(got, expect.rows_sha256)
+        out.append(
+            f"these rows have {mistyped}"
+            if mistyped
+            else _rows_differ(manifest, built_from, explain)
+        )
     if status.get("rows_sha256") == "ok" and status.get("segments_sha256") == "differs":
         out.append(
             "the tokens and masks are the pinned ones, but the rows' segments "

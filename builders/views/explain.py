@@ -42,7 +42,7 @@ from builders.inputs.layout import conversations
 from builders.inputs.pinned import pinned_inputs
 from builders.inputs.source import Source
 from builders.manifest import Expect, Manifest
-from builders.rows.figures import RowHash
+from builders.rows.figures import RowHash, differing_characters, mistyped_pin
 from builders.rows.order import permutation_sha256, torch_available
 from builders.rows.rowfile import writer_version
 from builders.views.writers import VARIANTS as WRITER_VARIANTS
@@ -81,10 +81,20 @@ class Explanation:
     tried: int = 0
     readings: int = 0  # full contracts there are to try
     notes: list[str] = field(default_factory=list)
+    # the reading whose rows_sha256 is nearest the pin: (its name, that hash, characters differing)
+    nearest: tuple[str, str, int] | None = None
 
     @property
     def reproduced(self) -> bool:
         return bool(self.matches or self.peer_matches)
+
+    def compare(self, name: str, hashes: dict[str, str], pinned: str | None) -> None:
+        """Keep the nearest of a reading's hashes (one per ``hash`` layout) to the pin."""
+        for layout, digest in hashes.items() if pinned else ():
+            differing = differing_characters(digest, pinned)
+            if self.nearest is None or differing < self.nearest[2]:
+                hashed = "" if layout == DEFAULT.hash else f", hash: {layout}"
+                self.nearest = (f"{name}{hashed}", digest, differing)
 
     def as_dict(self) -> dict:
         return {
@@ -101,6 +111,13 @@ class Explanation:
             "tried": self.tried,
             "readings": self.readings,
             "notes": self.notes,
+            "nearest": None
+            if self.nearest is None
+            else {
+                "reading": self.nearest[0],
+                "rows_sha256": self.nearest[1],
+                "differing_characters": self.nearest[2],
+            },
         }
 
 
@@ -182,6 +199,7 @@ class Search:
                 for contract in sorted(level, key=lambda c: (c.order, c.mask_rule)):
                     outcome = self.evaluate(contract)
                     found.tried += len(HASHES)
+                    found.compare(_named(contract), outcome.hashes, expect.rows_sha256)
                     progress.update(1)
                     ratio_matches = (
                         expect.supervised_token_ratio is None
@@ -243,6 +261,7 @@ class Search:
                 found.readings -= len(HASHES)
                 continue
             found.tried += len(HASHES)
+            found.compare(f"loss_mask {name}", outcome.hashes, expect.rows_sha256)
             if expect.supervised_token_ratio is None or expect.supervised_token_ratio.matches(
                 outcome.ratio
             ):
@@ -501,6 +520,11 @@ def describe(explanation: Explanation, manifest: Manifest) -> Iterator[str]:
         yield (
             f"the manifest pins no rows_sha256: only supervised_token_ratio was compared ({tried})"
         )
+        if not explanation.ratio_matches:
+            yield (
+                f"no reading gives supervised_token_ratio {expect.supervised_token_ratio.text}: "
+                f"{CHECK_THE_PIN}"
+            )
     elif explanation.matches:
         yield (
             f"{len(explanation.matches)} reading(s) reproduce rows_sha256 {expect.rows_sha256} "
@@ -516,6 +540,7 @@ def describe(explanation: Explanation, manifest: Manifest) -> Iterator[str]:
             )
     elif not explanation.peer_matches:
         yield f"no reading reproduces rows_sha256 {expect.rows_sha256} ({tried})"
+        yield from _nothing_reproduces(explanation, expect)
     if explanation.ratio_matches and not explanation.reproduced:
         yield (
             f"readings whose supervised_token_ratio matches {expect.supervised_token_ratio.text}, "
@@ -523,6 +548,33 @@ def describe(explanation: Explanation, manifest: Manifest) -> Iterator[str]:
         )
         for contract, ratio in explanation.ratio_matches[:20]:
             yield f"  {ratio:.6f}  {_named(contract)}"
+
+
+CHECK_THE_PIN = (
+    "check the pin itself before the row contract: copied whole, from the card or report of this "
+    "very build (its name, rows and row_tokens), for the inputs this manifest pins"
+)
+
+
+def _nothing_reproduces(explanation: Explanation, expect: Expect) -> Iterator[str]:
+    """Where to look when no reading reproduces the pinned rows_sha256.
+
+    A hash a few characters from the pin is a mistyped pin; readings with the pinned ratio are
+    near rows (a reading of the contract); with neither, nothing came near: the pin itself.
+    """
+    name, digest, differing = explanation.nearest or ("", "", 64)
+    if explanation.nearest and (mistyped := mistyped_pin(digest, expect.rows_sha256)):
+        yield f"{name} gives {mistyped}"
+    elif not explanation.ratio_matches:
+        ratio = (
+            ""
+            if expect.supervised_token_ratio is None
+            else f", and none gives supervised_token_ratio {expect.supervised_token_ratio.text}"
+        )
+        yield (
+            f"no reading comes near: the nearest rows_sha256 differs from the pin in {differing} "
+            f"of its 64 characters{ratio}; {CHECK_THE_PIN}"
+        )
 
 
 def _named(contract: Contract) -> str:

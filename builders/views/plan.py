@@ -101,6 +101,8 @@ def plan(
                         _take_stock(result, stats, len(stream.refused))
         except SourceDataError as err:
             result.stops = str(err)
+        # the engine each worker chose, and its last cross-checks
+        inputs.encoding.settle()
         inputs.encoding.finish()
         # the same checks as a build: the source files' bytes against their pins
         inputs.source_hashes.checked()

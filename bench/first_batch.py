@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""Seconds from the command's start to the first encoded batch, against an earlier builder.
+
+    pip install -r bench/requirements.txt
+    python bench/first_batch.py --json first_batch.json --baseline 05c474e
+    # a smoke run on 2 cores
+    python bench/first_batch.py --json /tmp/fb.json --scale 0.05 --rows 400 --repeats 1
+
+It lays out (once, in --cache) the inputs of bench/build_at_scale.py (a GLM-scale tokenizer with
+the pinned template, a Tulu-shaped source of ``939,343 × --scale`` conversations), then runs the
+build as users run it (``data/generate_fixed_sft.py --manifest M``, a fresh process each time) for
+each ``--workers`` count, with this tree's builder and, with ``--baseline``, an earlier one
+(a git revision, laid out with ``git archive``, or a folder holding a checkout), alternately,
+``--repeats`` times. Every process of each build appends timestamps to a trace
+(bench/first_batch_site: its interpreter's start, key imports, the start-up message, each
+worker's ``ready`` and first batch), read against the moment the bench started the command:
+
+- ``first_batch_s``: the first batch of encoded conversations leaving a worker (or, with one
+  process, the first batch the command's process encoded) — goal 1 of issue 29: at most 1.5 s;
+- ``first_ready_s`` / ``last_ready_s``: the first and the last worker ready (able to encode);
+- ``last_engine_s``: the last worker to say which engine it chose (where that is a message of
+  its own: builders after 05c474e; before, ``ready`` said it);
+- ``tokenizer_sent_s`` / ``start_up_sent_s``: the build telling its first worker where the
+  tokenizer lies (after 05c474e) / sending it the start-up message;
+- ``main_imported_s``: the command's process done importing ``builders.build``;
+- ``first_group_s``: the build handing out its first row group (it has planned);
+- ``workers_spawned_s``: the last worker's interpreter up; ``seconds``: the whole build.
+- ``timings``: the build report's own stages.
+
+It prints each run, then the medians and their ratios (this tree over the baseline, each
+measured in the same run: on a shared machine compare nothing across runs), and writes them all
+as JSON to ``--json``. Every build's ``rows_sha256`` must be the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from scale_inputs import lay_out, manifest_text  # noqa: E402
+
+SITE = REPO / "bench" / "first_batch_site"
+MEASURES = (
+    "main_imported_s",
+    "tokenizer_sent_s",
+    "start_up_sent_s",
+    "workers_spawned_s",
+    "first_group_s",
+    "first_ready_s",
+    "last_ready_s",
+    "last_engine_s",
+    "first_batch_s",
+    "seconds",
+)
+
+
+def options() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--json", type=Path, required=True, help="where the results go")
+    parser.add_argument("--scale", type=float, default=1.0, help="share of 939,343 conversations")
+    parser.add_argument("--rows", type=int, default=6400, help="rows of 8,192 tokens to build")
+    parser.add_argument(
+        "--cache", type=Path, default=REPO / "bench" / ".cache", help="where inputs are laid out"
+    )
+    parser.add_argument(
+        "--workers",
+        type=lambda text: text.split(","),
+        default=["auto"],
+        help="worker counts, comma-separated (default auto)",
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="builds of each kind (default 3)")
+    parser.add_argument(
+        "--baseline",
+        help="an earlier builder to compare with: a git revision of this repository, or a folder "
+        "holding a checkout",
+    )
+    return parser.parse_args()
+
+
+def template() -> bytes:
+    from builders.fixture.make import PINNED_TEMPLATE, shared_dir
+
+    shared = shared_dir() or (REPO.parent / "shared" if (REPO.parent / "shared").is_dir() else None)
+    if shared is None:
+        raise SystemExit("the bench renders with the pinned template: it needs FIXED_SFT_SHARED")
+    return (shared / PINNED_TEMPLATE).read_bytes()
+
+
+def baseline_tree(baseline: str, cache: Path) -> Path:
+    """The folder of the earlier builder: given, or ``git archive`` of a revision."""
+    if Path(baseline).is_dir():
+        return Path(baseline).resolve()
+    found = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", baseline], capture_output=True, text=True
+    )
+    if found.returncode != 0:
+        raise SystemExit(
+            f"--baseline {baseline}: no such folder, nor a revision of this checkout "
+            f"({found.stderr.strip()}); make a folder with git archive REV | tar -x -C DIR"
+        )
+    revision = found.stdout.strip()
+    tree = cache / f"baseline-{revision}"
+    if not (tree / "data" / "generate_fixed_sft.py").exists():
+        tree.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(
+            ["git", "-C", str(REPO), "archive", revision], capture_output=True, check=True
+        )
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    return tree
+
+
+def build(tree: Path, manifest: Path, hf_home: Path, workers: str, out: Path) -> dict:
+    """One build by ``tree``'s builder, traced; its measures in seconds from its start."""
+    with tempfile.TemporaryDirectory() as folder:
+        trace = Path(folder) / "trace.jsonl"
+        environment = {
+            **os.environ,
+            "HF_HOME": str(hf_home),
+            "HF_HUB_OFFLINE": "1",
+            "PYTHONPATH": str(SITE),
+            "FIRST_BATCH_TRACE": str(trace),
+        }
+        command = [
+            sys.executable,
+            str(tree / "data" / "generate_fixed_sft.py"),
+            *("--manifest", str(manifest), "--out", str(out), "--workers", workers),
+            *("-q", "--no-card"),
+        ]
+        started = time.time()
+        done = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=tree)
+        seconds = time.time() - started
+        if done.returncode != 0:
+            raise SystemExit(f"the build failed ({done.returncode}): {done.stderr}")
+        events = [json.loads(line) for line in trace.read_text().splitlines()]
+    report = json.loads(next(out.glob("*.report.json")).read_text())
+    # the command's process traces first
+    main = events[0][0]
+
+    def first(name: str, pid=None, last: bool = False):
+        times = [t for p, e, t, d in events if e == name and (pid is None or p == pid)]
+        if name in ("sent batch", "in-process batch"):
+            times = [t for p, e, t, d in events if e == name and d]
+        if not times:
+            return None
+        return round((max(times) if last else min(times)) - started, 3)
+
+    ready = {p for p, e, _, _ in events if e == "sent ready"}
+    workers_python = [t for p, e, t, _ in events if e == "python" and p in ready]
+    return {
+        "workers": workers,
+        "workers_used": report["workers"],
+        "main_imported_s": first("imported builders.build", main),
+        "start_up_sent_s": first("sent contract"),
+        "workers_spawned_s": round(max(workers_python) - started, 3) if workers_python else None,
+        "tokenizer_sent_s": first("sent tokenizer"),
+        "first_group_s": first("sent group"),
+        "first_ready_s": first("sent ready"),
+        "last_ready_s": first("sent ready", last=True),
+        "last_engine_s": first("sent engine", last=True),
+        "first_batch_s": first("sent batch") or first("in-process batch"),
+        "seconds": round(seconds, 3),
+        "rows_sha256": report["figures"]["rows_sha256"],
+        "timings": report["timings"],
+    }
+
+
+def medians(runs: list[dict]) -> dict:
+    return {
+        measure: round(statistics.median(values), 3)
+        for measure in MEASURES
+        if (values := [r[measure] for r in runs if r[measure] is not None])
+    }
+
+
+def main() -> None:
+    args = options()
+    hf_home = args.cache / "hf"
+    started = time.perf_counter()
+    facts = lay_out(hf_home, template(), args.scale)
+    manifest = args.cache / "first_batch.yaml"
+    manifest.write_text(manifest_text(facts, "firstbatch", args.rows))
+    print(f"inputs laid out in {time.perf_counter() - started:.0f} s", flush=True)
+    trees = {"this": REPO}
+    if args.baseline:
+        trees = {"baseline": baseline_tree(args.baseline, args.cache), **trees}
+    runs = []
+    for repeat in range(args.repeats):
+        for workers in args.workers:
+            for name, tree in trees.items():
+                run = build(tree, manifest, hf_home, workers, args.cache / "out" / "first_batch")
+                runs.append({"tree": name, "repeat": repeat, **run})
+                shown = {k: run[k] for k in MEASURES}
+                print(f"{name:>8} workers={workers}: {json.dumps(shown)}", flush=True)
+    summary = {}
+    for workers in args.workers:
+        by_tree = {
+            name: medians([r for r in runs if r["tree"] == name and r["workers"] == workers])
+            for name in trees
+        }
+        entry = {"median": by_tree}
+        if "baseline" in by_tree:
+            entry["this_over_baseline"] = {
+                measure: round(value / by_tree["baseline"][measure], 3)
+                for measure, value in by_tree["this"].items()
+                if by_tree["baseline"].get(measure)
+            }
+        summary[workers] = entry
+        print(f"workers={workers} medians: {json.dumps(by_tree)}")
+        if "this_over_baseline" in entry:
+            print(f"workers={workers} this / baseline: {json.dumps(entry['this_over_baseline'])}")
+    same = len({r["rows_sha256"] for r in runs}) == 1
+    print(f"same rows in every build: {same}")
+    results = {
+        "machine": {"cores": len(os.sched_getaffinity(0)), "python": sys.version.split()[0]},
+        "scale": args.scale,
+        "rows": args.rows,
+        "baseline": args.baseline,
+        "same_rows": same,
+        "summary": summary,
+        "runs": runs,
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"results: {args.json}")
+    if not same:
+        raise SystemExit("the builds' rows differ")
+
+
+if __name__ == "__main__":
+    main()

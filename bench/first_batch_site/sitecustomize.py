@@ -1,0 +1,105 @@
+"""Timestamps of a build's start-up, for bench/first_batch.py; nothing in the product.
+
+bench/first_batch.py puts this folder on ``PYTHONPATH`` with ``FIRST_BATCH_TRACE`` naming a file,
+so every process of the build (the command and its workers, which inherit the environment)
+appends one JSON line per event: ``[pid, event, time.time(), detail]``. The events come from the
+wire protocol of ``builders.encode.worker`` (a JSON header's first key) and, where encoding stays
+in the command's process, from ``InProcess.submit``; so the same trace reads any version of the
+builder:
+
+- ``python``: this process's interpreter reached site (just before its own code);
+- ``imported MODULE``: a module named in ``MODULES`` finished importing;
+- ``sent tokenizer`` (the build told a worker where the tokenizer lies; builders after 05c474e),
+  ``sent contract`` (the build sent a worker its start-up message), ``sent group`` (the build
+  handed a worker a row group: it has planned), ``sent ready`` (a worker said
+  ready), ``sent engine`` (a worker said which engine it chose, after 05c474e), ``sent batch`` (a
+  worker sent an encoded batch, ``detail`` its conversations), ``received batch`` (the build took
+  one);
+- ``in-process batch``: the command's process encoded a batch itself (``--workers 1``).
+"""
+
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import sys
+import time
+
+TRACE = os.environ.get("FIRST_BATCH_TRACE")
+MODULES = ("builders.build", "builders.encode.worker", "builders.formats.render", "fastokens")
+
+
+def event(name: str, detail=None) -> None:
+    line = json.dumps([os.getpid(), name, time.time(), detail]) + "\n"
+    descriptor = os.open(TRACE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(descriptor, line.encode())
+    finally:
+        os.close(descriptor)
+
+
+def header_key(data) -> str | None:
+    """The first key of a JSON header on a worker's channel, else None."""
+    head = bytes(memoryview(data)[:32]) if isinstance(data, bytes | bytearray) else b""
+    if not head.startswith(b'{"'):
+        return None
+    return head[2:].split(b'"', 1)[0].decode("ascii", "replace")
+
+
+def patch_connection(module) -> None:
+    send, receive = module.Connection.send_bytes, module.Connection.recv_bytes
+
+    def send_bytes(self, data, *args, **kwargs):
+        key = header_key(data)
+        if key in ("tokenizer", "contract", "group", "ready", "engine", "batch"):
+            detail = json.loads(bytes(data))["batch"] if key == "batch" else None
+            event(f"sent {key}", detail)
+        return send(self, data, *args, **kwargs)
+
+    def recv_bytes(self, *args, **kwargs):
+        data = receive(self, *args, **kwargs)
+        if header_key(data) == "batch":
+            event("received batch", json.loads(data)["batch"])
+        return data
+
+    module.Connection.send_bytes, module.Connection.recv_bytes = send_bytes, recv_bytes
+
+
+def patch_pool(module) -> None:
+    submit = module.InProcess.submit
+
+    def timed(self, table, *args, **kwargs):
+        submit(self, table, *args, **kwargs)
+        event("in-process batch", table.num_rows)
+
+    module.InProcess.submit = timed
+
+
+PATCHES = {"multiprocessing.connection": patch_connection, "builders.encode.pool": patch_pool}
+
+
+class Watch(importlib.abc.MetaPathFinder):
+    """Patches or times a module as it finishes importing; imports nothing itself."""
+
+    def find_spec(self, name, path, target=None):
+        if name not in PATCHES and name not in MODULES:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        execute = spec.loader.exec_module
+
+        def exec_module(module):
+            execute(module)
+            if name in PATCHES:
+                PATCHES[name](module)
+            if name in MODULES:
+                event(f"imported {name}")
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if TRACE:
+    event("python")
+    sys.meta_path.insert(0, Watch())

@@ -1,0 +1,211 @@
+"""Tool calls in a conversation: what the chat formats check of them.
+
+A conversation's tools reach the template as ``tools=``, its calls as an assistant message's
+``tool_calls`` (already normalised by the reader: ``{id?, type: function, function: {name,
+arguments}}``), its results as ``tool`` messages (data/ROWS.md, "Tool calls").
+
+- ``tool_fields``: every string the tools and calls put in the render as markup, with where it
+  is (the injection refusal reads them);
+- ``Injection``: refuses a tool field holding an added token, a stop string or a header;
+- ``marked_calls``: a conversation whose calls' names, argument keys and string leaves are
+  replaced by markers (the completeness check aligns its render with the real one);
+- the probes: ``PROBE_TOOL``, ``TOOL_PROBE`` (an answer after a tool result), and
+  ``prints_tools`` (whether a template prints a tool schema at all).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from builders.errors import ConversationError
+
+PROBE_NAME = "probe_fn"
+PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": PROBE_NAME,
+        "description": "probe",
+        "parameters": {"type": "object", "properties": {}},
+    },
+}
+PROBE_CALL = {"type": "function", "function": {"name": PROBE_NAME, "arguments": {}}}
+# an answer after a tool result: the conversation its header is probed with
+TOOL_PROBE = [
+    {"role": "user", "content": "probe"},
+    {"role": "assistant", "content": "", "tool_calls": [PROBE_CALL]},
+    {"role": "tool", "content": "probe"},
+]
+
+
+def row_tools(row: dict) -> list | None:
+    """A source row's tools as the template gets them (None: no tools)."""
+    tools = row.get("tools")
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise ConversationError(f"tools is {type(tools).__name__}, not a list")
+    return tools or None
+
+
+def tool_fields(messages: list[dict], tools: list | None) -> Iterator[tuple[str, str]]:
+    """Each tool field: (where it is, its text).
+
+    Every string in ``tools`` (keys too), each call's id, name and arguments (each key and string
+    leaf; a string ``arguments`` whole), each tool message's ``tool_call_id`` and ``name``.
+    """
+    for k, tool in enumerate(tools or ()):
+        yield from _strings(tool, f"tools[{k}]")
+    for j, message in enumerate(messages):
+        where = f"message {j} ({message['role']})"
+        for k, call in enumerate(message.get("tool_calls") or ()):
+            for key in ("id", "type"):
+                if isinstance(call.get(key), str):
+                    yield f"{where} call {k} {key}", call[key]
+            function = call["function"]
+            yield f"{where} call {k} name", function["name"]
+            yield from _strings(function.get("arguments"), f"{where} call {k} arguments")
+        for key in ("tool_call_id", "name"):
+            if isinstance(message.get(key), str):
+                yield f"{where} {key}", message[key]
+
+
+def _strings(value, where: str) -> Iterator[tuple[str, str]]:
+    if isinstance(value, str):
+        yield where, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str):
+                yield f"{where} key", key
+            yield from _strings(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for k, item in enumerate(value):
+            yield from _strings(item, f"{where}[{k}]")
+
+
+class Injection:
+    """Refuses a tool field that holds a string only the template's own markup may hold.
+
+    They are the added tokens of ``tokenizer.json``, the ``stop`` strings and the generation
+    prompts: a call is supervised markup, so it must hold no header or stop that is not the
+    template's.
+    """
+
+    def __init__(self, forbidden):
+        self.forbidden = tuple(sorted({s for s in forbidden if s}, key=len, reverse=True))
+        self._pattern = (
+            re.compile("|".join(map(re.escape, self.forbidden))) if self.forbidden else None
+        )
+        # rows often share one tool list: each distinct list is read once
+        self._seen: dict[str, tuple[str, str] | None] = {}
+
+    def check(self, messages: list[dict], tools: list | None) -> None:
+        if tools:
+            key = json.dumps(tools, ensure_ascii=False, default=repr)
+            if key not in self._seen:
+                if len(self._seen) >= 256:
+                    self._seen.clear()
+                self._seen[key] = self._first(tool_fields([], tools))
+            if self._seen[key]:
+                self._refuse(*self._seen[key])
+        found = self._first(tool_fields(messages, None))
+        if found:
+            self._refuse(*found)
+
+    def _first(self, fields) -> tuple[str, str] | None:
+        if self._pattern is None:
+            return None
+        for where, text in fields:
+            if match := self._pattern.search(text):
+                return where, match.group(0)
+        return None
+
+    @staticmethod
+    def _refuse(where: str, found: str) -> None:
+        raise ConversationError(
+            f"{where} holds {found!r}, an added token, stop string or generation prompt of the "
+            f"template: a tool field is markup the model is trained on, and may hold none "
+            f'(data/ROWS.md, "Tool calls")'
+        )
+
+
+@dataclass(frozen=True)
+class CallField:
+    """A call's name, argument key or string leaf, replaced by a marker."""
+
+    message: int
+    call: int
+    # "name", "argument key" or "argument value" (or "arguments": a string kept as-is)
+    what: str
+    text: str
+
+    def describe(self) -> str:
+        return f"call {self.call} ({self.what} {self.text[:40]!r})"
+
+
+def marked_calls(
+    messages: list[dict], marker: Callable[[CallField], str]
+) -> tuple[list[dict], list[CallField]]:
+    """``messages`` with each call field replaced by ``marker(field)``.
+
+    A field that is empty stays as it is (nothing to find).
+    """
+    fields: list[CallField] = []
+
+    def mark(j: int, k: int, what: str, text: str) -> str:
+        if not text:
+            return text
+        field = CallField(j, k, what, text)
+        fields.append(field)
+        return marker(field)
+
+    def marked(j: int, k: int, value):
+        if isinstance(value, str):
+            return mark(j, k, "argument value", value)
+        if isinstance(value, dict):
+            return {
+                mark(j, k, "argument key", key) if isinstance(key, str) else key: marked(j, k, item)
+                for key, item in value.items()
+            }
+        if isinstance(value, list):
+            return [marked(j, k, item) for item in value]
+        return value
+
+    out = []
+    for j, message in enumerate(messages):
+        calls = message.get("tool_calls")
+        if not calls:
+            out.append(message)
+            continue
+        held = []
+        for k, call in enumerate(calls):
+            function = dict(call["function"])
+            function["name"] = mark(j, k, "name", function["name"])
+            arguments = function.get("arguments")
+            function["arguments"] = (
+                mark(j, k, "arguments", arguments)
+                if isinstance(arguments, str)
+                else marked(j, k, arguments)
+            )
+            held.append({**call, "function": function})
+        out.append({**message, "tool_calls": held})
+    return out, fields
+
+
+def escaped_prints(text: str) -> list[str]:
+    """``text`` as a template may print a string field: as it is, or as ``tojson`` escapes it.
+
+    Without the quotes; each form once, in that order.
+    """
+    forms = [text, json.dumps(text, ensure_ascii=False)[1:-1], json.dumps(text)[1:-1]]
+    return list(dict.fromkeys(forms))
+
+
+def prints_tools(render: Callable[[list, list], str]) -> bool:
+    """Whether a template prints a tool schema given as ``tools=``.
+
+    ``render(messages, tools)`` renders; the probe tool's name must occur.
+    """
+    return PROBE_NAME in render([{"role": "user", "content": "probe"}], [PROBE_TOOL])

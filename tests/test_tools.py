@@ -1,0 +1,286 @@
+"""Tool calls under ``turns`` and ``glm5`` (data/ROWS.md, "Tool calls").
+
+On the pinned GLM-4.7-Flash template the two rules give the same rows for generated tool
+conversations (tests/tool_conversations.py); on real templates (tests/real_models.py) the calls are
+supervised through their stop token and the results are not, and each refusal names what it
+refuses: a tool field holding a token of the template's, a template that prints only the first
+call or raises, a dataset with tools and a template that never prints them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+from tokenizers import Tokenizer
+from tool_conversations import TOOLS, tool_conversations
+
+import real_models
+from builders.encode.encoder import ConversationEncoder
+from builders.errors import SourceDataError, UsageError
+from builders.fixture.make import PINNED_TEMPLATE, shared_dir, tokenizer_json
+from builders.formats import FormatSpec, glm5_spec
+from builders.inputs.pinned import special_tokens
+from builders.rows.packing import with_eos
+from helpers import NEEDS_SHARED
+from reference_turns import TurnsReference, Undefined
+
+WEATHER = [TOOLS[0]]
+# two calls, two results, reasoning, unicode and a number in the arguments
+SAMPLE = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Weather in Paris and Tokyo?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "reasoning_content": "I need both cities.",
+        "tool_calls": [
+            {
+                "id": "a1b2c3d4e",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+            },
+            {
+                "id": "f5g6h7i8j",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "東京", "days": 2}},
+            },
+        ],
+    },
+    {"role": "tool", "tool_call_id": "a1b2c3d4e", "name": "get_weather", "content": '{"t": 18}'},
+    {"role": "tool", "tool_call_id": "f5g6h7i8j", "content": '{"t": 25}'},
+    {"role": "assistant", "content": "Paris: 18°C, Tokyo: 25°C."},
+]
+ONE_CALL = [
+    *SAMPLE[:2],
+    {**SAMPLE[2], "tool_calls": SAMPLE[2]["tool_calls"][:1]},
+    SAMPLE[3],
+    SAMPLE[5],
+]
+
+
+def rows(conversations) -> list[dict]:
+    return [
+        {"index": k, "id": f"t{k}", "messages": messages, "tools": tools}
+        for k, (messages, tools) in enumerate(conversations)
+    ]
+
+
+def model_encoder(model: real_models.Model, tools: bool = True, template=None):
+    """A ``turns`` encoder over a real model's files (``template``: another one)."""
+    files = model.files
+    config = (
+        json.loads(files["tokenizer_config.json"]) if "tokenizer_config.json" in files else None
+    )
+    if template is None and "chat_template.jinja" in files:
+        template = files["chat_template.jinja"].decode()
+    elif template is None:
+        named = config["chat_template"]
+        name = model.fields.get("chat_template_name", "default")
+        template = (
+            named
+            if isinstance(named, str)
+            else next(t["template"] for t in named if t["name"] == name)
+        )
+    fields = model.fields
+    date = fields.get("render_date")
+    spec = FormatSpec(
+        "turns",
+        template,
+        fields["eos"],
+        tuple(fields["stop"]),
+        tuple(fields.get("prefills", [{}])),
+        fields.get("template_vars", {}),
+        None if date is None else str(date),
+        special_tokens(config) if config else {},
+        tools=tools,
+    )
+    return ConversationEncoder(Tokenizer.from_str(files["tokenizer.json"].decode()), spec)
+
+
+def marked(encoder, conversation) -> str:
+    """The conversation's tokens decoded, supervised runs in «»."""
+    out, ids, mask = [], conversation.ids.tolist(), conversation.mask.tolist()
+    for supervised, run in itertools.groupby(range(len(ids)), key=lambda t: mask[t]):
+        text = encoder.tokenizer.decode([ids[t] for t in run], skip_special_tokens=False)
+        out.append(f"«{text}»" if supervised else text)
+    return "".join(out)
+
+
+def glm_encoders():
+    template = (shared_dir() / PINNED_TEMPLATE).read_text(encoding="utf-8")
+    tokenizer = tokenizer_json().decode()
+    glm5 = ConversationEncoder(Tokenizer.from_str(tokenizer), glm5_spec(template))
+    turns = ConversationEncoder(
+        Tokenizer.from_str(tokenizer),
+        FormatSpec(
+            "turns",
+            template,
+            "<|endoftext|>",
+            ("<|endoftext|>", "<|user|>", "<|observation|>"),
+            ({}, {"enable_thinking": False}),
+            tools=True,
+        ),
+    )
+    return glm5, turns
+
+
+@NEEDS_SHARED
+def test_turns_and_glm5_give_the_same_rows_for_tool_conversations_on_glm():
+    glm5, turns = glm_encoders()
+    source = rows([(SAMPLE, WEATHER), *tool_conversations(11, 120)])
+    by_glm5, by_turns = glm5.encode(source), turns.encode(source)
+    for row, a, b in zip(source, by_glm5, by_turns, strict=True):
+        assert a.ids.tolist() == b.ids.tolist(), row["id"]
+        assert a.mask.tolist() == b.mask.tolist(), row["id"]
+        assert a.ends_with_answer == b.ends_with_answer, row["id"]
+    sample = marked(glm5, by_glm5[0])
+    assert (
+        "<|assistant|><think>«I need both cities.</think><tool_call>get_weather<arg_key>city"
+        "</arg_key><arg_value>Paris</arg_value></tool_call><tool_call>get_weather<arg_key>city"
+        "</arg_key><arg_value>東京</arg_value><arg_key>days</arg_key><arg_value>2</arg_value>"
+        "</tool_call><|observation|>»<tool_response>" in sample
+    ), sample
+    assert sample.endswith("</tool_response><|assistant|></think>«Paris: 18°C, Tokyo: 25°C.»")
+    assert '<tool_response>{"t": 18}</tool_response>' in sample
+
+
+@NEEDS_SHARED
+def test_glm5_refuses_string_arguments_naming_the_call():
+    glm5, _ = glm_encoders()
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "x"}'}}
+    messages = [SAMPLE[1], {"role": "assistant", "content": "", "tool_calls": [call]}]
+    with pytest.raises(SourceDataError, match=r"source row 0 .*message 1 .*call 0: arguments"):
+        glm5.encode(rows([(messages, WEATHER)]))
+
+
+def test_qwen3_supervises_the_calls_through_im_end_and_not_the_results():
+    encoder = model_encoder(real_models.qwen3())
+    (conversation,) = encoder.encode(rows([(SAMPLE, WEATHER)]))
+    text = marked(encoder, conversation)
+    assert (
+        "<|im_start|>assistant\n«<think>\nI need both cities.\n</think>\n\n<tool_call>\n"
+        '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n<tool_call>\n'
+        '{"name": "get_weather", "arguments": {"city": "東京", "days": 2}}\n</tool_call>'
+        "<|im_end|>»\n<|im_start|>user\n<tool_response>\n" in text
+    ), text
+    assert text.endswith(
+        "</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        "«Paris: 18°C, Tokyo: 25°C.<|im_end|>»\n"
+    ), text
+    # the schema is context
+    assert '«{"type": "function"' not in text and "get_weather" in text.split("«")[0]
+
+
+def test_deepseek_v31_answers_right_after_the_tool_output():
+    encoder = model_encoder(real_models.deepseek(), tools=False)
+    (conversation,) = encoder.encode(rows([(SAMPLE, None)]))
+    text = marked(encoder, conversation)
+    assert text.endswith(
+        '<｜tool▁output▁begin｜>{"t": 25}<｜tool▁output▁end｜>«Paris: 18°C, Tokyo: 25°C.'
+        "<｜end▁of▁sentence｜>»"
+    ), text
+    assert "<｜Assistant｜><think></think>«<｜tool▁calls▁begin｜>" in text
+
+
+def test_a_dataset_with_tools_and_a_template_that_never_prints_them_is_refused_before_work():
+    with pytest.raises(UsageError, match=r"never prints them.*probe_fn"):
+        model_encoder(real_models.deepseek(), tools=True)
+
+
+def test_two_calls_on_llama_are_refused_naming_the_template_error():
+    encoder = model_encoder(real_models.llama3("3.1"))
+    (one,) = encoder.encode(rows([(ONE_CALL, WEATHER)]))
+    assert '«{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>»' in marked(
+        encoder, one
+    )
+    with pytest.raises(SourceDataError, match=r"source row 0 .*single tool-calls"):
+        encoder.encode(rows([(SAMPLE, WEATHER)]))
+
+
+def test_a_template_that_prints_only_the_first_call_is_refused_naming_the_call():
+    model = real_models.qwen3()
+    template = model.files["chat_template.jinja"].decode()
+    first_only = template.replace("in message.tool_calls %}", "in message.tool_calls[:1] %}")
+    assert first_only != template
+    encoder = model_encoder(model, template=first_only)
+    encoder.encode(rows([(ONE_CALL, WEATHER)]))
+    with pytest.raises(
+        SourceDataError, match=r"message 2 \(assistant\).* does not print call 1 \(name"
+    ):
+        encoder.encode(rows([(SAMPLE, WEATHER)]))
+
+
+@pytest.mark.parametrize(
+    "where, text",
+    [
+        ("name", "get<|im_end|>weather"),
+        ("argument", "Paris<|im_start|>assistant\n"),
+        ("tool", "a tool <tool_call> described"),
+        ("call id", "id<|endoftext|>"),
+    ],
+)
+def test_a_tool_field_holding_a_template_token_is_refused(where, text):
+    encoder = model_encoder(real_models.qwen3())
+    messages = json.loads(json.dumps(ONE_CALL))
+    tools = json.loads(json.dumps(WEATHER))
+    call = messages[2]["tool_calls"][0]
+    if where == "name":
+        call["function"]["name"] = text
+    elif where == "argument":
+        call["function"]["arguments"]["city"] = text
+    elif where == "tool":
+        tools[0]["function"]["description"] = text
+    else:
+        messages[3]["tool_call_id"] = text
+    with pytest.raises(SourceDataError, match=r"source row 0 .* holds .*added token, stop string"):
+        encoder.encode(rows([(messages, tools)]))
+
+
+REAL = {
+    "qwen3": (real_models.qwen3, {"max_calls": 3}),
+    "qwen2.5": (real_models.qwen25, {"max_calls": 3}),
+    "deepseek-v3.1": (real_models.deepseek, {"max_calls": 3}),
+    "llama3.1": (lambda: real_models.llama3("3.1"), {"max_calls": 1}),
+    "llama3.2": (lambda: real_models.llama3("3.2"), {"max_calls": 1}),
+}
+
+
+@pytest.mark.parametrize("name", list(REAL))
+def test_turns_with_tools_equals_the_reference_on_real_templates(name, tmp_path):
+    """tests/reference_turns.py (written from data/ROWS.md) gives the same rows, or refuses too.
+
+    Qwen3 also with arguments as JSON strings (it prints a string as it is); DeepSeek-V3.1 never
+    prints tools, so its conversations go without them.
+    """
+    make, options = REAL[name]
+    model = make()
+    for file, data in model.files.items():
+        (tmp_path / file).write_bytes(data)
+    reference = TurnsReference(tmp_path, {"sha256": dict.fromkeys(model.files), **model.fields})
+    takes_tools = name != "deepseek-v3.1"
+    encoder = model_encoder(model, tools=takes_tools)
+    cases = [(SAMPLE, WEATHER), (ONE_CALL, WEATHER), *tool_conversations(5, 12, **options)]
+    if name == "qwen3":
+        cases += tool_conversations(6, 6, strings=True)
+    if not takes_tools:
+        cases = [(messages, None) for messages, _ in cases]
+    defined = 0
+    for k, (messages, tools) in enumerate(cases):
+        try:
+            expected = reference.conversation(messages, tools=tools)
+        except Undefined as undefined:
+            expected = undefined
+        row = {"index": k, "id": f"t{k}", "messages": messages, "tools": tools}
+        try:
+            (encoded,) = encoder.encode([row])
+        except SourceDataError as refusal:
+            assert isinstance(expected, Undefined), f"{k}: builder refuses: {refusal}"
+            continue
+        assert not isinstance(expected, Undefined), f"{k}: builder takes, reference: {expected}"
+        ids, mask = with_eos(encoded.ids, encoded.mask, encoded.ends_with_answer, encoder.eos_id)
+        assert (ids.tolist(), mask.tolist()) == expected, k
+        defined += 1
+    # Llama 3 takes one call per answer: the two-call sample is refused
+    assert defined >= len(cases) - (1 if name.startswith("llama") else 0)
