@@ -2,7 +2,7 @@
 """Seconds from the command's start to the first encoded batch, against an earlier builder.
 
     pip install -r bench/requirements.txt
-    python bench/first_batch.py --json first_batch.json --baseline 05c474e
+    python bench/first_batch.py --json first_batch.json --baseline 8690c98
     # a smoke run on 2 cores
     python bench/first_batch.py --json /tmp/fb.json --scale 0.05 --rows 400 --repeats 1
 
@@ -19,9 +19,9 @@ worker's ``ready`` and first batch), read against the moment the bench started t
   process, the first batch the command's process encoded) — goal 1 of issue 29: at most 1.5 s;
 - ``first_ready_s`` / ``last_ready_s``: the first and the last worker ready (able to encode);
 - ``last_engine_s``: the last worker to say which engine it chose (where that is a message of
-  its own: builders after 05c474e; before, ``ready`` said it);
+  its own: builders from de0d367 on; before, ``ready`` said it);
 - ``tokenizer_sent_s`` / ``start_up_sent_s``: the build telling its first worker where the
-  tokenizer lies (after 05c474e) / sending it the start-up message;
+  tokenizer lies (from de0d367 on) / sending it the start-up message;
 - ``main_imported_s``: the command's process done importing ``builders.build``;
 - ``first_group_s``: the build handing out its first row group (it has planned);
 - ``workers_spawned_s``: the last worker's interpreter up; ``seconds``: the whole build.
@@ -130,7 +130,10 @@ def build(tree: Path, manifest: Path, hf_home: Path, workers: str, out: Path) ->
             **os.environ,
             "HF_HOME": str(hf_home),
             "HF_HUB_OFFLINE": "1",
-            "PYTHONPATH": str(SITE),
+            # before any PYTHONPATH of the environment (a --target install of the wheels)
+            "PYTHONPATH": os.pathsep.join(
+                [str(SITE), *filter(None, [os.environ.get("PYTHONPATH")])]
+            ),
             "FIRST_BATCH_TRACE": str(trace),
         }
         command = [

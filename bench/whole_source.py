@@ -6,11 +6,8 @@
     python bench/whole_source.py --json /tmp/ws.json --scales 0.01,0.02   # a smoke run
 
 For each ``--scales`` share of the Tulu-shaped source of bench/scale_inputs.py (1: 939,343
-conversations, about 115,000 rows of 8,192 tokens), laid out once in --cache: a build asked for
-more rows than the source holds runs out and says how many it made (bench/build_at_scale.py's
-probe, timed too: it does all the work but the final write); then the build of exactly that many
-rows, at ``--workers`` (default auto), in a fresh process as users run it (the probe's count is
-kept in --cache, so a second run of a scale builds at once). Prints and writes to
+conversations, about 115,000 rows of 8,192 tokens), laid out once in --cache, a ``rows: all``
+build at ``--workers`` (default auto), in a fresh process as users run it. Prints and writes to
 ``--json``, for each scale: seconds, cores busy, the main process's CPU, peak RSS of the main
 process and of the largest child, the rows spilled to disk and the passes (the report's
 ``source_reading``), and per million conversations; then the growth from the smallest scale to
@@ -23,14 +20,13 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from build_at_scale import build, whole_source_rows  # noqa: E402
+from build_at_scale import build  # noqa: E402
 from first_batch import template  # noqa: E402
 
 from scale_inputs import lay_out, manifest_text  # noqa: E402
@@ -60,26 +56,16 @@ def main() -> None:
     for scale in args.scales:
         facts = lay_out(hf_home, template(), scale)
         manifest = args.cache / f"whole-{scale}.yaml"
-        manifest.write_text(manifest_text(facts, "whole", 10**9))
-        out = args.cache / "out" / f"whole-{scale}"
-        # the probe's answer is kept: a later run of the same scale skips it
-        known = args.cache / f"whole-{scale}.rows"
-        started = time.perf_counter()
-        if known.exists():
-            rows, probe_s = int(known.read_text()), None
-        else:
-            rows = whole_source_rows(manifest, out / "probe", hf_home)
-            probe_s = round(time.perf_counter() - started, 2)
-            known.write_text(f"{rows}\n")
-        manifest.write_text(manifest_text(facts, "whole", rows))
-        built = build(manifest, out / "build", hf_home, "auto", args.workers)
+        manifest.write_text(manifest_text(facts, "whole", "all"))
+        built = build(
+            manifest, args.cache / "out" / f"whole-{scale}", hf_home, "auto", args.workers
+        )
         conversations = int(facts["dataset_rows"])
         result = {
             "scale": scale,
             "source_conversations": conversations,
             "source_mib": int(facts["dataset_mib"]),
-            "rows": rows,
-            "probe_seconds": probe_s,
+            "rows": built["tokens"] // 8192,
             **{
                 k: built[k]
                 for k in (

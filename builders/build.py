@@ -209,11 +209,13 @@ def prepared(
                 f"{manifest.loss_mask} chat format"
             )
             reference = ConversationEncoder(pinned.tokenizer, pinned.spec, manifest.contract)
+            # in this process, the engine is chosen while the build plans
+            encoding.begin(reference)
             leave_out = None if whole_source else manifest.leave_out_refused
             stream = Stream(source, order, needed_tokens, leave_out)
             reporter.info("sampling conversations to plan the stream")
             stream.plan(reference)
-            encoding.begin(reference)
+
         reporter.detail(
             f"tokenizer snapshot {pinned.snapshot}; source files: "
             f"{', '.join(str(f.path) for f in source.files)}"

@@ -362,3 +362,28 @@ def test_a_worker_encodes_with_tokenizers_while_fastokens_loads(tmp_path, monkey
     assert sum(c.cross_checked for c in here[:80]) >= 2
     for mine, theirs in zip(here, there, strict=True):
         assert np.array_equal(mine.ids, theirs.ids) and np.array_equal(mine.mask, theirs.mask)
+
+
+def test_this_process_chooses_its_engine_once_its_encoder_is_made(monkeypatch, hub, tmp_path):
+    """The choice's probes encode with the tokenizer the encoder sets up.
+
+    A tokenizer cannot be set up while another thread encodes with it, so the choice in this
+    process starts only once the build's encoder is made.
+    """
+    from builders.encode import encoder as encoder_module
+
+    made, real_choose, order = encoder_module.ConversationEncoder.__init__, engines.choose, []
+
+    def init(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        order.append("encoder")
+
+    def choose(*args):
+        order.append("choice")
+        return real_choose(*args)
+
+    monkeypatch.setattr(encoder_module.ConversationEncoder, "__init__", init)
+    monkeypatch.setattr(engines, "choose", choose)
+    manifest = load_manifest(MANIFESTS / f"{SELF_CONTAINED}.yaml")
+    result = build(manifest, tmp_path / "out", hub, card=False, workers=1)
+    assert result.verified and order == ["encoder", "choice"]

@@ -9,13 +9,14 @@ builder:
 
 - ``python``: this process's interpreter reached site (just before its own code);
 - ``imported MODULE``: a module named in ``MODULES`` finished importing;
-- ``sent tokenizer`` (the build told a worker where the tokenizer lies; builders after 05c474e),
-  ``sent contract`` (the build sent a worker its start-up message), ``sent group`` (the build
-  handed a worker a row group: it has planned), ``sent ready`` (a worker said
-  ready), ``sent engine`` (a worker said which engine it chose, after 05c474e), ``sent batch`` (a
-  worker sent an encoded batch, ``detail`` its conversations), ``received batch`` (the build took
-  one);
+- ``sent tokenizer`` (the build told a worker where the tokenizer lies; builders from de0d367
+  on), ``sent contract`` (the build sent a worker its start-up message), ``sent group`` (the build
+  handed a worker a row group: it has planned), ``sent ready`` (a worker said ready), ``sent
+  engine`` (a worker said which engine it chose; from de0d367 on), ``sent batch`` (a worker sent
+  an encoded batch, ``detail`` its conversations), ``received batch`` (the build took one);
 - ``in-process batch``: the command's process encoded a batch itself (``--workers 1``).
+
+The environment's own sitecustomize, if another folder on the path holds one, runs after it.
 """
 
 import importlib.abc
@@ -100,6 +101,18 @@ class Watch(importlib.abc.MetaPathFinder):
         return spec
 
 
+def chain() -> None:
+    """Run the environment's own sitecustomize, if another folder on the path holds one."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for folder in sys.path:
+        other = os.path.join(folder or ".", "sitecustomize.py")
+        if os.path.abspath(folder or ".") != here and os.path.isfile(other):
+            with open(other, encoding="utf-8") as file:
+                exec(compile(file.read(), other, "exec"), {"__name__": "sitecustomize"})
+            return
+
+
 if TRACE:
     event("python")
     sys.meta_path.insert(0, Watch())
+chain()

@@ -16,7 +16,7 @@ it has the chat format (``start``), before the build checks the source's order a
 encodes its first tasks with the reference engine while the engine asked for loads and runs its
 probes beside it (``engines.Choosing``). The build hands out tasks without waiting for them, and
 ``settle`` (after the rows) gives the engine every worker chose. In this process the engine is
-chosen in a thread while the build plans, and ``begin`` waits for it.
+chosen in a thread while the build plans (from ``begin``), and the first batch waits for it.
 
 ``--workers auto`` (``worker_count``) is one process where the machine has at most
 ``IN_PROCESS_UP_TO`` cores (the engine's own threads use them; measured fastest there, see
@@ -97,7 +97,7 @@ class InProcess:
     """Encodes in this process, at once.
 
     The engine's own threads use the cores; the engine is chosen in a thread of its own while the
-    build plans.
+    build plans (``begin``).
     """
 
     # the stream decodes the source here
@@ -120,31 +120,45 @@ class InProcess:
     def start(
         self, pinned: PinnedTokenizer, contract: Contract, engine: str, source: Source | None
     ) -> None:
-        """Begin choosing the engine for ``pinned``'s tokenizer.
+        """Keep what the engine is chosen from (``begin`` starts the choice).
 
         ``engine`` is what ``--engine`` asks for.
         """
-        self._choice = self._chooser.submit(
-            engines.choose, engine, pinned.tokenizer, pinned.tokenizer_json, pinned.chat_template
-        )
+        self._engine, self._tokenizer_json = engine, pinned.tokenizer_json
+        self.encoder = None
 
     def begin(self, encoder: ConversationEncoder) -> None:
-        """Encode with ``encoder``'s format and contract, and the engine chosen.
+        """Encode with ``encoder``'s format and contract, and the engine chosen beside.
 
-        A refused ``--engine`` raises here.
+        The choice runs in a thread from now on, while the build plans: its probes use the
+        tokenizer, which ``encoder`` has set up (a tokenizer cannot be changed while another thread
+        encodes with it). The first batch waits for the choice.
         """
-        self.encoder = encoder.with_engine(self._choice.result().engine)
+        self._reference = encoder
+        self._choice = self._chooser.submit(
+            engines.choose,
+            self._engine,
+            encoder.tokenizer,
+            self._tokenizer_json,
+            encoder.spec.chat_template,
+        )
 
     def settle(self) -> engines.Choice:
-        """The engine chosen."""
+        """The engine chosen; a refused ``--engine`` raises here."""
         return self._choice.result()
 
     def finish(self) -> None:
         """Let the engine's last cross-checks finish (a disagreement raises)."""
-        self.encoder.engine.finish()
+        self._encoder().engine.finish()
 
     def submit(self, table: pa.Table, positions: np.ndarray, encoded: Encoded) -> None:
-        encoded.update(encode_rows(self.encoder, conversations(table), positions))
+        encoded.update(encode_rows(self._encoder(), conversations(table), positions))
+
+    def _encoder(self) -> ConversationEncoder:
+        """The encoder, with the engine chosen (which it waits for the first time)."""
+        if self.encoder is None:
+            self.encoder = self._reference.with_engine(self.settle().engine)
+        return self.encoder
 
     def ready(self, encoded: Encoded, position: int) -> bool:
         return position in encoded
