@@ -204,17 +204,24 @@ def prepared(
             # is put in place
             source_hashes = scope.enter_context(hashed_files(source_files(source)))
             order = _checked_order(manifest, source)
+            reporter.info(
+                f"inputs resolved: {source.num_rows:,} source rows in {len(source.files)} files"
+                + (
+                    f" of {len(source.pins)} datasets, {len(order):,} kept"
+                    if manifest.mixture
+                    else ""
+                )
+                + " (their bytes are hashed and checked beside the build); preparing the "
+                f"{manifest.loss_mask} chat format"
+            )
             reference = ConversationEncoder(pinned.tokenizer, pinned.spec, manifest.contract)
             # in this process, the engine is chosen while the build plans
             encoding.begin(reference)
             leave_out = None if whole_source else manifest.leave_out_refused
             stream = Stream(source, order, needed_tokens, leave_out)
+            reporter.info("sampling conversations to plan the stream")
             stream.plan(reference)
-        reporter.info(
-            f"inputs resolved: {source.num_rows:,} source rows in {len(source.files)} files"
-            + (f" of {len(source.pins)} datasets, {len(order):,} kept" if manifest.mixture else "")
-            + " (their bytes are hashed and checked beside the build)"
-        )
+
         reporter.detail(
             f"tokenizer snapshot {pinned.snapshot}; source files: "
             f"{', '.join(str(f.path) for f in source.files)}"

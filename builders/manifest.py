@@ -625,7 +625,7 @@ class FieldChecker:
             self.fail(
                 f"{name}.sha256",
                 "missing: a local folder is pinned by the sha256 of each file the build reads "
-                "(fixed-sft pin FOLDER writes them)",
+                "(fixed-sft pin --dataset or --tokenizer FOLDER writes them)",
             )
         text = self.field_name(pin["path"], f"{name}.path")
         return {"path": os.path.abspath(self.folder / text)}

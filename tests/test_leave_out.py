@@ -108,3 +108,14 @@ def test_bad_values_name_the_field(laid_out, tmp_path, field, value, message):
     hf_home, _ = laid_out
     with pytest.raises(ManifestError, match=message):
         manifest_with(hf_home, tmp_path, **{field: value})
+
+
+def test_explain_needs_a_fixed_number_of_rows(laid_out, tmp_path):
+    from builders.errors import UsageError
+    from builders.runtime.progress import Reporter
+    from builders.views.explain import explain
+
+    hf_home, _ = laid_out
+    manifest = manifest_with(hf_home, tmp_path, rows="all")
+    with pytest.raises(UsageError, match="explain compares readings over a fixed number of rows"):
+        explain(manifest, Hub(hf_home / "hub", offline=True), Reporter.silent())

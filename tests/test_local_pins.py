@@ -172,3 +172,33 @@ def test_malformed_local_pins_name_the_field(folders, change, message):
     change(doc)
     with pytest.raises(ManifestError, match=re.escape(message)):
         parse_manifest(yaml.safe_dump(doc), path=folders / "m.yaml")
+
+
+def test_download_has_nothing_to_fetch_for_local_folders(folders):
+    done = run_cli("download", "--manifest", str(local_manifest(folders)))
+    assert done.returncode == 0, done.stderr
+    assert "nothing to download: every input of local is a local folder" in done.stdout
+
+
+def test_a_mixture_of_a_local_folder_and_a_hub_repo(folders, fixture_cache, tmp_path):
+    edited = load_manifest(MANIFESTS / "fixture-synthetic-edited-v1.yaml")
+    text = local_manifest(folders, "mixed").read_text()
+    local = text[text.index("dataset:\n") + len("dataset:\n") : text.index("tokenizer:")]
+    items = [line[2:] for line in local.splitlines()]
+    mixture = (
+        "datasets:\n  - " + "\n    ".join(items) + f"\n  - {{repo: {edited.dataset.repo}, "
+        f"revision: {edited.dataset.revision}, split: train, take: 50}}\n"
+    )
+    text = text.replace("dataset:\n" + local, mixture).replace("rows: 48", "rows: 20")
+    text = text[: text.index("expect:")]
+    (folders / "mixed.yaml").write_text(text)
+    manifest = load_manifest(folders / "mixed.yaml")
+    hub = Hub(cache_dir=fixture_cache / "hub", offline=True)
+    result = build(manifest, tmp_path, hub, workers=1)
+    report = json.loads(result.report.read_text())
+    where = {(f.get("path"), f.get("repo")) for f in report["source_files"]}
+    assert where == {(str(folders / "chats"), None), (None, edited.dataset.repo)}
+    assert report["recipe"]["datasets[0].path"] == str(folders / "chats")
+    assert report["recipe"]["datasets[1].repo"] == edited.dataset.repo
+    card = (tmp_path / "mixed.md").read_text()
+    assert f"| the local folder `{folders / 'chats'}` | `data/train-*.parquet` |" in card

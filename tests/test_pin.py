@@ -53,6 +53,8 @@ def test_qwen3_gets_its_stop_tokens_and_thinking_prefill_and_no_guessed_eos(qwen
     assert "# eos: not written" in done.stdout
     assert "eos: not written" in done.stderr and "<|im_end|>, <|endoftext|>" in done.stderr
     assert "enable_thinking" in done.stderr
+    # the template's own variables (set, looped over) are not the caller's to give
+    assert "not given" not in done.stderr
     quiet = run_cli("pin", "-q", "--tokenizer", str(qwen3_folder))
     assert quiet.returncode == 0 and quiet.stderr == ""
 
@@ -84,6 +86,11 @@ def test_offline_from_the_hf_cache_it_writes_the_shipped_pins(fixture_cache):
     assert block["tokenizer"]["sha256"] == shipped.tokenizer.sha256
     assert block["dataset"]["revision"] == shipped.dataset.revision
     assert block["dataset"]["split"] == "train"
+    uncached = run_cli(
+        "pin", "--dataset", shipped.dataset.repo, "--files", "*.jsonl", hf_home=fixture_cache
+    )
+    assert uncached.returncode == 0
+    assert "files: none matching *.jsonl is in the HF cache" in uncached.stderr
     missing = run_cli("pin", "--tokenizer", "someone/absent", hf_home=fixture_cache)
     assert missing.returncode == 3 and "not in the HF cache" in missing.stderr
 
@@ -127,3 +134,29 @@ def test_pin_knows_the_files_a_build_reads():
 
     assert pin_command.TOKENIZER_FILES == manifest.TOKENIZER_FILES
     assert pin_command.TEMPLATE_FILES == manifest.TEMPLATE_FILES
+
+
+def test_online_the_hub_names_the_commit_and_the_files(monkeypatch, capsys):
+    """The Hub's answer (repo_info) stood in for: its commit, and a glob that names no file."""
+    from types import SimpleNamespace
+
+    import huggingface_hub
+
+    from builders.cli import main
+
+    commit = "ab" * 20
+
+    def repo_info(self, repo, repo_type=None, revision=None):
+        assert (repo, repo_type, revision) == ("someone/chats", "dataset", "v2")
+        files = [SimpleNamespace(rfilename=n) for n in ("README.md", "data/train-0.parquet")]
+        return SimpleNamespace(sha=commit, siblings=files)
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.HfApi, "repo_info", repo_info)
+    assert main(["pin", "--dataset", "someone/chats", "--revision", "v2"]) == 0
+    block = yaml.safe_load(capsys.readouterr().out)["dataset"]
+    assert block == {"repo": "someone/chats", "revision": commit, "split": "train"}
+    assert (
+        main(["pin", "--dataset", "someone/chats", "--revision", "v2", "--files", "*.jsonl"]) == 3
+    )
+    assert "no file matches *.jsonl" in capsys.readouterr().err

@@ -59,6 +59,11 @@ def download(manifest: Manifest, hub: Hub) -> list[Fetched]:
 
 def describe(fetched: list[Fetched], manifest: Manifest, hub: Hub) -> str:
     """What was fetched, where, and the command that builds from it offline."""
+    if not fetched:
+        return (
+            f"nothing to download: every input of {manifest.name} is a local folder (path:), "
+            f"read where it is: {cli_command('build', manifest, portable=True)}"
+        )
     cache = hub.cache_dir or Path(constants.HF_HUB_CACHE)
     total = sum(f.bytes for f in fetched)
     lines = [f"in the HF cache {cache}: {sum(len(f.files) for f in fetched)} files, {_size(total)}"]

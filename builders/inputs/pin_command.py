@@ -145,8 +145,17 @@ def dataset_block(block: Block, args, base: Path | None, offline: bool) -> None:
         block.lines += [f"  path: {_q(_written_path(folder, base))}", *where, "  sha256:"]
         block.lines += [f"    {_q(name)}: {file_digest(path)[0]}" for name, path in files]
     else:
-        commit = _commit(args.dataset, "dataset", args.revision, offline)
+        from huggingface_hub.utils import filter_repo_objects
+
+        commit, names = _commit(args.dataset, "dataset", args.revision, offline)
         block.lines += [f"  repo: {args.dataset}", f"  revision: {commit}", *where]
+        if not list(filter_repo_objects(names, allow_patterns=[pattern])):
+            if not offline:
+                raise PinnedInputError(
+                    f"dataset repo {args.dataset} at {commit}: no file matches {pattern} "
+                    "(--files GLOB names the dataset's files)"
+                )
+            block.note(f"files: none matching {pattern} is in the HF cache; not checked")
     block.note(
         "rows: not written (the row count is verified where pinned; fixed-sft plan --all "
         "counts the source's conversations)"
@@ -158,7 +167,7 @@ def tokenizer_block(block: Block, args, base: Path | None, offline: bool) -> Non
 
     folder = _local(args.tokenizer)
     if folder is None:
-        commit = _commit(args.tokenizer, "model", args.revision, offline)
+        commit, _ = _commit(args.tokenizer, "model", args.revision, offline)
         folder = _snapshot(args.tokenizer, commit, offline)
         origin = [f"  repo: {args.tokenizer}", f"  revision: {commit}"]
     else:
@@ -235,15 +244,16 @@ def _prefills(template: str, special: dict, clock: bool) -> tuple[list[dict], li
     false on a probe conversation; those that change the generation prompt are prefills. The other
     variables are returned by name.
     """
-    from jinja2 import meta
+    from jinja2 import meta, nodes
 
     from builders.formats.render import ChatRenderer
 
     renderer = ChatRenderer(template, PROBE_DATE if clock else None)
+    parsed = renderer.environment().parse(template)
+    # set, looped over or a macro's parameter somewhere: the template's own, not the caller's
+    own = {n.name for n in parsed.find_all(nodes.Name) if n.ctx in ("store", "param")}
     variables = sorted(
-        meta.find_undeclared_variables(renderer.environment().parse(template))
-        - STANDARD_VARIABLES
-        - set(special)
+        meta.find_undeclared_variables(parsed) - STANDARD_VARIABLES - set(special) - own
     )
 
     def prompt(extra: dict) -> str | None:
@@ -272,15 +282,21 @@ def _generation_stops(folder: Path, tokenizer) -> list[str]:
     return [t for t in dict.fromkeys(tokens) if t is not None]
 
 
-def _commit(repo: str, repo_type: str, revision: str, offline: bool) -> str:
-    """The commit ``revision`` names: the Hub's answer, or offline the HF cache's."""
+def _commit(repo: str, repo_type: str, revision: str, offline: bool) -> tuple[str, list[str]]:
+    """The commit ``revision`` names, and the repo's files there.
+
+    The Hub's answer, or offline the HF cache's (the files it holds).
+    """
     if offline:
-        return _snapshot(repo, revision, offline, repo_type).name
+        folder = _snapshot(repo, revision, offline, repo_type)
+        names = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
+        return folder.name, names
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
     try:
-        return HfApi().repo_info(repo, repo_type=repo_type, revision=revision).sha
+        info = HfApi().repo_info(repo, repo_type=repo_type, revision=revision)
+        return info.sha, [sibling.rfilename for sibling in info.siblings or []]
     except (HfHubHTTPError, OSError, ValueError) as err:
         raise PinnedInputError(
             f"{repo_type} repo {repo} at {revision}: cannot resolve the revision "
