@@ -24,6 +24,7 @@ from builders.cli import main as cli_main
 from builders.errors import ManifestError, SourceDataError
 from builders.fixture.hf_cache import MESSAGE, parquet_shards
 from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows
+from builders.inputs.pin_command import Block
 from builders.inputs.pinned import Hub
 from builders.manifest import load_manifest
 from builders.runtime.stopping import STOPPED
@@ -690,6 +691,14 @@ def test_shown_escapes_every_control_character_and_keeps_the_rest():
     assert shown("line\n\tindented\x1b", keep_lines=True) == "line\n\tindented\\x1b"
     readable = "é ü 中文 😀 👩\u200d💻 \\x1b <|user|>"
     assert shown(readable) == readable
+
+
+def test_a_pin_note_quoting_data_stays_one_escaped_comment():
+    """``pin``'s notes quote tokens and file names: a line break there cannot add a YAML line."""
+    block = Block()
+    block.note("eos: among <|end|>\nstop: [1]\x1b[2J")
+    assert block.lines == ["  # eos: among <|end|>\\nstop: [1]\\x1b[2J"]
+    assert block.notes == ["eos: among <|end|>\\nstop: [1]\\x1b[2J"]
 
 
 def no_control_characters(text: str) -> bool:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from builders.errors import OutputError, PinnedInputError, UsageError
+from builders.text import shown
 
 # the files a build may read from a tokenizer folder (builders.manifest's, which --help does not
 # import: it loads numpy)
@@ -96,6 +97,8 @@ class Block:
     notes: list[str] = field(default_factory=list)
 
     def note(self, text: str, indent: str = "  ") -> None:
+        # it may quote the data (a file name, a token): one line, control characters escaped
+        text = shown(text)
         self.notes.append(text)
         self.lines.append(f"{indent}# {text}")
 
