@@ -580,22 +580,25 @@ def test_the_report_and_card_count_tool_use(tmp_path):
         "calls_string_arguments": 0,
         "calls_object_arguments": 0,
         "tool_messages": sum(m["role"] == "tool" for i in consumed for m in rows[i]["messages"]),
+        # no calls: nothing supervised inside one
+        "supervised_in_calls": 0,
+        "supervised_share_in_calls": 0.0,
         "tools_field_unread": unread,
     }
     assert expected["tool_messages"]
     assert counted == [expected, expected]
     card = (tmp_path / "out2" / "layout.md").read_text()
     assert "### Tool calls" in card
-    assert f"| 0 | 0 | 0 | 0 | 0 | {expected['tool_messages']:,} |" in card
+    assert f"| 0 | 0 | 0 | 0 | 0 | {expected['tool_messages']:,} | 0 (0.0%) |" in card
     assert "A `tools` field is deliberately not read (`tools: null`) in: `someone/" in card
 
 
 def test_build_stats_count_calls_by_stored_form():
     stats = BuildStats(8, ["d"], tools_unread=["d"])
     ids, mask = np.zeros(3, np.int32), np.ones(3, np.uint8)
-    stats.add_conversation(None, ids, mask, 0, (1, 2, 1, 3))
-    stats.add_conversation(None, ids, mask, 0, (0, 0, 0, 0))
-    stats.add_conversation(None, ids, mask, 0, (0, 0, 2, 1))
+    stats.add_conversation(None, ids, mask, 0, (1, 2, 1, 3, 2))
+    stats.add_conversation(None, ids, mask, 0, (0, 0, 0, 0, 0))
+    stats.add_conversation(None, ids, mask, 0, (0, 0, 2, 1, 1))
     assert stats.summary()["tool_calls"] == {
         "conversations_with_tools": 1,
         "conversations_with_calls": 2,
@@ -603,6 +606,9 @@ def test_build_stats_count_calls_by_stored_form():
         "calls_string_arguments": 2,
         "calls_object_arguments": 3,
         "tool_messages": 4,
+        # 2 + 1 of the 3 × 3 supervised tokens
+        "supervised_in_calls": 3,
+        "supervised_share_in_calls": round(3 / 9, 4),
         "tools_field_unread": ["d"],
     }
 
