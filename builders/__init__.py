@@ -16,4 +16,4 @@ The package reads as the pipeline (docs/architecture.md):
 """
 
 # moves whenever the rows some manifest gives could change; recorded in every report and card
-__version__ = "0.2.0"
+__version__ = "0.3.0"
