@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """What the bounded template sandbox costs: ChatRenderer against transformers' own render.
 
-    FIXED_SFT_PYPI_CACHE=.fixture-cache/pypi python bench/render_bounds.py [--conversations 1000]
+    FIXED_SFT_SHARED=../shared FIXED_SFT_PYPI_CACHE=.fixture-cache/pypi \
+        python bench/render_bounds.py [--conversations 1000]
 
 Renders the Tulu 3 fixture's 100 conversations (``../shared/data``, repeated to
 ``--conversations``) and as many seeded tool-calling traces (``tests/tool_conversations.py``,
@@ -112,6 +113,7 @@ def measure(template: str, conversations: list, tools: list | None, repeats: int
             if rendered != expected:
                 raise SystemExit(f"{name} renders otherwise than transformers")
     ratios = {f"{name}/unbounded": round(best[name] / best["unbounded"], 3) for name in ways}
+    del ratios["unbounded/unbounded"]
     return {**{name: round(s, 4) for name, s in best.items()}, **ratios}
 
 
