@@ -80,14 +80,30 @@ def text_size(value, limit: int) -> int:
             total += item.bit_length() // _BITS_PER_DIGIT + 2
         elif issubclass(kind, _MEASURED):
             total += 5
-            if id(item) in inside:
-                continue
-            inside.add(id(item))
-            pending.append(_Leaving(id(item)))
-            pending.extend(islice(_items(item), limit))
+            if id(item) not in inside:
+                total += _open(item, pending, inside, limit)
         else:
             total += 64
     return total
+
+
+def _open(container, pending: list, inside: set, limit: int) -> int:
+    """The size of ``container``'s strings; its other items (up to ``limit``) left ``pending``.
+
+    While they are, it is ``inside``, so that reaching it again among them counts a few
+    characters, as ``str`` prints a container inside itself.
+    """
+    size, start = 0, len(pending)
+    for child in islice(_items(container), limit):
+        if type(child) is str:
+            # the common case, measured at once
+            size += len(child) + 2
+        else:
+            pending.append(child)
+    if len(pending) > start:
+        inside.add(id(container))
+        pending.insert(start, _Leaving(id(container)))
+    return size
 
 
 class _Leaving:
@@ -101,9 +117,10 @@ class _Leaving:
 
 def _items(container):
     """What ``str(container)`` prints: its items, a mapping's keys and values."""
-    if issubclass(type(container), Namespace):
+    kind = type(container)
+    if kind is not dict and issubclass(kind, Namespace):
         container = container._Namespace__attrs
-    if issubclass(type(container), dict):
+    if kind is dict or issubclass(type(container), dict):
         return chain.from_iterable(container.items())
     return container
 
@@ -290,7 +307,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     def call(__self, __context, __obj, *args, **kwargs):
         if _may_build(__obj):
             size = _call_size(__obj, args, kwargs, __self.render_chars)
-            __self.refuse_beyond(size, _call_name(__obj))
+            if size > __self.render_chars:
+                __self.refuse_beyond(size, _call_name(__obj))
         value = super().call(__context, __obj, *args, **kwargs)
         if type(value) is str and len(value) <= __self.render_chars:
             # the common case (a macro's text, a string method's), first
