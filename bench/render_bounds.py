@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """What the bounded template sandbox costs: ChatRenderer against transformers' own render.
 
-    FIXED_SFT_SHARED=../shared FIXED_SFT_PYPI_CACHE=.fixture-cache/pypi \
-        python bench/render_bounds.py [--conversations 1000]
+    python bench/render_bounds.py [--conversations 1000] [--repeats 7] [--profile]
+
+with ``FIXED_SFT_SHARED`` (default ``../shared``) and ``FIXED_SFT_PYPI_CACHE`` set as the tests
+set them.
 
 Renders the Tulu 3 fixture's 100 conversations (``../shared/data``, repeated to
 ``--conversations``) and as many seeded tool-calling traces (``tests/tool_conversations.py``,
