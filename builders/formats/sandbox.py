@@ -22,7 +22,8 @@ errors.
 from __future__ import annotations
 
 import re
-from itertools import islice
+from itertools import chain, islice
+from types import BuiltinMethodType
 
 import jinja2
 from jinja2.compiler import CodeGenerator, optimizeconst
@@ -61,13 +62,16 @@ def text_size(value, limit: int) -> int:
     more (a container inside itself, as ``str`` prints it, a few); the count stops once it
     passes ``limit``, so a value of any size is measured in bounded time.
     """
-    total, pending, inside = 0, [(value, False)], set()
+    total, pending, inside = 0, [value], set()
     while pending and total <= limit:
-        item, leaving = pending.pop()
+        item = pending.pop()
         # by type: isinstance would ask a Namespace for its __class__, slowly
         kind = type(item)
-        if leaving:
-            inside.discard(id(item))
+        if kind is str:
+            # the common case, first
+            total += len(item) + 2
+        elif kind is _Leaving:
+            inside.discard(item.key)
         elif issubclass(kind, (str, bytes)):
             total += len(item) + 2
         elif kind is bool or item is None:
@@ -76,26 +80,49 @@ def text_size(value, limit: int) -> int:
             total += item.bit_length() // _BITS_PER_DIGIT + 2
         elif issubclass(kind, _MEASURED):
             total += 5
-            if id(item) in inside:
-                continue
-            inside.add(id(item))
-            pending.append((item, True))
-            pending.extend((child, False) for child in islice(_items(item), limit))
+            if id(item) not in inside:
+                total += _open(item, pending, inside, limit)
         else:
             total += 64
     return total
 
 
+def _open(container, pending: list, inside: set, limit: int) -> int:
+    """The size of ``container``'s strings; its other items (up to ``limit``) left ``pending``.
+
+    While they are, it is ``inside``, so that reaching it again among them counts a few
+    characters, as ``str`` prints a container inside itself.
+    """
+    size, start = 0, len(pending)
+    for child in islice(_items(container), limit):
+        if type(child) is str:
+            # the common case, measured at once
+            size += len(child) + 2
+        else:
+            pending.append(child)
+    if len(pending) > start:
+        inside.add(id(container))
+        pending.insert(start, _Leaving(id(container)))
+    return size
+
+
+class _Leaving:
+    """``text_size``'s mark that it has measured the container of id ``key``."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: int):
+        self.key = key
+
+
 def _items(container):
     """What ``str(container)`` prints: its items, a mapping's keys and values."""
-    if issubclass(type(container), Namespace):
+    kind = type(container)
+    if kind is not dict and issubclass(kind, Namespace):
         container = container._Namespace__attrs
-    if not issubclass(type(container), dict):
-        yield from container
-        return
-    for key, value in container.items():
-        yield key
-        yield value
+    if kind is dict or issubclass(type(container), dict):
+        return chain.from_iterable(container.items())
+    return container
 
 
 def _length(value) -> int:
@@ -160,9 +187,10 @@ class _Buffer(list):
         self.size = 0
 
     def append(self, text) -> None:
-        size = _length(text)
+        size = len(text) if type(text) is str else _length(text)
         self.size += size
-        self.environment.refuse_beyond(self.size, "a block of the template")
+        if self.size > self.environment.render_chars:
+            self.environment.refuse_beyond(self.size, "a block of the template")
         self.environment.spend(size)
         super().append(text)
 
@@ -241,8 +269,10 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         """``value``, counted; refused where it is larger than render_chars."""
         if type(value) is str:
             # the common case, first
-            self.refuse_beyond(len(value), what)
-            self.spend(len(value))
+            size = len(value)
+            if size > self.render_chars:
+                self.refuse_beyond(size, what)
+            self.spend(size)
             return value
         size = _length(value)
         if issubclass(type(value), _MEASURED):
@@ -264,13 +294,21 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         return self.checked(join(parts), "'~'")
 
     def call_binop(self, context, operator: str, left, right):
+        if operator == "+" and type(left) is str and type(right) is str:
+            # the common case, first: the result's size is known before it is made
+            size = len(left) + len(right)
+            if size > self.render_chars:
+                self.refuse_beyond(size, "'+'")
+            self.spend(size)
+            return left + right
         self.refuse_beyond(_binop_size(operator, left, right, self.render_chars), f"{operator!r}")
         return self.checked(super().call_binop(context, operator, left, right), f"{operator!r}")
 
     def call(__self, __context, __obj, *args, **kwargs):
-        size = _call_size(__obj, args, kwargs, __self.render_chars)
-        if size > __self.render_chars:
-            __self.refuse_beyond(size, _call_name(__obj))
+        if _may_build(__obj):
+            size = _call_size(__obj, args, kwargs, __self.render_chars)
+            if size > __self.render_chars:
+                __self.refuse_beyond(size, _call_name(__obj))
         value = super().call(__context, __obj, *args, **kwargs)
         if type(value) is str and len(value) <= __self.render_chars:
             # the common case (a macro's text, a string method's), first
@@ -345,11 +383,20 @@ _SIZED_CALLS = _PADDING | {
 }
 
 
+def _may_build(obj) -> bool:
+    """Whether a call of ``obj`` can build a large value that ``_call_size`` foresees.
+
+    Not a macro (its text is measured as it is built), nor a builtin method (a str's, a dict's:
+    the common case; it cannot be wrapped) other than those ``_SIZED_CALLS`` names.
+    """
+    kind = type(obj)
+    if kind is Macro:
+        return False
+    return kind is not BuiltinMethodType or obj.__name__ in _SIZED_CALLS
+
+
 def _call_size(obj, args: tuple, kwargs: dict, limit: int) -> int:
     """The size of the result of a call that can build a large value; 0 otherwise."""
-    if type(obj) is Macro:
-        # a macro's text is measured as it is built
-        return 0
     target = getattr(obj, "__wrapped__", obj)
     name = getattr(target, "__name__", "")
     if name not in _SIZED_CALLS and target is not generate_lorem_ipsum:
