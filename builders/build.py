@@ -31,11 +31,10 @@ from builders.inputs.pinned import (
     Hub,
     PinnedTokenizer,
     hashed_files,
-    load_pinned_tokenizer,
-    names_tools,
     open_source,
     resolve,
     source_files,
+    tokenizer_in,
 )
 from builders.inputs.source import Source
 from builders.manifest import Manifest
@@ -191,13 +190,7 @@ def prepared(
             encoding.load(
                 snapshots.tokenizer / "tokenizer.json", manifest.tokenizer.sha256["tokenizer.json"]
             )
-            pinned = load_pinned_tokenizer(
-                manifest.tokenizer,
-                snapshots.tokenizer,
-                manifest.loss_mask,
-                manifest.limits,
-                names_tools(manifest),
-            )
+            pinned = tokenizer_in(manifest, snapshots)
             source = open_source(manifest, snapshots)
             encoding.start(pinned, manifest.contract, engine, source)
             # every source file's bytes are hashed beside the build, and checked before anything

@@ -356,14 +356,18 @@ def special_tokens(config: dict) -> dict:
 def pinned_inputs(manifest: Manifest, hub: Hub) -> tuple[PinnedTokenizer, Source]:
     """The manifest's tokenizer and source, resolved and checked."""
     snapshots = resolve(manifest, hub)
-    pinned = load_pinned_tokenizer(
+    return tokenizer_in(manifest, snapshots), open_source(manifest, snapshots)
+
+
+def tokenizer_in(manifest: Manifest, snapshots: Snapshots) -> PinnedTokenizer:
+    """The manifest's tokenizer from its resolved snapshot, checked and parsed."""
+    return load_pinned_tokenizer(
         manifest.tokenizer,
         snapshots.tokenizer,
         manifest.loss_mask,
         manifest.limits,
         names_tools(manifest),
     )
-    return pinned, open_source(manifest, snapshots)
 
 
 def pinned_tokenizer(manifest: Manifest, hub: Hub) -> PinnedTokenizer:
@@ -371,12 +375,7 @@ def pinned_tokenizer(manifest: Manifest, hub: Hub) -> PinnedTokenizer:
 
     It is what decodes a built file's ids.
     """
-    return load_pinned_tokenizer(
-        manifest.tokenizer,
-        resolve(manifest, hub, dataset=False).tokenizer,
-        manifest.loss_mask,
-        manifest.limits,
-    )
+    return tokenizer_in(manifest, resolve(manifest, hub, dataset=False))
 
 
 def open_source(manifest: Manifest, snapshots: Snapshots) -> Source:
