@@ -386,15 +386,7 @@ def _validate(doc, source: str, path: Path | None, text: str) -> Manifest:
     exp = check.mapping(
         top.get("expect") or {},
         "expect",
-        optional=(
-            "rows_sha256",
-            "segments_sha256",
-            "parquet_sha256",
-            "parquet_bytes",
-            "supervised_token_ratio",
-            "padding_tokens",
-            "writer",
-        ),
+        optional=(*PINNED_FIGURES, "writer"),
     )
     loss_mask = check.string(top["loss_mask"], "loss_mask")
     if loss_mask not in LOSS_MASKS:
