@@ -284,38 +284,36 @@ def packed(
     manifest: Manifest,
     source: Source,
     encoder: ConversationEncoder,
-    conversations: Iterable[EncodedConversation],
+    conversations: Iterable[list[EncodedConversation]],
     stats: BuildStats,
     limit: int | None,
 ) -> Iterator[Row]:
-    """The stream's first ``limit`` rows, conversation by conversation.
+    """The stream's first ``limit`` rows, from runs of consecutive conversations.
 
-    It counts what each conversation consumed, and fails if the source has fewer rows. ``limit``
-    None: every full row; the remainder, a window the stream does not fill, is counted
-    (``stats.remainder_tokens``), and a stream with no full row fails.
+    It counts what each conversation consumed (when a row is given, every conversation up to the
+    one that completes it), and fails if the source has fewer rows. ``limit`` None: every full row;
+    the remainder, a window the stream does not fill, is counted (``stats.remainder_tokens``), and
+    a stream with no full row fails.
     """
     packer = Packer(manifest.row_tokens, encoder.eos_id, manifest.contract)
     rows = 0
-    for conversation in conversations:
-        stats.cross_checked += conversation.cross_checked
-        if conversation.left_out:
-            stats.left_out += 1
-            continue
-        ids, mask = packer.joined(conversation)
-        stats.add_conversation(
-            conversation.source,
-            ids,
-            mask,
-            int(source.dataset_of(conversation.index)),
-            conversation.tool_counts,
-            conversation.id,
-        )
-        for row in packer.cut(ids, mask, conversation.index, conversation.id):
+    for run in conversations:
+        # each part's place in the run
+        placed = [k for k, c in enumerate(run) if not c.left_out]
+        parts = packer.joined([run[k] for k in placed])
+        consumed = stats.consumed(run, parts, source.dataset_of([c.index for c in run]))
+        counted = 0
+        for row, reached in packer.cut(parts):
+            # up to the conversation that completes it
+            reaches = placed[reached - 1] + 1
+            stats.add(consumed, counted, reaches)
+            counted = reaches
             stats.windows_skipped = packer.windows_skipped
             yield row
             rows += 1
             if rows == limit:
                 return
+        stats.add(consumed, counted)
     stats.windows_skipped = packer.windows_skipped
     if limit is None:
         stats.remainder_tokens = packer.filled

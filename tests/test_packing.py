@@ -1,7 +1,11 @@
 """The stream and its rows: EOS joins, windows, skipping, provenance."""
 
-import numpy as np
+import random
 
+import numpy as np
+import pytest
+
+from builders.contract import Contract
 from builders.encode.encoder import EncodedConversation
 from builders.rows.packing import Packer
 
@@ -28,7 +32,7 @@ def test_windows_are_consecutive_and_unsupervised_ones_skipped():
         conv(4, 2, True),
         conv(5, 3, False),
     ]
-    rows = [row for c in conversations for row in packer.cut(*packer.joined(c), c.index, c.id)]
+    rows = [row for row, _ in packer.cut(packer.joined(conversations))]
     stream = np.concatenate([np.append(c.ids, EOS) for c in conversations])
     windows = [stream[i : i + 4].tolist() for i in range(0, 20, 4)]
     # windows 1 and 2 hold only conversation 2, which is unsupervised (and so is the EOS after it)
@@ -53,3 +57,62 @@ def test_windows_are_consecutive_and_unsupervised_ones_skipped():
         [1, 0, 0, 0],
     )
     assert rows[2].input_ids.tolist() == [EOS, 500, 501, 502]
+
+
+def reference_rows(conversations, row_tokens, contract):
+    """The rows by slicing the whole stream, one conversation's part at a time."""
+    stream, mask, owner = [], [], []
+    for k, c in enumerate(conversations):
+        eos = contract.eos_mask(c.ends_with_answer)
+        part = c.ids.tolist() + ([] if eos is None else [EOS])
+        stream += part
+        mask += c.mask.tolist() + ([] if eos is None else [eos])
+        owner += [k] * len(part)
+    rows = []
+    for start in range(0, len(stream) - row_tokens + 1, row_tokens):
+        window = slice(start, start + row_tokens)
+        if not any(mask[window]) and not contract.keeps_unsupervised_windows:
+            continue
+        owners = owner[window]
+        segments = [j for j, k in enumerate(owners) if j == 0 or k != owners[j - 1]]
+        rows.append(
+            (
+                stream[window],
+                mask[window],
+                [conversations[owners[j]].index for j in segments],
+                segments,
+                # the conversation that completes it
+                owners[-1],
+            )
+        )
+    return rows
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_rows_do_not_depend_on_how_the_stream_is_split_into_runs(seed):
+    """Runs of any length give the rows of the whole stream sliced.
+
+    Conversations of 0 to 30 tokens (some unsupervised), rows of 7, under each EOS reading.
+    """
+    rng = random.Random(seed)
+    contract = Contract(
+        eos=["after-answer", "none", "supervised"][seed % 3],
+        skip="keep-all" if seed == 5 else Contract().skip,
+    )
+    conversations = [
+        conv(k + 1, rng.choice([0, 1, 3, 7, 12, 30]), rng.random() < 0.6) for k in range(80)
+    ]
+    packer = Packer(row_tokens=7, eos_id=EOS, contract=contract)
+    rows, first = [], 0
+    while first < len(conversations):
+        run = conversations[first : first + rng.choice([1, 2, 5, 17])]
+        rows += [(row, first + reached - 1) for row, reached in packer.cut(packer.joined(run))]
+        first += len(run)
+    expected = reference_rows(conversations, 7, contract)
+    assert len(rows) == len(expected) > 10
+    for (row, last), (ids, mask, index, starts, owner) in zip(rows, expected, strict=True):
+        assert row.input_ids.dtype == np.int32 and row.loss_mask.dtype == np.uint8
+        assert (row.input_ids.tolist(), row.loss_mask.tolist()) == (ids, mask)
+        assert (row.source_index, row.segment_start) == (index, starts)
+        assert row.source_id == [f"c{i}" for i in index]
+        assert last == owner

@@ -149,13 +149,26 @@ class Stream:
         """
         self.spill = folder
 
-    def __iter__(self) -> Iterator[EncodedConversation]:
-        """The encoded conversations in stream order, refused ones left out up to the bound."""
+    def __iter__(self) -> Iterator[list[EncodedConversation]]:
+        """The encoded conversations in stream order, in runs of up to ``ENCODE_BATCH``.
+
+        Refused ones are left out up to the bound: a refused conversation ends a run, and is
+        refused (or left out) only when the run after it is asked for.
+        """
+        run = []
         for item in self._in_order():
             if isinstance(item, RefusedConversation):
+                if run:
+                    yield run
+                    run = []
                 self._refuse(item)
             else:
-                yield item
+                run.append(item)
+                if len(run) == ENCODE_BATCH:
+                    yield run
+                    run = []
+        if run:
+            yield run
 
     def _refuse(self, refused: RefusedConversation) -> None:
         if self.leave_out == 0:

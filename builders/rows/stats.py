@@ -6,11 +6,16 @@ Per-conversation and per-row counts, summarized.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from builders.rows.packing import Row
+from builders.rows.packing import Parts, Row
+
+if TYPE_CHECKING:
+    from builders.encode.encoder import EncodedConversation
 
 PERCENTILES = (0, 10, 50, 90, 99, 100)
 # repeated conversation ids the report and card name (all are counted)
@@ -28,6 +33,32 @@ TOOL_COUNTS = (
     "tool_messages",
     "supervised_in_calls",
 )
+
+
+@dataclass(frozen=True)
+class Consumed:
+    """What a run of consecutive conversations consumed (``BuildStats.consumed``).
+
+    ``left_out``, ``cross_checked`` and ``datasets`` hold one value for each conversation of the
+    run, the others one for each conversation not left out.
+    """
+
+    left_out: np.ndarray  # bool
+    cross_checked: np.ndarray  # bool
+    datasets: np.ndarray  # int64
+    sources: list
+    ids: list
+    tokens: np.ndarray  # int64: each with its EOS
+    supervised: np.ndarray  # int64
+    # supervised tokens other than stop tokens
+    other_supervised: np.ndarray  # int64
+    tool_counts: np.ndarray  # int64, one row of ``EncodedConversation.tool_counts`` each
+
+
+def _per_part(flags: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """How many of ``flags`` are set in each part, the parts ending at ``ends``."""
+    counts = np.concatenate([[0], np.cumsum(flags, dtype=np.int64)])
+    return np.diff(counts[np.concatenate([[0], ends])])
 
 
 @dataclass
@@ -65,59 +96,76 @@ class BuildStats:
     duplicate_ids: int = 0
     duplicate_id_examples: list = field(default_factory=list)
 
-    def add_conversation(
-        self,
-        source: str | None,
-        ids: np.ndarray,
-        mask: np.ndarray,
-        dataset: int,
-        tool_counts: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0),
-        conversation_id: str | None = None,
-    ) -> None:
-        """Count one conversation's part of the stream, from ``dataset``.
+    def consumed(
+        self, conversations: Sequence[EncodedConversation], parts: Parts, datasets: np.ndarray
+    ) -> Consumed:
+        """What each of a run of consecutive conversations consumed, for ``add``.
 
-        The part is its tokens and the EOS after them; ``tool_counts`` is what it holds of tool
-        use (``EncodedConversation.tool_counts``); ``conversation_id`` its id, counted where an
-        earlier conversation had it.
+        ``parts`` is the stream's part of those not left out (``Packer.joined``), ``datasets``
+        the dataset (its place in the manifest) of each.
         """
-        if conversation_id is not None:
-            if conversation_id in self.ids_seen:
-                self.duplicate_ids += 1
-                if len(self.duplicate_id_examples) < DUPLICATE_EXAMPLES:
-                    self.duplicate_id_examples.append(conversation_id)
-            self.ids_seen.add(conversation_id)
-        tools, strings, objects, tool_messages, in_calls = tool_counts
+        ends = np.cumsum(parts.lengths)
+        supervised = parts.mask != 0
+        # supervised tokens other than stop tokens: a comparison per stop token (a few)
+        other = supervised.copy()
+        for stop_id in self.stop_ids.tolist():
+            other &= parts.ids != stop_id
+        return Consumed(
+            np.fromiter((c.left_out for c in conversations), bool, len(conversations)),
+            np.fromiter((c.cross_checked for c in conversations), bool, len(conversations)),
+            np.asarray(datasets, np.int64),
+            [c.source or NO_SOURCE for c in conversations if not c.left_out],
+            [c.id for c in conversations if not c.left_out],
+            parts.lengths,
+            _per_part(supervised, ends),
+            _per_part(other, ends),
+            np.array([c.tool_counts for c in conversations if not c.left_out], np.int64).reshape(
+                -1, 5
+            ),
+        )
+
+    def add(self, consumed: Consumed, first: int = 0, stop: int | None = None) -> None:
+        """Count conversations ``[first, stop)`` of a run (``consumed``), in order."""
+        left_out = consumed.left_out[first:stop]
+        # the parts (conversations not left out) among them
+        lo = first - int(np.count_nonzero(consumed.left_out[:first]))
+        hi = lo + len(left_out) - int(np.count_nonzero(left_out))
+        self.left_out += len(left_out) - (hi - lo)
+        self.cross_checked += int(np.count_nonzero(consumed.cross_checked[first:stop]))
+        if hi == lo:
+            return
+        ids = consumed.ids[lo:hi]
+        fresh = set(ids)
+        # a conversation with no id is not compared
+        fresh.discard(None)
+        if len(fresh) == len(ids) - ids.count(None) and self.ids_seen.isdisjoint(fresh):
+            self.ids_seen |= fresh
+        else:
+            for conversation_id in ids:
+                if conversation_id is None:
+                    continue
+                if conversation_id in self.ids_seen:
+                    self.duplicate_ids += 1
+                    if len(self.duplicate_id_examples) < DUPLICATE_EXAMPLES:
+                        self.duplicate_id_examples.append(conversation_id)
+                self.ids_seen.add(conversation_id)
+        tools, strings, objects, tool_messages, in_calls = consumed.tool_counts[lo:hi].T
+        calls = strings + objects
         for key, value in zip(
             TOOL_COUNTS,
-            (
-                tools,
-                int(strings + objects > 0),
-                strings + objects,
-                strings,
-                objects,
-                tool_messages,
-                in_calls,
-            ),
+            (tools, calls > 0, calls, strings, objects, tool_messages, in_calls),
             strict=True,
         ):
-            self.tool_uses[key] += value
-        supervised = mask != 0
-        count = int(np.count_nonzero(supervised))
-        self.datasets.append(dataset)
-        self.sources.append(source or NO_SOURCE)
-        self.conversation_tokens.append(len(ids))
-        self.conversation_supervised.append(count)
-        if count == 0:
-            self.unsupervised += 1
-        elif self._only_stop_tokens(ids[supervised]):
-            self.only_stop_tokens += 1
-
-    def _only_stop_tokens(self, tokens: np.ndarray) -> bool:
-        # a comparison per stop token (a few): np.isin costs more per call
-        stop = np.zeros(len(tokens), dtype=bool)
-        for stop_id in self.stop_ids.tolist():
-            stop |= tokens == stop_id
-        return bool(stop.all())
+            self.tool_uses[key] += int(value.sum())
+        supervised = consumed.supervised[lo:hi]
+        self.datasets += consumed.datasets[first:stop][~left_out].tolist()
+        self.sources += consumed.sources[lo:hi]
+        self.conversation_tokens += consumed.tokens[lo:hi].tolist()
+        self.conversation_supervised += supervised.tolist()
+        self.unsupervised += int(np.count_nonzero(supervised == 0))
+        self.only_stop_tokens += int(
+            np.count_nonzero((supervised > 0) & (consumed.other_supervised[lo:hi] == 0))
+        )
 
     def add_row(self, row: Row) -> None:
         self.row_supervised.append(int(np.count_nonzero(row.loss_mask)))
