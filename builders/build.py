@@ -301,7 +301,7 @@ def packed(
         # each part's place in the run
         placed = [k for k, c in enumerate(run) if not c.left_out]
         parts = packer.joined([run[k] for k in placed])
-        consumed = stats.consumed(run, parts, source.dataset_of([c.index for c in run]))
+        consumed = stats.consumed(run, parts, source.dataset_of(parts.index))
         counted = 0
         for row, reached in packer.cut(parts):
             # up to the conversation that completes it

@@ -35,30 +35,35 @@ TOOL_COUNTS = (
 )
 
 
+# what ``Consumed.totals`` sums, after ``TOOL_COUNTS``
+TOTALS = (*TOOL_COUNTS, "unsupervised", "only_stop_tokens", "cross_checked")
+
+
 @dataclass(frozen=True)
 class Consumed:
     """What a run of consecutive conversations consumed (``BuildStats.consumed``).
 
-    ``left_out``, ``cross_checked`` and ``datasets`` hold one value for each conversation of the
-    run, the others one for each conversation not left out.
+    The lists and ``tokens`` and ``supervised`` hold one value for each conversation not left out
+    (each part of the stream), in order.
     """
 
-    left_out: np.ndarray  # bool
-    cross_checked: np.ndarray  # bool
+    # of the run's first k conversations, how many are not left out (k from 0 to all)
+    parts_before: np.ndarray
     datasets: np.ndarray  # int64
     sources: list
     ids: list
     tokens: np.ndarray  # int64: each with its EOS
     supervised: np.ndarray  # int64
-    # supervised tokens other than stop tokens
-    other_supervised: np.ndarray  # int64
-    tool_counts: np.ndarray  # int64, one row of ``EncodedConversation.tool_counts`` each
+    # of the run's first k conversations (k from 0 to all), the ``TOTALS``
+    totals: np.ndarray
 
 
-def _per_part(flags: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """How many of ``flags`` are set in each part, the parts ending at ``ends``."""
-    counts = np.concatenate([[0], np.cumsum(flags, dtype=np.int64)])
-    return np.diff(counts[np.concatenate([[0], ends])])
+def _per_part(flags: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """How many of ``flags`` are set in each part, the parts ``lengths`` long."""
+    counts = np.zeros(len(flags) + 1, np.int64)
+    np.cumsum(flags, out=counts[1:])
+    ends = np.cumsum(lengths)
+    return counts[ends] - counts[ends - lengths]
 
 
 @dataclass
@@ -102,38 +107,63 @@ class BuildStats:
         """What each of a run of consecutive conversations consumed, for ``add``.
 
         ``parts`` is the stream's part of those not left out (``Packer.joined``), ``datasets``
-        the dataset (its place in the manifest) of each.
+        the dataset (its place in the manifest) of each of those.
         """
-        ends = np.cumsum(parts.lengths)
-        supervised = parts.mask != 0
+        count = len(conversations)
+        kept = np.fromiter((not c.left_out for c in conversations), bool, count)
+        supervised_tokens = parts.mask != 0
+        supervised = _per_part(supervised_tokens, parts.lengths)
         # supervised tokens other than stop tokens: a comparison per stop token (a few)
-        other = supervised.copy()
         for stop_id in self.stop_ids.tolist():
-            other &= parts.ids != stop_id
+            supervised_tokens &= parts.ids != stop_id
+        other = _per_part(supervised_tokens, parts.lengths)
+        tools, strings, objects, tool_messages, in_calls = (
+            np.array([c.tool_counts for c in conversations], np.int64).reshape(count, 5).T
+        )
+        calls = strings + objects
+        each = np.zeros((count, len(TOTALS)), np.int64)
+        each[kept, : len(TOTALS) - 1] = np.stack(
+            [
+                tools[kept],
+                calls[kept] > 0,
+                calls[kept],
+                strings[kept],
+                objects[kept],
+                tool_messages[kept],
+                in_calls[kept],
+                supervised == 0,
+                (supervised > 0) & (other == 0),
+            ],
+            axis=1,
+        )
+        each[:, -1] = np.fromiter((c.cross_checked for c in conversations), bool, count)
+        totals = np.zeros((count + 1, len(TOTALS)), np.int64)
+        np.cumsum(each, axis=0, out=totals[1:])
+        parts_before = np.zeros(count + 1, np.int64)
+        np.cumsum(kept, out=parts_before[1:])
         return Consumed(
-            np.fromiter((c.left_out for c in conversations), bool, len(conversations)),
-            np.fromiter((c.cross_checked for c in conversations), bool, len(conversations)),
+            parts_before,
             np.asarray(datasets, np.int64),
             [c.source or NO_SOURCE for c in conversations if not c.left_out],
-            [c.id for c in conversations if not c.left_out],
+            parts.id,
             parts.lengths,
-            _per_part(supervised, ends),
-            _per_part(other, ends),
-            np.array([c.tool_counts for c in conversations if not c.left_out], np.int64).reshape(
-                -1, 5
-            ),
+            supervised,
+            totals,
         )
 
     def add(self, consumed: Consumed, first: int = 0, stop: int | None = None) -> None:
         """Count conversations ``[first, stop)`` of a run (``consumed``), in order."""
-        left_out = consumed.left_out[first:stop]
-        # the parts (conversations not left out) among them
-        lo = first - int(np.count_nonzero(consumed.left_out[:first]))
-        hi = lo + len(left_out) - int(np.count_nonzero(left_out))
-        self.left_out += len(left_out) - (hi - lo)
-        self.cross_checked += int(np.count_nonzero(consumed.cross_checked[first:stop]))
-        if hi == lo:
+        stop = len(consumed.parts_before) - 1 if stop is None else stop
+        if stop <= first:
             return
+        lo, hi = consumed.parts_before[first], consumed.parts_before[stop]
+        self.left_out += (stop - first) - int(hi - lo)
+        totals = (consumed.totals[stop] - consumed.totals[first]).tolist()
+        for key, value in zip(TOOL_COUNTS, totals[: len(TOOL_COUNTS)], strict=True):
+            self.tool_uses[key] += value
+        self.unsupervised += totals[-3]
+        self.only_stop_tokens += totals[-2]
+        self.cross_checked += totals[-1]
         ids = consumed.ids[lo:hi]
         fresh = set(ids)
         # a conversation with no id is not compared
@@ -149,23 +179,10 @@ class BuildStats:
                     if len(self.duplicate_id_examples) < DUPLICATE_EXAMPLES:
                         self.duplicate_id_examples.append(conversation_id)
                 self.ids_seen.add(conversation_id)
-        tools, strings, objects, tool_messages, in_calls = consumed.tool_counts[lo:hi].T
-        calls = strings + objects
-        for key, value in zip(
-            TOOL_COUNTS,
-            (tools, calls > 0, calls, strings, objects, tool_messages, in_calls),
-            strict=True,
-        ):
-            self.tool_uses[key] += int(value.sum())
-        supervised = consumed.supervised[lo:hi]
-        self.datasets += consumed.datasets[first:stop][~left_out].tolist()
+        self.datasets += consumed.datasets[lo:hi].tolist()
         self.sources += consumed.sources[lo:hi]
         self.conversation_tokens += consumed.tokens[lo:hi].tolist()
-        self.conversation_supervised += supervised.tolist()
-        self.unsupervised += int(np.count_nonzero(supervised == 0))
-        self.only_stop_tokens += int(
-            np.count_nonzero((supervised > 0) & (consumed.other_supervised[lo:hi] == 0))
-        )
+        self.conversation_supervised += consumed.supervised[lo:hi].tolist()
 
     def add_row(self, row: Row) -> None:
         self.row_supervised.append(int(np.count_nonzero(row.loss_mask)))
