@@ -48,18 +48,18 @@ print(json.dumps({"exit": code, "seconds": elapsed,
 )
 
 
-def child(code: str, *args: str, hf_home: Path, run=None) -> dict:
+def child(code: str, *args: str, hf_home: Path, run=None, tree: Path = REPO) -> dict:
     """Run ``code`` in a fresh process, offline from ``hf_home``.
 
     Its last stdout line is JSON. ``run(command, env, cwd)`` runs it another way (under a profiler)
-    and returns (its result, more JSON).
+    and returns (its result, more JSON). ``tree``: the checkout whose builder it imports.
     """
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
     command, more = [sys.executable, "-c", code, *args], {}
     if run is None:
-        done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO)
+        done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tree)
     else:
-        done, more = run(command, env, REPO)
+        done, more = run(command, env, tree)
     lines = done.stdout.strip().splitlines()
     if not lines:
         raise SystemExit(f"benchmark step failed: {done.stderr}")

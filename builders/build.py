@@ -42,7 +42,7 @@ from builders.rows.card import write_card
 from builders.rows.figures import RowFigures, Verification, file_hash, verify
 from builders.rows.order import kept_rows, permutation, permutation_sha256
 from builders.rows.packing import Packer, Row
-from builders.rows.rowfile import RowWriter
+from builders.rows.rowfile import ROW_GROUP_ROWS, RowWriter
 from builders.rows.stats import BuildStats
 from builders.runtime import stopping
 from builders.runtime.atomic import outputs, remove_stale_temporaries, spill_folder
@@ -329,6 +329,8 @@ def _write_rows(
 ) -> RowFigures:
     """Write ``rows`` to ``path``, computing their figures and counting them."""
     figures = RowFigures(manifest.row_tokens, manifest.contract.hash)
+    # rows hashed and counted a row group at a time
+    batch: list[Row] = []
     with (
         RowWriter(path) as writer,
         reporter.progress("building rows", total=manifest.rows, unit="rows") as progress,
@@ -336,9 +338,12 @@ def _write_rows(
         for row in rows:
             stopping.check()
             writer.write(row)
-            figures.add(row.input_ids, row.loss_mask, [row.segment_start])
-            stats.add_row(row)
+            batch.append(row)
+            if len(batch) == ROW_GROUP_ROWS:
+                _count_rows(batch, figures, stats)
+                batch = []
             progress.update(1)
+        _count_rows(batch, figures, stats)
     reporter.info(
         f"{figures.rows} rows from {len(stats.sources)} conversations ({stats.windows_skipped} "
         f"windows skipped: {manifest.row_tokens}-token stretches of the stream, cut as rows are, "
@@ -346,6 +351,16 @@ def _write_rows(
         f"{stats.only_stop_tokens}, nothing at all: {stats.unsupervised}"
     )
     return figures
+
+
+def _count_rows(batch: list[Row], figures: RowFigures, stats: BuildStats) -> None:
+    """Hash and count a batch of rows given in order."""
+    if batch:
+        masks = np.stack([row.loss_mask for row in batch])
+        figures.add(
+            np.stack([row.input_ids for row in batch]), masks, [row.segment_start for row in batch]
+        )
+        stats.add_rows(masks)
 
 
 def _report_left_out(stream: Stream, stats: BuildStats, reporter: Reporter) -> None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from builders.rows.packing import Parts, Row
+from builders.rows.packing import Parts
 
 if TYPE_CHECKING:
     from builders.encode.encoder import EncodedConversation
@@ -184,8 +184,9 @@ class BuildStats:
         self.conversation_tokens += consumed.tokens[lo:hi].tolist()
         self.conversation_supervised += consumed.supervised[lo:hi].tolist()
 
-    def add_row(self, row: Row) -> None:
-        self.row_supervised.append(int(np.count_nonzero(row.loss_mask)))
+    def add_rows(self, loss_masks: np.ndarray) -> None:
+        """Count rows given in order, by their masks (2-D)."""
+        self.row_supervised += np.count_nonzero(loss_masks, axis=1).tolist()
 
     def by_source(self) -> list[dict]:
         """What each value of the data's ``source`` field gave, most tokens first.
