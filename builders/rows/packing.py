@@ -103,11 +103,12 @@ class Packer:
             else _NO_MASK
         )
         if self.contract.eos_mask(True) is not None:
-            eos = np.fromiter(
-                (self.contract.eos_mask(c.ends_with_answer) for c in conversations),
-                np.uint8,
-                len(conversations),
+            answered = np.fromiter(
+                (c.ends_with_answer for c in conversations), bool, len(conversations)
             )
+            eos = np.where(
+                answered, self.contract.eos_mask(True), self.contract.eos_mask(False)
+            ).astype(np.uint8)
             ends = np.cumsum(lengths)
             ids, mask = np.insert(ids, ends, self.eos_id), np.insert(mask, ends, eos)
             lengths = lengths + 1

@@ -59,11 +59,13 @@ class Consumed:
 
 
 def _per_part(flags: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """How many of ``flags`` are set in each part, the parts ``lengths`` long."""
-    counts = np.zeros(len(flags) + 1, np.int64)
-    np.cumsum(flags, out=counts[1:])
-    ends = np.cumsum(lengths)
-    return counts[ends] - counts[ends - lengths]
+    """How many of ``flags`` are set in each part, the parts ``lengths`` long, end to end."""
+    counts = np.zeros(len(lengths), np.int64)
+    shown = np.flatnonzero(lengths)
+    if shown.size:
+        starts = (np.cumsum(lengths) - lengths)[shown]
+        counts[shown] = np.add.reduceat(flags.view(np.uint8), starts, dtype=np.int64)
+    return counts
 
 
 @dataclass
