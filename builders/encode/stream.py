@@ -347,6 +347,11 @@ class _Held:
 
     def add(self, table: pa.Table, positions: np.ndarray) -> None:
         near = positions < self.memory_end
+        if near.all():
+            # no copy of the rows
+            self.tables.append(table)
+            self.positions.append(positions)
+            return
         if near.any():
             self.tables.append(table.filter(near))
             self.positions.append(positions[near])

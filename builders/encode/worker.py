@@ -500,8 +500,8 @@ def _lists(arrays: list[np.ndarray], dtype) -> pa.Array:
 def _split(column: pa.ChunkedArray, dtype) -> list[np.ndarray]:
     lists = column.combine_chunks()
     offsets = (lists.offsets.to_numpy() - lists.offsets[0].as_py()).tolist()
-    # a copy of its own, writable
-    values = lists.flatten().to_numpy().astype(dtype)
+    # views of the answer's buffer (read-only): nothing writes a conversation's tokens
+    values = lists.flatten().to_numpy().astype(dtype, copy=False)
     return [values[start:end] for start, end in itertools.pairwise(offsets)]
 
 

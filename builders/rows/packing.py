@@ -68,6 +68,14 @@ _NO_MASK = np.zeros(0, np.uint8)
 _NO_INTS = np.zeros(0, np.int64)
 
 
+def _placed(values: np.ndarray, own: np.ndarray, at: np.ndarray, eos) -> np.ndarray:
+    """``values`` where ``own`` is set, ``eos`` at ``at`` (the other places)."""
+    out = np.empty(len(own), values.dtype)
+    out[own] = values
+    out[at] = eos
+    return out
+
+
 class Packer:
     """Cuts the stream into rows.
 
@@ -109,9 +117,12 @@ class Packer:
             eos = np.where(
                 answered, self.contract.eos_mask(True), self.contract.eos_mask(False)
             ).astype(np.uint8)
-            ends = np.cumsum(lengths)
-            ids, mask = np.insert(ids, ends, self.eos_id), np.insert(mask, ends, eos)
             lengths = lengths + 1
+            # each conversation's EOS, where the parts end
+            at = np.cumsum(lengths) - 1
+            own = np.ones(len(ids) + len(at), bool)
+            own[at] = False
+            ids, mask = _placed(ids, own, at, self.eos_id), _placed(mask, own, at, eos)
         return Parts(
             ids,
             mask,
