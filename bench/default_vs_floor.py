@@ -80,7 +80,10 @@ def main() -> None:
             measured[0]["rows_sha256"] != first["rows_sha256"]
         ):
             raise SystemExit(f"{name}, {workers} workers: other rows than the first build's")
-        medians = {k: statistics.median(r[k] for r in measured) for k in ("seconds", "main_cpu_s")}
+        medians = {
+            k: round(statistics.median(r[k] for r in measured), 2)
+            for k in ("seconds", "main_cpu_s")
+        }
         line = {**medians, "x_floor": round(medians["seconds"] / floor["seconds"], 3)}
         if name == "baseline":
             mine = runs[workers, "this"]
