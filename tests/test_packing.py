@@ -1,5 +1,6 @@
 """The stream and its rows: EOS joins, windows, skipping, provenance."""
 
+import itertools
 import random
 
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 from builders.contract import Contract
 from builders.encode.encoder import EncodedConversation
 from builders.rows.packing import Packer
+from builders.rows.stats import BuildStats
 
 EOS = 999
 
@@ -116,3 +118,59 @@ def test_rows_do_not_depend_on_how_the_stream_is_split_into_runs(seed):
         assert (row.source_index, row.segment_start) == (index, starts)
         assert row.source_id == [f"c{i}" for i in index]
         assert last == owner
+
+
+def test_a_run_counted_in_slices_is_counted_as_one_conversation_at_a_time():
+    """``BuildStats.add`` over slices of a run gives each conversation's counts, in order.
+
+    Left-out conversations, repeated ids, conversations with no id, nothing supervised, or only
+    stop tokens supervised; the expected counts come from the conversations one at a time.
+    """
+    rng = random.Random(3)
+    run = []
+    for k in range(60):
+        n = rng.choice([0, 2, 5])
+        ids = np.array([rng.choice([7, 8, 9]) for _ in range(n)], np.int32)
+        mask = np.array([rng.random() < 0.5 for _ in range(n)], np.uint8)
+        run.append(
+            EncodedConversation(
+                index=k,
+                id=rng.choice(["a", "b", None, f"c{k}", f"c{k}"]),
+                source=rng.choice([None, "s"]),
+                ids=ids,
+                mask=mask,
+                ends_with_answer=rng.random() < 0.5,
+                left_out=rng.random() < 0.1,
+                cross_checked=rng.random() < 0.3,
+                tool_counts=tuple(rng.choice([0, 1, 2]) for _ in range(5)),
+            )
+        )
+    stats = BuildStats(8, ["d"], stop_ids=np.array([EOS, 7], np.int64))
+    kept = [c for c in run if not c.left_out]
+    consumed = stats.consumed(run, Packer(8, EOS).joined(kept), np.zeros(len(kept), np.int64))
+    for first, stop in itertools.pairwise([0, 1, 1, 7, 30, 31, 60]):
+        stats.add(consumed, first, stop)
+    seen, repeated, only_stop, unsupervised = set(), [], 0, 0
+    for c in kept:
+        if c.id is not None:
+            if c.id in seen:
+                repeated.append(c.id)
+            seen.add(c.id)
+        tokens, mask = [*c.ids.tolist(), EOS], [*c.mask.tolist(), c.ends_with_answer]
+        supervised = [t for t, m in zip(tokens, mask, strict=True) if m]
+        unsupervised += not supervised
+        only_stop += bool(supervised) and set(supervised) <= {EOS, 7}
+    assert (stats.left_out, stats.cross_checked) == (
+        len(run) - len(kept),
+        sum(c.cross_checked for c in run),
+    )
+    assert stats.conversation_tokens == [len(c.ids) + 1 for c in kept]
+    assert stats.conversation_supervised == [int(c.mask.sum()) + c.ends_with_answer for c in kept]
+    assert stats.sources == [c.source or "(none)" for c in kept]
+    assert (stats.duplicate_ids, stats.duplicate_id_examples) == (len(repeated), repeated[:5])
+    assert (stats.only_stop_tokens, stats.unsupervised) == (only_stop, unsupervised)
+    assert stats.tool_uses["calls"] == sum(c.tool_counts[1] + c.tool_counts[2] for c in kept)
+    assert stats.tool_uses["conversations_with_calls"] == sum(
+        c.tool_counts[1] + c.tool_counts[2] > 0 for c in kept
+    )
+    assert stats.tool_uses["supervised_in_calls"] == sum(c.tool_counts[4] for c in kept)
