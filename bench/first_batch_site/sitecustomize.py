@@ -27,7 +27,13 @@ import sys
 import time
 
 TRACE = os.environ.get("FIRST_BATCH_TRACE")
-MODULES = ("builders.build", "builders.encode.worker", "builders.formats.render", "fastokens")
+MODULES = (
+    "builders.build",
+    "builders.encode.worker",
+    "builders.formats.render",
+    "fastokens",
+    "pandas",
+)
 
 
 def event(name: str, detail=None) -> None:
