@@ -66,16 +66,17 @@ def start() -> Started:
 
 
 @contextmanager
-def early(requested: str | int) -> Iterator[None]:
+def early(requested: str | int) -> Iterator[list[Started]]:
     """Start the workers ``--workers`` asks for now; a pool entered in the block takes them.
 
-    Those no pool took are ended and reaped as the block ends, on any way out.
+    It gives them (none where the build encodes in this process). Those no pool took are ended
+    and reaped as the block ends, on any way out.
     """
     count = worker_count(requested)
     try:
         for _ in range(count if count > 1 else 0):
             _waiting.append(start())
-        yield
+        yield _waiting[:]
     finally:
         while _waiting:
             stop(_waiting.pop())
