@@ -10,13 +10,15 @@ the main process only orders, cuts and writes. At most ``2 × workers`` tasks ar
 stays bounded.
 
 Start-up, where a pool's workers wait for nothing the build does not need to give them: their
-interpreters start (and import) before the build opens its inputs; each parses the pinned
-``tokenizer.json`` (``load``) while the build checks the other inputs; it makes its encoder once
-it has the chat format (``start``), before the build checks the source's order and plans; and it
-encodes its first tasks with the reference engine while the engine asked for loads and runs its
-probes beside it (``engines.Choosing``). The build hands out tasks without waiting for them, and
-``settle`` (after the rows) gives the engine every worker chose. In this process the engine is
-chosen in a thread while the build plans (from ``begin``), and the first batch waits for it.
+interpreters start (and import) before the command imports the build (``spawn.early``); each
+parses the pinned ``tokenizer.json`` (``load``) while the build checks the other inputs; it makes
+its encoder once it has the chat format (``start``), which the build reads from the checked files
+before it parses the tokenizer itself; and it encodes its first tasks, the plan's sample
+(``sample``, handed out before the build parses the tokenizer), with the reference engine while
+the engine asked for loads and runs its probes beside it (``engines.Choosing``). The build hands
+out tasks without waiting for them, and ``settle`` (after the rows) gives the engine every worker
+chose. In this process the engine is chosen in a thread while the build plans (from ``begin``),
+and the first batch waits for it.
 
 ``--workers auto``: ``builders.encode.spawn.worker_count``.
 

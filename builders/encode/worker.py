@@ -1,20 +1,20 @@
 """A tokenizing worker process, and what travels to and from it.
 
-The build starts each worker as a fresh interpreter (``python -c``, so the caller's main module
-is never re-imported) in a session of its own (a terminal's Ctrl-C reaches only the build),
-with one end of a socket pair that no other process holds as its only channel. A dead worker
-therefore closes its channel at once: the build sees the end of it, or a broken pipe, and no
-lock or pipe shared with other processes can be left blocked. Only JSON and Arrow IPC travel on
+The build starts each worker (``builders.encode.spawn``) as a fresh interpreter in a session of
+its own, with one end of a socket pair that no other process holds as its only channel. A dead
+worker therefore closes its channel at once: the build sees the end of it, or a broken pipe, and
+no lock or pipe shared with other processes can be left blocked. Only JSON and Arrow IPC travel on
 the channel:
 
 - build → worker: where the pinned ``tokenizer.json`` lies and its sha256 (the worker reads,
   checks and parses it while the build checks its other inputs), the start-up message (contract,
   the engine ``--engine`` asks for, the chat format's inputs and the source's files), then tasks,
   each a JSON header and an Arrow IPC stream: ``{}`` and source rows with a ``position`` column
-  (their stream positions), or ``{"group": G, "eager": E}`` and the rows of source row group G
-  the pass wants (``row`` in the group, ``position``): the worker decodes the group itself,
-  encodes the rows before position E and sends the others back undecoded-to-Python (Arrow) for
-  the build to hold. Closing the channel ends the worker.
+  (their stream positions), or ``{"group": G, "eager": E, "keep": K}`` and the rows of source
+  row group G the pass wants (``row`` in the group, ``position``): the worker decodes the group
+  itself (or takes the one it kept), encodes the rows before position E and sends the others back
+  undecoded-to-Python (Arrow) for the build to hold; with K (the plan's sample) it keeps the group
+  decoded for its next task of it. Closing the channel ends the worker.
 - worker → build: a JSON header for each message: ``ready`` once it can encode (with the
   reference engine, while the engine asked for loads beside it: ``engines.Choosing``); ``engine``
   once it has chosen (``builders.encode.engines.choose``: the same probes in every worker), and
