@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from tokenizers import Tokenizer
 
 from builders import cli
 from builders.cli import main as cli_main
@@ -84,3 +85,24 @@ def test_a_refused_template_is_named_first_whatever_the_workers(tmp_path, also):
         assert last.startswith("error: the pinned chat template (chat_template.jinja) is not valid")
         assert "Traceback" not in done.stderr and not (tmp_path / workers).exists()
     assert runs["1"].stderr == runs["2"].stderr
+
+
+def test_a_tokenizer_json_that_does_not_parse_is_named_before_the_config(tmp_path):
+    """Its parse error first, as when the tokenizer was parsed before the template was read."""
+    broken = b'{"version": "1.0", "model": '
+    manifest = lay_out_build(
+        tmp_path / "hf",
+        synthetic_rows(seed=2, count=10),
+        tokenizer_files={"tokenizer.json": broken, "tokenizer_config.json": b'{"eos": 1}'},
+    )
+    with pytest.raises(Exception) as parse:
+        Tokenizer.from_str(broken.decode())
+    done = run_cli(
+        "--manifest", str(manifest), "--out", str(tmp_path / "out"), hf_home=tmp_path / "hf"
+    )
+    assert done.returncode == 3, done.stderr
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .endswith(f"the pinned tokenizer files cannot be parsed: {parse.value}")
+    )
