@@ -538,12 +538,12 @@ def _workers(text: str) -> str | int:
 
 
 def _build(args) -> int:
-    # the manifest first: a bad one is refused before the build's modules load
-    manifest = _manifest(args)
     from builders.encode import spawn
 
-    # the workers import beside this process's imports
+    # the workers import beside this process's imports (a refused manifest ends them)
     with spawn.early(args.workers):
+        # the manifest first: a bad one is refused before the build's modules load
+        manifest = _manifest(args)
         from builders.build import build
 
         result = build(
@@ -566,9 +566,9 @@ def _build(args) -> int:
 def _plan(args) -> int:
     from builders.encode import spawn
 
-    manifest = _manifest(args)
-    # the workers import beside this process's imports
+    # the workers import beside this process's imports (a refused manifest ends them)
     with spawn.early(args.workers):
+        manifest = _manifest(args)
         from builders.views.plan import describe, plan
 
         result = plan(

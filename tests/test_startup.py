@@ -47,7 +47,9 @@ def test_a_build_with_workers_takes_those_the_command_started(tmp_path, monkeypa
     code_2 = cli_main(
         ["--manifest", str(manifest), "--out", str(tmp_path / "out2"), "-q", "--workers", "2"]
     )
-    assert (code, code_2, len(started)) == (0, 0, 2)
+    # a manifest refused: the two workers started for it are ended and reaped
+    refused = cli_main(["--manifest", str(tmp_path / "no.yaml"), "-q", "--workers", "2"])
+    assert (code, code_2, refused, len(started)) == (0, 0, 2, 4)
     assert all(process.poll() is not None for process, _ in started)
     assert (tmp_path / "out" / "custom.parquet").read_bytes() == (
         tmp_path / "out2" / "custom.parquet"
