@@ -4,8 +4,8 @@ A worker is a fresh interpreter (``python -c``, so the caller's main module is n
 re-imported) in a session of its own (a terminal's Ctrl-C reaches only the build), with one end
 of a socket pair that no other process holds as its only channel (``builders.encode.worker``
 says what travels on it). This module imports nothing heavy: ``fixed-sft build`` and ``plan``
-start their workers (``early``) before they import the build's modules, so a worker's imports
-run beside the command's, and the pool takes them (``taken``).
+start their workers (``early``) before they read the manifest and import the build's modules,
+so a worker's imports run beside the command's, and the pool takes them (``taken``).
 
 ``--workers auto`` (``worker_count``) is one process where the machine has at most
 ``IN_PROCESS_UP_TO`` cores (the engine's own threads use them; measured fastest there, see
