@@ -236,20 +236,6 @@ def names_tools(manifest: Manifest) -> bool:
     return any(d.tools is not None for d in manifest.datasets)
 
 
-def load_pinned_tokenizer(
-    pin: TokenizerPin,
-    snapshot: Path,
-    loss_mask: str,
-    limits: Limits = DEFAULT_LIMITS,
-    tools: bool = False,
-) -> PinnedTokenizer:
-    """Check the snapshot's tokenizer files by sha256, then parse them.
-
-    ``tools``: the dataset names a tools field, so the template must print tools.
-    """
-    return checked_tokenizer_files(pin, snapshot, loss_mask, limits, tools).parsed()
-
-
 @dataclass(frozen=True)
 class TokenizerFiles:
     """A snapshot's tokenizer files, checked by sha256, and the chat format read from them.
