@@ -11,7 +11,8 @@ with the inputs' lay-out on 16 cores), or a before/after on a shared machine.
         --repeats 3 --scale 0.05 --rows 800 --cache bench/.cache
 
 Prints, for each worker count (and tree), each build's seconds, the CPU of the main process and
-of its children, cores busy, rows_sha256 and timings, and its ratio to ``encode_batch_fast`` of
+of its children, cores busy, the garbage collector's full passes in the main process and their
+CPU (``gc_full_s``), rows_sha256 and timings, and its ratio to ``encode_batch_fast`` of
 the consumed conversations' texts (the first build's), measured in the same run; with
 ``--baseline``, the medians and this tree's over the baseline's. The share of the CPUs other
 processes used in the 2 s before each build is printed (``busy_before``): on a shared machine
@@ -35,7 +36,16 @@ from builders.fixture.make import PINNED_TEMPLATE, shared_dir  # noqa: E402
 from measure import FULL_ROWS, FULL_SCALE, child  # noqa: E402
 from scale_inputs import lay_out, manifest_text  # noqa: E402
 
-SHOWN = ("workers_used", "busy_before", "seconds", "main_cpu_s", "workers_cpu_s", "cores_busy")
+SHOWN = (
+    "workers_used",
+    "busy_before",
+    "seconds",
+    "main_cpu_s",
+    "workers_cpu_s",
+    "cores_busy",
+    "gc_full_passes",
+    "gc_full_s",
+)
 
 
 def options() -> argparse.Namespace:
@@ -48,6 +58,7 @@ def options() -> argparse.Namespace:
     parser.add_argument("--cache", type=Path, default=Path("/tmp/bc"), help="inputs' folder")
     parser.add_argument("--baseline", type=Path, help="a checkout of an earlier builder")
     parser.add_argument("--repeats", type=int, default=1, help="builds of each, alternated")
+    parser.add_argument("--no-floor", action="store_true", help="the builds alone")
     return parser.parse_args()
 
 
@@ -73,7 +84,11 @@ def main() -> None:
                 r = runs[workers, name][-1]
                 print(name, workers, json.dumps({k: r[k] for k in SHOWN}), flush=True)
     first = runs[args.workers[0], "this"][0]
-    floor = child(TOKENIZER_FLOOR, str(manifest), str(first["conversations"]), hf_home=hf)
+    floor = (
+        {"seconds": float("nan")}
+        if args.no_floor
+        else child(TOKENIZER_FLOOR, str(manifest), str(first["conversations"]), hf_home=hf)
+    )
     print("encode floor", round(floor["seconds"], 2))
     for (workers, name), measured in runs.items():
         if len({r["rows_sha256"] for r in measured}) != 1 or (
@@ -82,13 +97,15 @@ def main() -> None:
             raise SystemExit(f"{name}, {workers} workers: other rows than the first build's")
         medians = {
             k: round(statistics.median(r[k] for r in measured), 2)
-            for k in ("seconds", "main_cpu_s")
+            for k in ("seconds", "main_cpu_s", "gc_full_s")
         }
         line = {**medians, "x_floor": round(medians["seconds"] / floor["seconds"], 3)}
         if name == "baseline":
             mine = runs[workers, "this"]
             line["this_over_baseline"] = {
-                k: round(statistics.median(r[k] for r in mine) / v, 3) for k, v in medians.items()
+                k: round(statistics.median(r[k] for r in mine) / v, 3)
+                for k, v in medians.items()
+                if v
             }
         print(name, workers, json.dumps(line), "timings", json.dumps(measured[0]["timings"]))
     print("rows_sha256", first["rows_sha256"])
