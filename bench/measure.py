@@ -30,8 +30,18 @@ def peak_rss_mib():
 CLI = (
     PEAK_RSS
     + """
-import json, resource, sys, time
+import gc, json, resource, sys, time
 sys.argv = ["generate_fixed_sft.py", *sys.argv[1:]]
+# the CPU the garbage collector's full passes take, in the thread that runs them
+collected = {"passes": 0, "seconds": 0.0, "started": 0.0}
+def count_pass(phase, info):
+    if info["generation"] == 2:
+        if phase == "start":
+            collected["started"] = time.thread_time()
+        else:
+            collected["passes"] += 1
+            collected["seconds"] += time.thread_time() - collected["started"]
+gc.callbacks.append(count_pass)
 from builders.cli import main
 before = resource.getrusage(resource.RUSAGE_SELF)
 started = time.perf_counter()
@@ -43,23 +53,24 @@ print(json.dumps({"exit": code, "seconds": elapsed,
                   "main_cpu_s": own.ru_utime + own.ru_stime - before.ru_utime - before.ru_stime,
                   "workers_cpu_s": children.ru_utime + children.ru_stime,
                   "main_peak_rss_mib": peak_rss_mib(),
+                  "gc_full_passes": collected["passes"], "gc_full_s": collected["seconds"],
                   "worker_peak_rss_mib": children.ru_maxrss / 1024}))
 """
 )
 
 
-def child(code: str, *args: str, hf_home: Path, run=None) -> dict:
+def child(code: str, *args: str, hf_home: Path, run=None, tree: Path = REPO) -> dict:
     """Run ``code`` in a fresh process, offline from ``hf_home``.
 
     Its last stdout line is JSON. ``run(command, env, cwd)`` runs it another way (under a profiler)
-    and returns (its result, more JSON).
+    and returns (its result, more JSON). ``tree``: the checkout whose builder it imports.
     """
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
     command, more = [sys.executable, "-c", code, *args], {}
     if run is None:
-        done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO)
+        done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tree)
     else:
-        done, more = run(command, env, REPO)
+        done, more = run(command, env, tree)
     lines = done.stdout.strip().splitlines()
     if not lines:
         raise SystemExit(f"benchmark step failed: {done.stderr}")
