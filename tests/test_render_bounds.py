@@ -156,6 +156,39 @@ def test_the_bounded_sandbox_renders_as_transformers_does(template):
     )
 
 
+ATTRIBUTES_TEMPLATE = (
+    "{% set ns = namespace(a=1) %}{% for m in messages %}"
+    "{{ m.content }}|{{ m.items is defined }}|{{ m.clear is defined }}|{{ m.gone is defined }}|"
+    "{{ m.__class__ is defined }}|{{ m.content.strip() }}|{{ m.content.format is defined }}|"
+    "{{ 'x{}'.format(m.role) }}|{{ m.content.__class__ is defined }}|"
+    "{{ messages.append is defined }}|{{ messages.index(m) }}|{{ loop.index0 }}|"
+    "{{ loop.__init__ is defined }}|{{ loop.last }}|{{ loop.gone is defined }}|{{ ns.a }}|"
+    "{{ ns.__class__ is defined }}|{{ (1).real }}|{{ (1.5).__class__ is defined }}|"
+    "{{ (1, 2).count(1) }}|{{ d.items is defined }}|{{ d.clear is defined }}|{{ d.x }}|"
+    "{{ d.update is defined }}|{{ d['items'] }}|{{ d.gone is defined }}|{{ (d.items()|list)[0] }}"
+    "{% endfor %}"
+)
+
+
+def test_the_bounded_sandbox_reads_attributes_as_jinjas_sandbox_does():
+    """Items, methods, unsafe and missing attributes, of dicts, strings, lists, loops, numbers.
+
+    A dict's key named like one of its methods is the method, as Jinja reads it.
+    """
+    chats = [normalize_messages(m) for m in conversations()[:6]]
+    variables = {"d": {"items": 1, "clear": 2, "x": 3}}
+    own = _cached_compile_jinja_template(ATTRIBUTES_TEMPLATE)
+    expected = [
+        _render_with_assistant_indices(own, chat, None, None, False, **variables)[0]
+        for chat in chats
+    ]
+    assert "|False|" in expected[0] and "|True|" in expected[0]
+    assert ChatRenderer(ATTRIBUTES_TEMPLATE).render_all(chats, variables) == expected
+    # str.format and format_map read through the sandbox stay sandboxed: no __class__ printed
+    for call in ("'{0.__class__}'.format(1)", "'{a.__class__}'.format_map({'a': 1})"):
+        assert ChatRenderer(f"{{{{ {call} }}}}|").render(HI) == "|"
+
+
 def test_a_runaway_template_ends_the_build_with_exit_4_naming_the_row(tmp_path):
     rows = [{"id": f"c{k}", "source": "s", "messages": m} for k, m in enumerate(synthetic(3, 8))]
     manifest = lay_out_build(

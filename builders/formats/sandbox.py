@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import re
 from itertools import chain, islice
-from types import BuiltinMethodType
+from types import BuiltinMethodType, MethodType
 
 import jinja2
 from jinja2.compiler import CodeGenerator, optimizeconst
-from jinja2.runtime import Macro
+from jinja2.runtime import LoopContext, Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace, generate_lorem_ipsum
 
@@ -45,6 +45,15 @@ _CONTAINERS = (list, tuple, dict, set, frozenset)
 _SIZED = (str, bytes, *_CONTAINERS)
 # measured item by item
 _MEASURED = (*_CONTAINERS, Namespace)
+# what a dict has as attributes (its methods): any other name of ``message.name`` is an item
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+# the types whose attributes Jinja's sandbox allows or refuses by the type and the name alone
+# (``is_safe_attribute``: none of them is a function, method, class, frame or generator, and
+# whether one is a mutable container follows from the type)
+_DECIDED_BY_TYPE = frozenset({str, dict, list, tuple, int, float, LoopContext})
+# the values Jinja's sandbox replaces as they are read: ``str.format`` and ``format_map``
+_METHODS = (MethodType, BuiltinMethodType)
+_WRAPPED = frozenset({"format", "format_map"})
 
 
 class RenderLimitError(jinja2.TemplateError):
@@ -232,6 +241,9 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         self.filters.update(base.filters)
         self.globals.update(base.globals)
         self.filters = {name: self._bounded(name, f) for name, f in self.filters.items()}
+        # (type, attribute) -> whether Jinja's sandbox allows it, for the types it decides by
+        # type; the attributes are names in the template, so this stays as small as it is
+        self._allowed: dict[tuple[type, str], bool] = {}
         self.begin()
 
     def begin(self) -> None:
@@ -280,6 +292,35 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         self.refuse_beyond(size, what)
         self.spend(size)
         return value
+
+    def getattr(self, obj, attribute):
+        """``obj.attribute`` as Jinja's sandbox reads it, its common cases first.
+
+        A dict's item where a dict has no attribute of that name (``message.content``: Jinja tries
+        the attribute, then the item); an attribute of a type in ``_DECIDED_BY_TYPE`` that the
+        sandbox allowed once, whose value it passes as it is (not ``str.format``). Anything else
+        goes through Jinja's own checks.
+        """
+        kind = type(obj)
+        if kind is dict and attribute not in _DICT_ATTRIBUTES:
+            try:
+                return obj[attribute]
+            except (TypeError, LookupError):
+                return self.undefined(obj=obj, name=attribute)
+        if kind in _DECIDED_BY_TYPE and type(attribute) is str:
+            allowed = self._allowed.get((kind, attribute))
+            if allowed is None:
+                allowed = self._allowed[kind, attribute] = self.is_safe_attribute(
+                    obj, attribute, None
+                )
+            if allowed:
+                try:
+                    value = getattr(obj, attribute)
+                except AttributeError:
+                    return super().getattr(obj, attribute)
+                if type(value) not in _METHODS or value.__name__ not in _WRAPPED:
+                    return value
+        return super().getattr(obj, attribute)
 
     def output_buffer(self) -> _Buffer:
         return _Buffer(self)
