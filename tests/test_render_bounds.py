@@ -189,6 +189,37 @@ def test_the_bounded_sandbox_reads_attributes_as_jinjas_sandbox_does():
         assert ChatRenderer(f"{{{{ {call} }}}}|").render(HI) == "|"
 
 
+def test_template_data_is_rebuilt_as_transformers_rebuilds_it():
+    """Plain JSON copied, anything else (a str subclass, a numpy scalar, a tuple) as it does."""
+    import enum
+
+    import numpy as np
+    from transformers.utils.chat_template_utils import _plain_template_data
+
+    from builders.formats.render import _plain
+
+    class Kind(str, enum.Enum):
+        A = "a"
+
+    value = [
+        {"a": [1, 2.5, True, None, "s"], 3: {"k": (1, Kind.A)}},
+        Kind.A,
+        np.int64(7),
+        np.bool_(False),
+        object(),
+    ]
+
+    def typed(v):
+        if isinstance(v, dict):
+            return {typed(k): typed(i) for k, i in v.items()}
+        if isinstance(v, (list, tuple)):
+            return (type(v), [typed(i) for i in v])
+        return (type(v), v)
+
+    assert typed(_plain(value)) == typed(_plain_template_data(value))
+    assert _plain(value) is not value and _plain(value)[0] is not value[0]
+
+
 def test_a_runaway_template_ends_the_build_with_exit_4_naming_the_row(tmp_path):
     rows = [{"id": f"c{k}", "source": "s", "messages": m} for k, m in enumerate(synthetic(3, 8))]
     manifest = lay_out_build(

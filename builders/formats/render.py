@@ -34,6 +34,22 @@ except ImportError:
         return data
 
 
+def _plain(value):
+    """``_plain_template_data(value)``: its JSON types copied here, anything else by it.
+
+    The template sees data rebuilt out of plain JSON types (transformers' step); dicts, lists
+    and exact scalars, all of a source's data, are rebuilt here without its per-value checks.
+    """
+    kind = type(value)
+    if kind is str or value is None or kind is int or kind is float or kind is bool:
+        return value
+    if kind is dict:
+        return {_plain(key): _plain(item) for key, item in value.items()}
+    if kind is list:
+        return [_plain(item) for item in value]
+    return _plain_template_data(value)
+
+
 class ChatRenderer:
     """Renders conversations with one chat template.
 
@@ -125,8 +141,8 @@ class ChatRenderer:
 
         def generate():
             for block in template.generate(
-                messages=_alias_reasoning_fields(_plain_template_data(chat)),
-                tools=_plain_template_data(tools),
+                messages=_alias_reasoning_fields(_plain(chat)),
+                tools=_plain(tools),
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
                 **variables,

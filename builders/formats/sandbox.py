@@ -49,7 +49,7 @@ _MEASURED = (*_CONTAINERS, Namespace)
 _DICT_ATTRIBUTES = frozenset(dir(dict))
 # the types whose attributes Jinja's sandbox allows or refuses by the type and the name alone
 # (``is_safe_attribute``: none of them is a function, method, class, frame or generator, and
-# whether one is a mutable container follows from the type)
+# whether one is a mutable container follows from the type); a namespace's too
 _DECIDED_BY_TYPE = frozenset({str, dict, list, tuple, int, float, LoopContext})
 # the values Jinja's sandbox replaces as they are read: ``str.format`` and ``format_map``
 _METHODS = (MethodType, BuiltinMethodType)
@@ -297,9 +297,9 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         """``obj.attribute`` as Jinja's sandbox reads it, its common cases first.
 
         A dict's item where a dict has no attribute of that name (``message.content``: Jinja tries
-        the attribute, then the item); an attribute of a type in ``_DECIDED_BY_TYPE`` that the
-        sandbox allowed once, whose value it passes as it is (not ``str.format``). Anything else
-        goes through Jinja's own checks.
+        the attribute, then the item); an attribute of a type in ``_DECIDED_BY_TYPE`` or of a
+        namespace that the sandbox allowed once, whose value it passes as it is (not
+        ``str.format``). Anything else goes through Jinja's own checks.
         """
         kind = type(obj)
         if kind is dict and attribute not in _DICT_ATTRIBUTES:
@@ -307,7 +307,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
                 return obj[attribute]
             except (TypeError, LookupError):
                 return self.undefined(obj=obj, name=attribute)
-        if kind in _DECIDED_BY_TYPE and type(attribute) is str:
+        if (kind in _DECIDED_BY_TYPE or issubclass(kind, Namespace)) and type(attribute) is str:
             allowed = self._allowed.get((kind, attribute))
             if allowed is None:
                 allowed = self._allowed[kind, attribute] = self.is_safe_attribute(

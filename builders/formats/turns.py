@@ -544,11 +544,13 @@ def _longest_first(prompts: list[str]) -> tuple[str, ...]:
     return tuple(sorted(set(prompts), key=lambda p: (-len(p), prompts.index(p))))
 
 
+@functools.lru_cache(maxsize=4096)
 def _marker(number: int) -> str:
     digits = "".join(chr(ord(MARK_DIGITS) + int(d, 16)) for d in f"{number:x}")
     return f"{MARK_OPEN}{digits}{MARK_CLOSE}"
 
 
+@functools.lru_cache(maxsize=4096)
 def _marker_number(marker: str) -> int:
     return int("".join("0123456789abcdef"[ord(c) - ord(MARK_DIGITS)] for c in marker[1:-1]), 16)
 
