@@ -113,7 +113,13 @@ print(json.dumps({"seconds_per_conversation": (time.perf_counter() - started) / 
 
 
 def build(
-    manifest: Path, out: Path, hf_home: Path, engine: str, workers: str, profile: bool = False
+    manifest: Path,
+    out: Path,
+    hf_home: Path,
+    engine: str,
+    workers: str,
+    profile: bool = False,
+    tree: Path = REPO,
 ) -> dict:
     load = busy()
     command = (
@@ -128,7 +134,7 @@ def build(
         "-q",
         "--no-card",
     )
-    result = child(CLI, *command, hf_home=hf_home)
+    result = child(CLI, *command, hf_home=hf_home, tree=tree)
     if result["exit"] != 0:
         raise SystemExit(f"build failed: {result['stderr']}")
     report = json.loads(next(out.glob("*.report.json")).read_text())

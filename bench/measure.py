@@ -17,6 +17,15 @@ REPO = Path(__file__).resolve().parents[1]
 FULL_SCALE, FULL_ROWS = 1.0, 6400
 # share of the CPUs used by other processes below which the machine counts as idle
 IDLE_BUSY = 0.05
+# what a summary keeps of each build
+BUILD_FIGURES = (
+    "seconds",
+    "main_peak_rss_mib",
+    "conversations",
+    "tokens",
+    "rows_sha256",
+    "timings",
+)
 
 # a child program's own peak RSS: VmHWM starts at exec, where ru_maxrss keeps what the forking
 # parent had
@@ -48,22 +57,115 @@ print(json.dumps({"exit": code, "seconds": elapsed,
 )
 
 
-def child(code: str, *args: str, hf_home: Path, run=None) -> dict:
-    """Run ``code`` in a fresh process, offline from ``hf_home``.
+def child(code: str, *args: str, hf_home: Path, run=None, tree: Path = REPO) -> dict:
+    """Run ``code`` in a fresh process, offline from ``hf_home``, with the builder of ``tree``.
 
     Its last stdout line is JSON. ``run(command, env, cwd)`` runs it another way (under a profiler)
-    and returns (its result, more JSON).
+    and returns (its result, more JSON). ``tree``: a checkout of the builder (another commit's,
+    from ``git archive``), imported before the installed one.
     """
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
     command, more = [sys.executable, "-c", code, *args], {}
     if run is None:
-        done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO)
+        done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tree)
     else:
-        done, more = run(command, env, REPO)
+        done, more = run(command, env, tree)
     lines = done.stdout.strip().splitlines()
     if not lines:
         raise SystemExit(f"benchmark step failed: {done.stderr}")
     return {**json.loads(lines[-1]), **more, "stdout": "\n".join(lines[:-1]), "stderr": done.stderr}
+
+
+def against_option(parser) -> None:
+    """``--against TREE``: each build made by another checkout of the builder too, alternately."""
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help="another checkout of the builder (git archive COMMIT | tar -x -C TREE): each build is "
+        "made by it, then by this one, and both are reported",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="make every build this many times, alternating, and keep each one's fastest (a "
+        "shared machine)",
+    )
+
+
+def alternated(args, builds: dict, make) -> dict:
+    """Each build of ``builds`` (name -> manifest) made by each builder (``trees``), alternately.
+
+    ``make(name, manifest, tree)`` makes one; ``--rounds`` times, the fastest kept. Returns them
+    by builder label, by name.
+    """
+    fastest: dict = {}
+    for _ in range(args.rounds):
+        for name, manifest in builds.items():
+            for label, tree in trees(args):
+                run = make(name, manifest, tree)
+                print(
+                    f"  {name} ({label}): {run['seconds']} s, "
+                    f"peak RSS {run['main_peak_rss_mib']} MiB",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                kept = fastest.setdefault(label, {})
+                if name not in kept or run["seconds"] < kept[name]["seconds"]:
+                    kept[name] = run
+    return fastest
+
+
+def trees(args) -> list[tuple[str, Path]]:
+    """The builders to measure, by label: this checkout, after ``--against``'s where given."""
+    return (
+        [("against", args.against.resolve()), ("this", REPO)] if args.against else [("this", REPO)]
+    )
+
+
+def compared(
+    measured: dict, over: tuple[str, str], base: tuple[str, str], target: float, rss_target: int
+) -> dict:
+    """Two builds' figures and ratio (``over`` / ``base``: name, what it is), printed.
+
+    ``measured``: by builder label (``trees``), by build name, ``build_at_scale.build``'s runs;
+    this checkout's are the summary's, another's go under ``against`` with whether the rows are
+    the same.
+    """
+    summaries = {}
+    for label, runs in measured.items():
+        ratio = runs[over[0]]["seconds"] / runs[base[0]]["seconds"]
+        loads = [r["busy_before"] for r in runs.values()]
+        summaries[label] = {
+            "machine": {
+                "cores": os.cpu_count(),
+                "python": sys.version.split()[0],
+                "idle": max(loads) < IDLE_BUSY,
+                "cpu_busy_before_each_build": loads,
+            },
+            "builds": {name: {k: r[k] for k in BUILD_FIGURES} for name, r in runs.items()},
+            f"{over[0]}_over_{base[0]}": round(ratio, 3),
+            "within_time_target": ratio <= target,
+            "within_rss_target": runs[over[0]]["main_peak_rss_mib"] <= rss_target,
+        }
+        shown = [f"{n}{f' ({what})' if what else ''}" for n, what in (base, over)]
+        print(
+            f"\n{label}: "
+            + "; ".join(
+                f"{s}: {runs[n]['seconds']} s, {runs[n]['main_peak_rss_mib']} MiB"
+                for s, (n, _) in zip(shown, (base, over), strict=True)
+            )
+            + f"; {over[0]}/{base[0]} = {ratio:.3f} (target {target}x, {rss_target} MiB); "
+            f"machine idle: {max(loads) < IDLE_BUSY} (busy: {', '.join(f'{b:.1%}' for b in loads)})"
+        )
+    summary = summaries.pop("this")
+    if "against" in summaries:
+        summary["against"] = summaries["against"]
+        summary["same_rows_as_against"] = all(
+            run["rows_sha256"] == measured["against"][name]["rows_sha256"]
+            for name, run in measured["this"].items()
+        )
+    return summary
 
 
 def write_results(path: Path, results: dict) -> None:
