@@ -8,6 +8,7 @@ what the template asked for.
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 import tracemalloc
@@ -22,7 +23,7 @@ from transformers.utils.chat_template_utils import (
 from builders.fixture.conversations import hard_cases, synthetic
 from builders.fixture.make import FIXTURE_TEMPLATE, tokenizer_json
 from builders.formats.render import ChatRenderer
-from builders.formats.sandbox import RenderLimitError, TemplateFailure
+from builders.formats.sandbox import RenderLimitError, TemplateFailure, text_size
 from builders.messages import normalize_messages
 from helpers import CLI, REPO, cli_env, lay_out_build
 
@@ -218,6 +219,43 @@ def test_template_data_is_rebuilt_as_transformers_rebuilds_it():
 
     assert typed(_plain(value)) == typed(_plain_template_data(value))
     assert _plain(value) is not value and _plain(value)[0] is not value[0]
+
+
+class _Mapping(dict):
+    """A dict ``text_size`` measures item by item, as it measures any mapping."""
+
+
+def _item_by_item(value):
+    """``value`` with its lists as tuples and its dicts as ``_Mapping``: the same size, slowly."""
+    if isinstance(value, list):
+        return tuple(_item_by_item(v) for v in value)
+    if isinstance(value, dict):
+        return _Mapping({k: _item_by_item(v) for k, v in value.items()})
+    return value
+
+
+def test_plain_data_is_measured_as_any_other_value():
+    """The plain-data count is the item-by-item count; deep, cyclic or large values end too."""
+    rng = random.Random(3)
+
+    def made(depth):
+        if depth > 4 or rng.random() < 0.3:
+            return rng.choice(["ab", "x" * rng.randint(0, 40), 3, 2**70, True, None, 1.5])
+        if rng.random() < 0.5:
+            return [made(depth + 1) for _ in range(rng.randint(0, 5))]
+        return {str(k) * rng.randint(1, 3): made(depth + 1) for k in range(rng.randint(0, 5))}
+
+    for _ in range(500):
+        value, limit = made(0), rng.choice([10, 100, 10**6])
+        assert text_size(value, limit) == text_size(_item_by_item(value), limit)
+    deep, cyclic = [], [1]
+    for _ in range(10_000):
+        deep = [deep]
+    cyclic.append(cyclic)
+    assert text_size(deep, 10**6) == 5 * 10_001
+    assert 10 < text_size(cyclic, 10**6) < 100
+    # the count stops past the limit, far below the 52 M characters of the whole
+    assert text_size([["y" * 50] * 1000] * 1000, 1000) < 10**5
 
 
 def test_a_runaway_template_ends_the_build_with_exit_4_naming_the_row(tmp_path):

@@ -140,15 +140,18 @@ class ChatRenderer:
         sandbox.begin()
 
         def generate():
-            for block in template.generate(
-                messages=_alias_reasoning_fields(_plain(chat)),
-                tools=_plain(tools),
-                documents=None,
-                add_generation_prompt=add_generation_prompt,
-                **variables,
-            ):
-                sandbox.printed(block)
-                blocks.append(block)
+            # each piece is appended as it is printed: the generation tracker reads blocks meanwhile
+            blocks.extend(
+                sandbox.printed(
+                    template.generate(
+                        messages=_alias_reasoning_fields(_plain(chat)),
+                        tools=_plain(tools),
+                        documents=None,
+                        add_generation_prompt=add_generation_prompt,
+                        **variables,
+                    )
+                )
+            )
             return "".join(blocks)
 
         return _failing_as_template_errors(generate)

@@ -45,6 +45,8 @@ _CONTAINERS = (list, tuple, dict, set, frozenset)
 _SIZED = (str, bytes, *_CONTAINERS)
 # measured item by item
 _MEASURED = (*_CONTAINERS, Namespace)
+# plain data nested deeper is measured item by item
+_PLAIN_DEPTH = 64
 # what a dict has as attributes (its methods): any other name of ``message.name`` is an item
 _DICT_ATTRIBUTES = frozenset(dir(dict))
 # the types whose attributes Jinja's sandbox allows or refuses by the type and the name alone
@@ -71,6 +73,10 @@ def text_size(value, limit: int) -> int:
     more (a container inside itself, as ``str`` prints it, a few); the count stops once it
     passes ``limit``, so a value of any size is measured in bounded time.
     """
+    try:
+        return _plain_size(value, limit, 0)
+    except _Unmeasured:
+        pass
     total, pending, inside = 0, [value], set()
     while pending and total <= limit:
         item = pending.pop()
@@ -94,6 +100,38 @@ def text_size(value, limit: int) -> int:
         else:
             total += 64
     return total
+
+
+class _Unmeasured(Exception):
+    """``_plain_size`` leaves the value to ``text_size``'s own count."""
+
+
+def _plain_size(value, limit: int, depth: int) -> int:
+    """``text_size`` of plain data (exact dicts, lists, strings, numbers), the common case.
+
+    Counted as ``text_size`` counts, recursively; ``_Unmeasured`` for any other type, past
+    ``limit`` (``text_size`` then says how far it counted) or nested deeper than
+    ``_PLAIN_DEPTH`` (a container inside itself). Either way the work is bounded by ``limit``.
+    """
+    kind = type(value)
+    if kind is str:
+        return len(value) + 2
+    if kind is dict or kind is list:
+        if depth > _PLAIN_DEPTH:
+            raise _Unmeasured
+        total = 5
+        for item in chain.from_iterable(value.items()) if kind is dict else value:
+            total += len(item) + 2 if type(item) is str else _plain_size(item, limit, depth + 1)
+            if total > limit:
+                raise _Unmeasured
+        return total
+    if kind is bool or value is None:
+        return 5
+    if kind is int:
+        return value.bit_length() // _BITS_PER_DIGIT + 2
+    if kind is float:
+        return 64
+    raise _Unmeasured
 
 
 def _open(container, pending: list, inside: set, limit: int) -> int:
@@ -221,7 +259,7 @@ class _NoOtherTemplates(jinja2.BaseLoader):
 class BoundedSandbox(ImmutableSandboxedEnvironment):
     """transformers' template sandbox, refusing values beyond ``render_chars``.
 
-    ``begin()`` starts a render's count; ``printed(text)`` counts what it prints. It counts one
+    ``begin()`` starts a render's count; ``printed(texts)`` counts what it prints. It counts one
     render at a time: a renderer is not shared between threads.
     """
 
@@ -249,16 +287,17 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     def begin(self) -> None:
         """Start counting a new render."""
         self.built = 0
-        self.printed_chars = 0
 
-    def printed(self, text: str) -> None:
-        """Count ``text``, printed by the render."""
-        self.printed_chars += len(text)
-        if self.printed_chars > self.render_chars:
-            raise RenderLimitError(
-                f"the render prints more than limits.render_chars ({self.render_chars:,}) "
-                f"characters"
-            )
+    def printed(self, texts):
+        """``texts``, the pieces a render prints, refused once they pass render_chars in all."""
+        size, limit = 0, self.render_chars
+        for text in texts:
+            size += len(text)
+            if size > limit:
+                raise RenderLimitError(
+                    f"the render prints more than limits.render_chars ({limit:,}) characters"
+                )
+            yield text
 
     def spend(self, size: int) -> None:
         """Count ``size`` characters built by the render."""
