@@ -23,7 +23,9 @@ worker's ``ready`` and first batch), read against the moment the bench started t
 - ``tokenizer_sent_s`` / ``start_up_sent_s``: the build telling its first worker where the
   tokenizer lies (from de0d367 on) / sending it the start-up message;
 - ``main_imported_s``: the command's process done importing ``builders.build``;
-- ``first_group_s``: the build handing out its first row group (it has planned);
+- ``sample_sent_s``: the build handing the plan's sample to the workers (builders that do:
+  from the start-up's second round on; before, the build encoded it itself);
+- ``first_group_s``: the build handing out the pass's first row group (it has planned);
 - ``workers_spawned_s``: the last worker's interpreter up; ``seconds``: the whole build.
 - ``timings``: the build report's own stages.
 
@@ -56,6 +58,7 @@ MEASURES = (
     "tokenizer_sent_s",
     "start_up_sent_s",
     "workers_spawned_s",
+    "sample_sent_s",
     "first_group_s",
     "first_ready_s",
     "last_ready_s",
@@ -152,10 +155,12 @@ def build(tree: Path, manifest: Path, hf_home: Path, workers: str, out: Path) ->
     # the command's process traces first
     main = events[0][0]
 
-    def first(name: str, pid=None, last: bool = False):
+    def first(name: str, pid=None, last: bool = False, detail=None):
         times = [t for p, e, t, d in events if e == name and (pid is None or p == pid)]
         if name in ("sent batch", "in-process batch"):
             times = [t for p, e, t, d in events if e == name and d]
+        if name == "sent group":
+            times = [t for p, e, t, d in events if e == name and bool(d) == detail]
         if not times:
             return None
         return round((max(times) if last else min(times)) - started, 3)
@@ -169,7 +174,8 @@ def build(tree: Path, manifest: Path, hf_home: Path, workers: str, out: Path) ->
         "start_up_sent_s": first("sent contract"),
         "workers_spawned_s": round(max(workers_python) - started, 3) if workers_python else None,
         "tokenizer_sent_s": first("sent tokenizer"),
-        "first_group_s": first("sent group"),
+        "sample_sent_s": first("sent group", detail=True),
+        "first_group_s": first("sent group", detail=False),
         "first_ready_s": first("sent ready"),
         "last_ready_s": first("sent ready", last=True),
         "last_engine_s": first("sent engine", last=True),

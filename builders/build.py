@@ -24,8 +24,9 @@ import numpy as np
 from builders.encode import engines
 from builders.encode import pool as parallel
 from builders.encode.encoder import ConversationEncoder, EncodedConversation
+from builders.encode.spawn import worker_count
 from builders.encode.stream import Stream
-from builders.errors import OutputError, PinnedInputError, SourceDataError
+from builders.errors import BuildError, OutputError, PinnedInputError, SourceDataError
 from builders.inputs.pinned import (
     FileHashes,
     Hub,
@@ -34,7 +35,7 @@ from builders.inputs.pinned import (
     open_source,
     resolve,
     source_files,
-    tokenizer_in,
+    tokenizer_files_in,
 )
 from builders.inputs.source import Source
 from builders.manifest import Manifest
@@ -74,13 +75,13 @@ def build(
     """Build ``manifest`` into ``out_dir``: the parquet, its report, its card.
 
     The parquet, its JSON report and (with ``card``) its data card. ``workers`` processes decode,
-    render and tokenize (1: this process; ``auto``: see ``parallel.worker_count``); ``engine``
-    encodes (``auto``: fastokens where it agrees with tokenizers, see ``builders.encode.engines``).
+    render and tokenize (1: this process; ``auto``: see ``spawn.worker_count``); ``engine`` encodes
+    (``auto``: fastokens where it agrees with tokenizers, see ``builders.encode.engines``).
     The rows depend on neither. ``hub`` defaults to ``Hub()``, ``reporter`` to a silent one.
     """
     hub = Hub() if hub is None else hub
     reporter = Reporter.silent() if reporter is None else reporter
-    requested, workers = str(workers), parallel.worker_count(workers)
+    requested, workers = str(workers), worker_count(workers)
     timings = Timings()
     with prepared(manifest, hub, reporter, workers, engine, timings) as inputs:
         source, encoding, stream = inputs.source, inputs.encoding, inputs.stream
@@ -190,13 +191,26 @@ def prepared(
             encoding.load(
                 snapshots.tokenizer / "tokenizer.json", manifest.tokenizer.sha256["tokenizer.json"]
             )
-            pinned = tokenizer_in(manifest, snapshots)
-            source = open_source(manifest, snapshots)
-            encoding.start(pinned, manifest.contract, engine, source)
-            # every source file's bytes are hashed beside the build, and checked before anything
-            # is put in place
-            source_hashes = scope.enter_context(hashed_files(source_files(source)))
-            order = _checked_order(manifest, source)
+            # checked by sha256; parsed below, once the workers have all they need
+            files = tokenizer_files_in(manifest, snapshots)
+            try:
+                source = open_source(manifest, snapshots)
+                encoding.start(files, manifest.contract, engine, source)
+                # every source file's bytes are hashed beside the build, and checked before
+                # anything is put in place
+                source_hashes = scope.enter_context(hashed_files(source_files(source)))
+                order = _checked_order(manifest, source)
+                leave_out = None if whole_source else manifest.leave_out_refused
+                stream = Stream(source, order, needed_tokens, leave_out).encoded_with(encoding)
+                # a pool's workers decode and encode it while this process parses the tokenizer
+                # and checks the chat format
+                stream.sample()
+            except BuildError:
+                # a tokenizer or template this process refuses is named first, as it was checked
+                # first (before a worker's refusal of it, too)
+                files.parsed()
+                raise
+            pinned = files.parsed()
             reporter.info(
                 f"inputs resolved: {source.num_rows:,} source rows in {len(source.files)} files"
                 + (
@@ -210,8 +224,6 @@ def prepared(
             reference = ConversationEncoder(pinned.tokenizer, pinned.spec, manifest.contract)
             # in this process, the engine is chosen while the build plans
             encoding.begin(reference)
-            leave_out = None if whole_source else manifest.leave_out_refused
-            stream = Stream(source, order, needed_tokens, leave_out)
             reporter.info("sampling conversations to plan the stream")
             stream.plan(reference)
 
@@ -224,14 +236,7 @@ def prepared(
             f"encoding {'all ' if needed_tokens is None else 'about '}{estimate:,} conversations "
             + ("(in this process)" if workers == 1 else f"({workers} worker processes)")
         )
-        yield Prepared(
-            pinned,
-            source,
-            source_hashes,
-            reference,
-            encoding,
-            stream.encoded_with(encoding),
-        )
+        yield Prepared(pinned, source, source_hashes, reference, encoding, stream)
 
 
 def check_source_rows(manifest: Manifest, source: Source) -> None:

@@ -538,19 +538,23 @@ def _workers(text: str) -> str | int:
 
 
 def _build(args) -> int:
-    # the manifest first: a bad one is refused before the build's modules load
-    manifest = _manifest(args)
-    from builders.build import build
+    from builders.encode import spawn
 
-    result = build(
-        manifest,
-        args.out,
-        _hub(args, manifest),
-        _reporter(args),
-        card=not args.no_card,
-        workers=args.workers,
-        engine=args.engine,
-    )
+    # the workers import beside this process's imports (a refused manifest ends them)
+    with spawn.early(args.workers):
+        # the manifest first: a bad one is refused before the build's modules load
+        manifest = _manifest(args)
+        from builders.build import build
+
+        result = build(
+            manifest,
+            args.out,
+            _hub(args, manifest),
+            _reporter(args),
+            card=not args.no_card,
+            workers=args.workers,
+            engine=args.engine,
+        )
     if args.json:
         print(result.report.read_text(encoding="utf-8"), end="")
     else:
@@ -560,17 +564,21 @@ def _build(args) -> int:
 
 
 def _plan(args) -> int:
-    from builders.views.plan import describe, plan
+    from builders.encode import spawn
 
-    manifest = _manifest(args)
-    result = plan(
-        manifest,
-        _hub(args, manifest),
-        _reporter(args),
-        everything=args.everything,
-        workers=args.workers,
-        engine=args.engine,
-    )
+    # the workers import beside this process's imports (a refused manifest ends them)
+    with spawn.early(args.workers):
+        manifest = _manifest(args)
+        from builders.views.plan import describe, plan
+
+        result = plan(
+            manifest,
+            _hub(args, manifest),
+            _reporter(args),
+            everything=args.everything,
+            workers=args.workers,
+            engine=args.engine,
+        )
     if args.json:
         print(json.dumps(result.as_dict(), indent=2, sort_keys=True, ensure_ascii=False))
     else:

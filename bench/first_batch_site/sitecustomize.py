@@ -11,7 +11,8 @@ builder:
 - ``imported MODULE``: a module named in ``MODULES`` finished importing;
 - ``sent tokenizer`` (the build told a worker where the tokenizer lies; builders from de0d367
   on), ``sent contract`` (the build sent a worker its start-up message), ``sent group`` (the build
-  handed a worker a row group: it has planned), ``sent ready`` (a worker said ready), ``sent
+  handed a worker a row group; ``detail`` true for the plan's sample, which builders from the
+  start-up's second round hand out before they plan), ``sent ready`` (a worker said ready), ``sent
   engine`` (a worker said which engine it chose; from de0d367 on), ``sent batch`` (a worker sent
   an encoded batch, ``detail`` its conversations), ``received batch`` (the build took one);
 - ``in-process batch``: the command's process encoded a batch itself (``--workers 1``).
@@ -27,7 +28,13 @@ import sys
 import time
 
 TRACE = os.environ.get("FIRST_BATCH_TRACE")
-MODULES = ("builders.build", "builders.encode.worker", "builders.formats.render", "fastokens")
+MODULES = (
+    "builders.build",
+    "builders.encode.worker",
+    "builders.formats.render",
+    "fastokens",
+    "pandas",
+)
 
 
 def event(name: str, detail=None) -> None:
@@ -53,7 +60,9 @@ def patch_connection(module) -> None:
     def send_bytes(self, data, *args, **kwargs):
         key = header_key(data)
         if key in ("tokenizer", "contract", "group", "ready", "engine", "batch"):
-            detail = json.loads(bytes(data))["batch"] if key == "batch" else None
+            header = json.loads(bytes(data)) if key in ("batch", "group") else {}
+            # a group's detail: whether it is the plan's sample (``keep``, where the header has it)
+            detail = header["batch"] if key == "batch" else header.get("keep")
             event(f"sent {key}", detail)
         return send(self, data, *args, **kwargs)
 

@@ -10,17 +10,17 @@ the main process only orders, cuts and writes. At most ``2 × workers`` tasks ar
 stays bounded.
 
 Start-up, where a pool's workers wait for nothing the build does not need to give them: their
-interpreters start (and import) before the build opens its inputs; each parses the pinned
-``tokenizer.json`` (``load``) while the build checks the other inputs; it makes its encoder once
-it has the chat format (``start``), before the build checks the source's order and plans; and it
-encodes its first tasks with the reference engine while the engine asked for loads and runs its
-probes beside it (``engines.Choosing``). The build hands out tasks without waiting for them, and
-``settle`` (after the rows) gives the engine every worker chose. In this process the engine is
-chosen in a thread while the build plans (from ``begin``), and the first batch waits for it.
+interpreters start (and import) before the command imports the build (``spawn.early``); each
+parses the pinned ``tokenizer.json`` (``load``) while the build checks the other inputs; it makes
+its encoder once it has the chat format (``start``), which the build reads from the checked files
+before it parses the tokenizer itself; and it encodes its first tasks, the plan's sample
+(``sample``, handed out before the build parses the tokenizer), with the reference engine while
+the engine asked for loads and runs its probes beside it (``engines.Choosing``). The build hands
+out tasks without waiting for them, and ``settle`` (after the rows) gives the engine every worker
+chose. In this process the engine is chosen in a thread while the build plans (from ``begin``),
+and the first batch waits for it.
 
-``--workers auto`` (``worker_count``) is one process where the machine has at most
-``IN_PROCESS_UP_TO`` cores (the engine's own threads use them; measured fastest there, see
-docs/performance.md), else a worker for each core the process may use.
+``--workers auto``: ``builders.encode.spawn.worker_count``.
 
 The pool waits on every worker's own channel at once: a worker that dies, at any moment, ends
 its channel, and the build stops with ``WorkerError`` (exit 7); the other workers are ended and
@@ -30,7 +30,6 @@ reaped as the pool closes, on any way out (an error, Ctrl-C or SIGTERM). Nothing
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import wait
@@ -41,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 
 from builders.contract import Contract
-from builders.encode import engines
+from builders.encode import engines, spawn
 from builders.encode.encoder import ConversationEncoder, EncodedConversation
 from builders.encode.worker import Worker, encode_rows
 from builders.errors import EngineDisagreement, RefusedConversation
@@ -49,23 +48,10 @@ from builders.inputs.layout import conversations
 from builders.inputs.source import Source
 
 if TYPE_CHECKING:
-    from builders.inputs.pinned import PinnedTokenizer
+    from builders.inputs.pinned import TokenizerFiles
 
 # stream position → EncodedConversation, or the RefusedConversation of that conversation
 Encoded = dict
-# cores on which --workers auto encodes in this process
-IN_PROCESS_UP_TO = 2
-
-
-def worker_count(requested: str | int) -> int:
-    """The worker processes ``--workers`` asks for.
-
-    ``--workers`` gives a number, or ``auto`` for this machine.
-    """
-    if requested != "auto":
-        return int(requested)
-    cores = len(os.sched_getaffinity(0))
-    return 1 if cores <= IN_PROCESS_UP_TO else cores
 
 
 class Encoding(Protocol):
@@ -81,7 +67,7 @@ class Encoding(Protocol):
 
     def load(self, tokenizer_file: Path, sha256: str) -> None: ...
     def start(
-        self, pinned: PinnedTokenizer, contract: Contract, engine: str, source: Source | None
+        self, pinned: TokenizerFiles, contract: Contract, engine: str, source: Source | None
     ) -> None: ...
     def begin(self, encoder: ConversationEncoder) -> None: ...
     def settle(self) -> engines.Choice: ...
@@ -118,7 +104,7 @@ class InProcess:
         """Nothing: this process parses the tokenizer as it checks the inputs."""
 
     def start(
-        self, pinned: PinnedTokenizer, contract: Contract, engine: str, source: Source | None
+        self, pinned: TokenizerFiles, contract: Contract, engine: str, source: Source | None
     ) -> None:
         """Keep what the engine is chosen from (``begin`` starts the choice).
 
@@ -187,11 +173,15 @@ class Pool(InProcess):
         self.source: Source | None = None
         # takes the rows a group sends back
         self.hold: Callable[[pa.Table, np.ndarray], None] | None = None
+        # the sample's row groups, each kept decoded by the worker that encoded its sample
+        self.kept: dict[int, Worker] = {}
 
     def __enter__(self):
         try:
-            # all start at once; each then waits for its start-up message
-            for _ in range(self.count):
+            # all start at once (or started before the command's imports: ``spawn.early``);
+            # each then waits for its start-up message
+            self.workers = [Worker(started) for started in spawn.taken(self.count)]
+            for _ in range(self.count - len(self.workers)):
                 self.workers.append(Worker())
         except BaseException:
             self._stop()
@@ -211,7 +201,7 @@ class Pool(InProcess):
             worker.send_tokenizer(tokenizer_file, sha256)
 
     def start(
-        self, pinned: PinnedTokenizer, contract: Contract, engine: str, source: Source | None
+        self, pinned: TokenizerFiles, contract: Contract, engine: str, source: Source | None
     ) -> None:
         """Send each worker what it encodes with besides the tokenizer (``load``).
 
@@ -248,6 +238,25 @@ class Pool(InProcess):
     def submit(self, table: pa.Table, positions: np.ndarray, encoded: Encoded) -> None:
         self._least_busy(encoded).send_batch(table, positions)
 
+    def sample(self, groups: list[int], rows: int) -> None:
+        """Have the workers encode the first ``rows`` rows of each of ``groups``.
+
+        The stream's plan; handed out at once, ready or not, and taken by ``sampled``. Each worker
+        keeps the groups it decoded for the pass (``submit_group`` hands them to it again).
+        """
+        for k, group in enumerate(groups):
+            first, count = self.source.group_rows(group)
+            worker = self.workers[k % self.count]
+            taken = np.arange(min(rows, count), dtype=np.int64)
+            worker.send_group(group, (first, count), taken, k * rows + taken, k * rows + rows, True)
+            self.kept[group] = worker
+
+    def sampled(self) -> list[EncodedConversation | RefusedConversation]:
+        """The sample's conversations (``sample``), encoded, in no particular order."""
+        encoded: Encoded = {}
+        self.wait_all(encoded)
+        return list(encoded.values())
+
     def submit_group(
         self,
         group: int,
@@ -263,9 +272,13 @@ class Pool(InProcess):
         go to ``hold`` (rows, positions).
         """
         self.hold = hold
-        self._least_busy(encoded).send_group(
-            group, self.source.group_rows(group), rows, positions, eager
-        )
+        kept = self.kept.pop(group, None)
+        worker = self._least_busy(encoded) if kept is None else self._when_room(encoded, kept)
+        worker.send_group(group, self.source.group_rows(group), rows, positions, eager)
+
+    def keeps(self, group: int) -> bool:
+        """Whether a worker holds ``group`` decoded (``sample``), for its next task."""
+        return group in self.kept
 
     def wait_all(self, encoded: Encoded) -> None:
         """Take every answer still on its way.
@@ -300,9 +313,13 @@ class Pool(InProcess):
                 self.hold(later.drop_columns(["position"]), later.column("position").to_numpy())
 
     def _least_busy(self, encoded: Encoded) -> Worker:
+        return self._when_room(encoded, None)
+
+    def _when_room(self, encoded: Encoded, chosen: Worker | None) -> Worker:
+        """``chosen`` (None: the least busy) once fewer than ``depth`` tasks are in flight."""
         while sum(worker.in_flight for worker in self.workers) >= self.depth:
             self._collect(encoded, block=True)
-        return min(self.workers, key=lambda worker: worker.in_flight)
+        return chosen or min(self.workers, key=lambda worker: worker.in_flight)
 
     def _stop(self) -> None:
         for worker in self.workers:

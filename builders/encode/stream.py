@@ -31,7 +31,7 @@ import math
 import tempfile
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from itertools import islice
@@ -102,30 +102,45 @@ class Stream:
         self.position = np.full(source.num_rows, -1, dtype=np.int64)
         self.position[order] = np.arange(len(order), dtype=np.int64)
         self.stats = StreamStats()
-        # the sample's row groups, kept for the first pass
+        # the sample's row groups, kept for the first pass, and as they decode (``sample``)
         self._decoded: dict[int, pa.Table] = {}
+        self._sampling: dict[int, Future] = {}
 
-    def plan(self, encoder) -> None:
-        """Estimate how many conversations the rows need.
+    def sample(self) -> None:
+        """Start the plan's sample (``plan`` takes it).
 
-        The estimate comes from the mean tokens of a sample: the first ``SAMPLE_ROWS`` rows of
-        ``SAMPLE_GROUPS`` row groups spread over the source, encoded by ``encoder`` (any engine:
-        only their lengths count). The groups are kept for the pass.
+        It is the first ``SAMPLE_ROWS`` rows of ``SAMPLE_GROUPS`` row groups spread over the
+        source. The workers of a pool decode and encode it at once, whatever the build does
+        meanwhile; here, its groups are decoded in threads of their own (pyarrow releases the
+        GIL), all at once, and kept for the pass.
         """
         groups = np.unique(
             np.linspace(0, self.source.num_groups - 1, SAMPLE_GROUPS).astype(np.int64)
         ).tolist()
-        for group in groups:
-            self._decoded[group] = self.source.read_group(group)
-            self.stats.row_groups_decoded += 1
-        sample = conversations(
-            pa.concat_tables([t.slice(0, SAMPLE_ROWS) for t in self._decoded.values()])
-        )
-        tokens = [
-            len(c.ids) + 1
-            for _, c in encode_rows(encoder, sample, range(len(sample)))
-            if isinstance(c, EncodedConversation)
-        ]
+        self.stats.row_groups_decoded += len(groups)
+        if self.encoding.decodes_groups:
+            self.encoding.sample(groups, SAMPLE_ROWS)
+            return
+        readers = ThreadPoolExecutor(max_workers=len(groups), thread_name_prefix="sample")
+        self._sampling = {group: readers.submit(self.source.read_group, group) for group in groups}
+        # the threads end with their group
+        readers.shutdown(wait=False)
+
+    def plan(self, encoder) -> None:
+        """Estimate how many conversations the rows need, from the sample (``sample``).
+
+        The estimate comes from the sample's mean tokens, each conversation encoded by ``encoder``
+        here, or by the workers (any engine: only their lengths count).
+        """
+        if self.encoding.decodes_groups:
+            sample = self.encoding.sampled()
+        else:
+            self._decoded = {group: future.result() for group, future in self._sampling.items()}
+            rows = conversations(
+                pa.concat_tables([t.slice(0, SAMPLE_ROWS) for t in self._decoded.values()])
+            )
+            sample = [c for _, c in encode_rows(encoder, rows, range(len(rows)))]
+        tokens = [len(c.ids) + 1 for c in sample if isinstance(c, EncodedConversation)]
         mean = max(1.0, sum(tokens) / max(1, len(tokens)))
         self.stats.estimated_conversations = (
             len(self.order)
@@ -292,8 +307,9 @@ class Stream:
                 first, count = self.source.group_rows(group)
                 positions = self.position[first : first + count]
                 rows = np.flatnonzero((positions >= start) & (positions < end))
+                # the sample's groups are decoded already, in the worker that sampled them
+                self.stats.row_groups_decoded += not self.encoding.keeps(group)
                 self.encoding.submit_group(group, rows, positions[rows], eager, encoded, held.add)
-                self.stats.row_groups_decoded += 1
             yield
         self.encoding.wait_all(encoded)
 

@@ -1,20 +1,20 @@
 """A tokenizing worker process, and what travels to and from it.
 
-The build starts each worker as a fresh interpreter (``python -c``, so the caller's main module
-is never re-imported) in a session of its own (a terminal's Ctrl-C reaches only the build),
-with one end of a socket pair that no other process holds as its only channel. A dead worker
-therefore closes its channel at once: the build sees the end of it, or a broken pipe, and no
-lock or pipe shared with other processes can be left blocked. Only JSON and Arrow IPC travel on
+The build starts each worker (``builders.encode.spawn``) as a fresh interpreter in a session of
+its own, with one end of a socket pair that no other process holds as its only channel. A dead
+worker therefore closes its channel at once: the build sees the end of it, or a broken pipe, and
+no lock or pipe shared with other processes can be left blocked. Only JSON and Arrow IPC travel on
 the channel:
 
 - build → worker: where the pinned ``tokenizer.json`` lies and its sha256 (the worker reads,
   checks and parses it while the build checks its other inputs), the start-up message (contract,
   the engine ``--engine`` asks for, the chat format's inputs and the source's files), then tasks,
   each a JSON header and an Arrow IPC stream: ``{}`` and source rows with a ``position`` column
-  (their stream positions), or ``{"group": G, "eager": E}`` and the rows of source row group G
-  the pass wants (``row`` in the group, ``position``): the worker decodes the group itself,
-  encodes the rows before position E and sends the others back undecoded-to-Python (Arrow) for
-  the build to hold. Closing the channel ends the worker.
+  (their stream positions), or ``{"group": G, "eager": E, "keep": K}`` and the rows of source
+  row group G the pass wants (``row`` in the group, ``position``): the worker decodes the group
+  itself (or takes the one it kept), encodes the rows before position E and sends the others back
+  undecoded-to-Python (Arrow) for the build to hold; with K (the plan's sample) it keeps the group
+  decoded for its next task of it. Closing the channel ends the worker.
 - worker → build: a JSON header for each message: ``ready`` once it can encode (with the
   reference engine, while the engine asked for loads beside it: ``engines.Choosing``); ``engine``
   once it has chosen (``builders.encode.engines.choose``: the same probes in every worker), and
@@ -33,12 +33,11 @@ encoding to finish, and it exits quietly when the channel ends (the build finish
 from __future__ import annotations
 
 import hashlib
+import importlib.abc
 import itertools
 import json
-import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -54,7 +53,7 @@ from tokenizers import Tokenizer
 
 from builders import errors
 from builders.contract import Contract
-from builders.encode import engines
+from builders.encode import engines, spawn
 from builders.encode.encoder import ConversationEncoder, EncodedConversation
 from builders.errors import (
     BuildError,
@@ -68,13 +67,6 @@ from builders.inputs.source import Source
 from builders.limits import Limits
 from builders.manifest import DatasetPin
 
-# the folder that holds this package: workers run the same code
-ROOT = Path(__file__).resolve().parents[2]
-BOOTSTRAP = (
-    "import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-    "sys.path.insert(0, sys.argv[1]); "
-    "from builders.encode.worker import serve; serve(int(sys.argv[2]))"
-)
 NOTHING_LEFT = "nothing was left at the final path"
 # the task a worker finds in its queue once it has chosen its engine
 CHOSEN = (None, None)
@@ -86,19 +78,9 @@ class Worker:
     It holds the worker's channel, and counts the batches the worker holds.
     """
 
-    def __init__(self):
-        ours, theirs = socket.socketpair()
-        # one thread each: the workers are the parallelism
-        environment = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}
-        with theirs:
-            self.process = subprocess.Popen(
-                [sys.executable, "-c", BOOTSTRAP, str(ROOT), str(theirs.fileno())],
-                pass_fds=[theirs.fileno()],
-                stdin=subprocess.DEVNULL,
-                env=environment,
-                start_new_session=True,
-            )
-        self.channel = Connection(ours.detach())
+    def __init__(self, started: spawn.Started | None = None):
+        """Take a worker ``started`` already (``spawn.early``), else start one."""
+        self.process, self.channel = started or spawn.start()
         self.started = False  # it said ready
         # the engine it chose (``Choice.as_dict``), once it said so
         self.choice: dict | None = None
@@ -132,20 +114,18 @@ class Worker:
         rows: np.ndarray,
         positions: np.ndarray,
         eager: int,
+        keep: bool = False,
     ) -> None:
         """Row group ``group`` to decode in the worker.
 
         ``bounds`` is its first source index and rows, which the worker's reading must match. The
         worker takes its ``rows`` (in the group) at ``positions``; those before ``eager`` are
-        encoded, the others sent back as they are.
+        encoded, the others sent back as they are. With ``keep``, it keeps the group decoded for
+        its next task of the same group.
         """
         self._send_task(
-            {"group": group, "bounds": list(bounds), "eager": eager},
-            _ipc(
-                pa.table(
-                    {"row": pa.array(rows, pa.int64()), "position": pa.array(positions, pa.int64())}
-                )
-            ),
+            {"group": group, "bounds": list(bounds), "eager": eager, "keep": keep},
+            _ipc(pa.table({"row": _int64(rows), "position": _int64(positions)})),
         )
 
     def receive(self) -> tuple[list[tuple[int, object]], pa.Table | None]:
@@ -190,10 +170,7 @@ class Worker:
 
         It holds nothing worth a goodbye.
         """
-        self.channel.close()
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
+        spawn.stop((self.process, self.channel))
 
     def _send_task(self, header: dict, body: pa.Buffer) -> None:
         self._send(json.dumps(header).encode("utf-8"))
@@ -243,6 +220,7 @@ def serve(fd: int) -> None:
     """
     import builders.formats.render  # noqa: F401 (every chat format renders with it)
 
+    sys.meta_path.insert(0, _NoPandas())
     channel = Connection(fd)
     tasks: queue.SimpleQueue = queue.SimpleQueue()
     try:
@@ -274,6 +252,8 @@ def serve(fd: int) -> None:
         channel.send_bytes(json.dumps({"ready": True}).encode("utf-8"))
         # opened at the first group
         source = None
+        # row groups decoded for the plan's sample, kept for the pass
+        kept: dict[int, pa.Table] = {}
         for header, body in iter(tasks.get, None):
             try:
                 if choosing is not None and choosing.done():
@@ -287,12 +267,8 @@ def serve(fd: int) -> None:
                 later = None
                 if "group" in header:
                     source = source or _source(*datasets)
-                    if list(source.group_rows(header["group"])) != header["bounds"]:
-                        raise RuntimeError(
-                            f"row group {header['group']}: the worker reads rows "
-                            f"{source.group_rows(header['group'])}, the build {header['bounds']}"
-                        )
-                    table, later = _group_rows(source, header["group"], table, header["eager"])
+                    group = _decoded_group(source, header, kept)
+                    table, later = _group_rows(group, table, header["eager"])
                 results = encode_rows(
                     encoder,
                     conversations(table.drop_columns(["position"])),
@@ -325,6 +301,24 @@ def serve(fd: int) -> None:
     except OSError:
         # the build is gone
         return
+
+
+class _NoPandas(importlib.abc.MetaPathFinder):
+    """Refuses pandas, which a worker never uses.
+
+    pyarrow imports it at its first array if it can (0.2 s of a worker's start).
+    """
+
+    def find_spec(self, name, path, target=None):
+        if name == "pandas" or name.startswith("pandas."):
+            raise ModuleNotFoundError("a tokenizing worker does not use pandas", name=name)
+        return None
+
+
+def _int64(values: np.ndarray) -> pa.Array:
+    """``values`` as an Arrow int64 array, made from its buffer (``pa.array`` imports pandas)."""
+    data = np.ascontiguousarray(values, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(data), [None, pa.py_buffer(data)])
 
 
 def start_up_message(
@@ -416,19 +410,29 @@ def batch_message(table: pa.Table, positions: np.ndarray) -> pa.Buffer:
     return _ipc(table.append_column("position", pa.array(positions, pa.int64())))
 
 
-def _group_rows(
-    source: Source, group: int, wanted: pa.Table, eager: int
-) -> tuple[pa.Table, pa.Table]:
-    """The wanted rows of ``group``, decoded, with their ``position``.
+def _decoded_group(source: Source, header: dict, kept: dict[int, pa.Table]) -> pa.Table:
+    """The row group a task names, decoded, or as ``kept`` holds it; kept if the task says so."""
+    number = header["group"]
+    if list(source.group_rows(number)) != header["bounds"]:
+        raise RuntimeError(
+            f"row group {number}: the worker reads rows {source.group_rows(number)}, the build "
+            f"{header['bounds']}"
+        )
+    group = kept.pop(number, None)
+    if group is None:
+        group = source.read_group(number)
+    if header["keep"]:
+        kept[number] = group
+    return group
+
+
+def _group_rows(group: pa.Table, wanted: pa.Table, eager: int) -> tuple[pa.Table, pa.Table]:
+    """The wanted rows of a decoded row ``group``, with their ``position``.
 
     Those before ``eager`` in stream order (to encode), and the others (to send back).
     """
     positions = wanted.column("position").to_numpy()
-    rows = (
-        source.read_group(group)
-        .take(wanted.column("row"))
-        .append_column("position", wanted.column("position"))
-    )
+    rows = group.take(wanted.column("row")).append_column("position", wanted.column("position"))
     now = np.flatnonzero(positions < eager)
     now = now[np.argsort(positions[now], kind="stable")]
     return rows.take(pa.array(now)), rows.filter(pa.array(positions >= eager))

@@ -236,14 +236,33 @@ def names_tools(manifest: Manifest) -> bool:
     return any(d.tools is not None for d in manifest.datasets)
 
 
-def load_pinned_tokenizer(
+@dataclass(frozen=True)
+class TokenizerFiles:
+    """A snapshot's tokenizer files, checked by sha256, and the chat format read from them.
+
+    ``tokenizer.json`` is not parsed yet (``parsed``): the chat format's inputs, all a worker
+    needs besides the file, are known before this process parses it.
+    """
+
+    tokenizer_json: str
+    spec: FormatSpec
+    snapshot: Path
+
+    def parsed(self) -> PinnedTokenizer:
+        """The tokenizer parsed, and the chat format's inputs checked against it."""
+        tokenizer = _parsed_tokenizer(self.tokenizer_json, self.snapshot)
+        format_class(self.spec.loss_mask).check_inputs(self.spec, tokenizer)
+        return PinnedTokenizer(tokenizer, self.tokenizer_json, self.spec, self.snapshot)
+
+
+def checked_tokenizer_files(
     pin: TokenizerPin,
     snapshot: Path,
     loss_mask: str,
     limits: Limits = DEFAULT_LIMITS,
     tools: bool = False,
-) -> PinnedTokenizer:
-    """Check the snapshot's tokenizer files by sha256, then parse them.
+) -> TokenizerFiles:
+    """Check the snapshot's tokenizer files by sha256; read the chat format from them.
 
     ``tools``: the dataset names a tools field, so the template must print tools.
     """
@@ -253,7 +272,6 @@ def load_pinned_tokenizer(
     }
     try:
         tokenizer_json = contents["tokenizer.json"].decode("utf-8")
-        tokenizer = Tokenizer.from_str(tokenizer_json)
         config = (
             json.loads(contents["tokenizer_config.json"])
             if "tokenizer_config.json" in contents
@@ -266,13 +284,8 @@ def load_pinned_tokenizer(
             )
         else:
             chat_template, source = config_template(config, pin.chat_template_name)
-    except PinnedInputError:
-        raise
     except Exception as err:
-        # the bytes matched their pin, so this is a bad pin, not a tampered file
-        raise PinnedInputError(
-            f"{snapshot}: the pinned tokenizer files cannot be parsed: {err}"
-        ) from err
+        raise _first_error(contents["tokenizer.json"], snapshot, err) from err
     spec = FormatSpec(
         loss_mask,
         chat_template,
@@ -286,8 +299,30 @@ def load_pinned_tokenizer(
         limits,
         tools,
     )
-    format_class(loss_mask).check_inputs(spec, tokenizer)
-    return PinnedTokenizer(tokenizer, tokenizer_json, spec, snapshot)
+    return TokenizerFiles(tokenizer_json, spec, snapshot)
+
+
+def _parsed_tokenizer(tokenizer_json: str, snapshot: Path) -> Tokenizer:
+    try:
+        return Tokenizer.from_str(tokenizer_json)
+    except Exception as err:
+        raise _unparsable(snapshot, err) from err
+
+
+def _first_error(tokenizer_json: bytes, snapshot: Path, err: Exception) -> PinnedInputError:
+    """What reading the tokenizer files meets first: ``tokenizer.json``'s own parse is first."""
+    try:
+        _parsed_tokenizer(tokenizer_json.decode("utf-8"), snapshot)
+    except UnicodeDecodeError as first:
+        return _unparsable(snapshot, first)
+    except PinnedInputError as first:
+        return first
+    return err if isinstance(err, PinnedInputError) else _unparsable(snapshot, err)
+
+
+def _unparsable(snapshot: Path, err: Exception) -> PinnedInputError:
+    # the bytes matched their pin, so this is a bad pin, not a tampered file
+    return PinnedInputError(f"{snapshot}: the pinned tokenizer files cannot be parsed: {err}")
 
 
 def config_template(config, name: str | None) -> tuple[str, str]:
@@ -361,7 +396,12 @@ def pinned_inputs(manifest: Manifest, hub: Hub) -> tuple[PinnedTokenizer, Source
 
 def tokenizer_in(manifest: Manifest, snapshots: Snapshots) -> PinnedTokenizer:
     """The manifest's tokenizer from its resolved snapshot, checked and parsed."""
-    return load_pinned_tokenizer(
+    return tokenizer_files_in(manifest, snapshots).parsed()
+
+
+def tokenizer_files_in(manifest: Manifest, snapshots: Snapshots) -> TokenizerFiles:
+    """The manifest's tokenizer files in its resolved snapshot, checked, not yet parsed."""
+    return checked_tokenizer_files(
         manifest.tokenizer,
         snapshots.tokenizer,
         manifest.loss_mask,

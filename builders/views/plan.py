@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from builders.build import build_stats, packed, prepared
-from builders.encode import pool as parallel
+from builders.encode.spawn import worker_count
 from builders.errors import SourceDataError
 from builders.inputs.pinned import Hub
 from builders.manifest import Manifest
@@ -70,7 +70,7 @@ def plan(
 
     With ``everything``, to the end of the source, refused conversations left out and listed.
     """
-    workers = parallel.worker_count(workers)
+    workers = worker_count(workers)
     timings = Timings()
     with prepared(
         manifest, hub, reporter, workers, engine, timings, whole_source=everything

@@ -1,0 +1,100 @@
+"""Starting worker processes, light enough to do before the command's own imports.
+
+A worker is a fresh interpreter (``python -c``, so the caller's main module is never
+re-imported) in a session of its own (a terminal's Ctrl-C reaches only the build), with one end
+of a socket pair that no other process holds as its only channel (``builders.encode.worker``
+says what travels on it). This module imports nothing heavy: ``fixed-sft build`` and ``plan``
+start their workers (``early``) before they read the manifest and import the build's modules,
+so a worker's imports run beside the command's, and the pool takes them (``taken``).
+
+``--workers auto`` (``worker_count``) is one process where the machine has at most
+``IN_PROCESS_UP_TO`` cores (the engine's own threads use them; measured fastest there, see
+docs/performance.md), else a worker for each core the process may use.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+# cores on which --workers auto encodes in this process
+IN_PROCESS_UP_TO = 2
+# the folder that holds this package: workers run the same code
+ROOT = Path(__file__).resolve().parents[2]
+BOOTSTRAP = (
+    "import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "sys.path.insert(0, sys.argv[1]); "
+    "from builders.encode.worker import serve; serve(int(sys.argv[2]))"
+)
+
+Started = tuple[subprocess.Popen, Connection]
+# started by ``early``, not yet taken by a pool
+_waiting: list[Started] = []
+
+
+def worker_count(requested: str | int) -> int:
+    """The worker processes ``--workers`` asks for.
+
+    ``--workers`` gives a number, or ``auto`` for this machine.
+    """
+    if requested != "auto":
+        return int(requested)
+    cores = len(os.sched_getaffinity(0))
+    return 1 if cores <= IN_PROCESS_UP_TO else cores
+
+
+def start() -> Started:
+    """Start one worker process; its channel is the build's end of the socket pair."""
+    ours, theirs = socket.socketpair()
+    # one thread each: the workers are the parallelism
+    environment = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}
+    with theirs:
+        process = subprocess.Popen(
+            [sys.executable, "-c", BOOTSTRAP, str(ROOT), str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            env=environment,
+            start_new_session=True,
+        )
+    return process, Connection(ours.detach())
+
+
+@contextmanager
+def early(requested: str | int) -> Iterator[list[Started]]:
+    """Start the workers ``--workers`` asks for now; a pool entered in the block takes them.
+
+    It gives them (none where the build encodes in this process). Those no pool took are ended
+    and reaped as the block ends, on any way out.
+    """
+    count = worker_count(requested)
+    try:
+        for _ in range(count if count > 1 else 0):
+            _waiting.append(start())
+        yield _waiting[:]
+    finally:
+        while _waiting:
+            stop(_waiting.pop())
+
+
+def taken(count: int) -> list[Started]:
+    """The ``count`` workers ``early`` started, or none (it started another number, or none)."""
+    if len(_waiting) != count:
+        return []
+    started = _waiting[:]
+    _waiting.clear()
+    return started
+
+
+def stop(started: Started) -> None:
+    """Close a worker's channel, end the process and reap it."""
+    process, channel = started
+    channel.close()
+    if process.poll() is None:
+        process.kill()
+    process.wait()

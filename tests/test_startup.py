@@ -1,0 +1,110 @@
+"""A build's start-up: workers started before the command's imports, refusals in their order."""
+
+from __future__ import annotations
+
+import pytest
+from tokenizers import Tokenizer
+
+from builders import cli
+from builders.cli import main as cli_main
+from builders.encode import spawn
+from builders.fixture.hf_cache import MESSAGE, parquet_shards
+from builders.fixture.make import synthetic_rows, tokenizer_json
+from builders.inputs.pinned import Hub
+from helpers import lay_out_build, run_cli
+
+BAD_SHARD = "data/train-00001-of-00002.parquet"
+
+
+def test_workers_started_early_are_taken_by_the_pool_or_reaped():
+    with spawn.early(2) as started:
+        assert spawn.taken(2) == started and len(started) == 2
+        assert spawn.taken(2) == []
+    for started_one in started:
+        spawn.stop(started_one)
+    with spawn.early(3) as started:
+        # a pool of another size takes none of them
+        assert spawn.taken(2) == []
+    assert [process.poll() is not None for process, _ in started] == [True] * 3
+    with spawn.early(1) as started:
+        assert started == []
+
+
+def test_a_build_with_workers_takes_those_the_command_started(tmp_path, monkeypatch):
+    manifest = lay_out_build(tmp_path / "hf", synthetic_rows(seed=4, count=40), build_rows=10)
+    started = []
+
+    def counted():
+        started.append(start())
+        return started[-1]
+
+    start = spawn.start
+    monkeypatch.setattr(spawn, "start", counted)
+    monkeypatch.setattr(
+        cli, "_hub", lambda args, manifest: Hub(tmp_path / "hf" / "hub", offline=True)
+    )
+    code = cli_main(["--manifest", str(manifest), "--out", str(tmp_path / "out"), "-q"])
+    code_2 = cli_main(
+        ["--manifest", str(manifest), "--out", str(tmp_path / "out2"), "-q", "--workers", "2"]
+    )
+    # a manifest refused: the two workers started for it are ended and reaped
+    refused = cli_main(["--manifest", str(tmp_path / "no.yaml"), "-q", "--workers", "2"])
+    assert (code, code_2, refused, len(started)) == (0, 0, 2, 4)
+    assert all(process.poll() is not None for process, _ in started)
+    assert (tmp_path / "out" / "custom.parquet").read_bytes() == (
+        tmp_path / "out2" / "custom.parquet"
+    ).read_bytes()
+
+
+@pytest.mark.parametrize("also", [None, "a bad shard"])
+def test_a_refused_template_is_named_first_whatever_the_workers(tmp_path, also):
+    """The build's own refusal, before the workers' and the source's: as with no workers."""
+    rows = synthetic_rows(seed=2, count=40)
+    dataset = dict(parquet_shards(rows, shards=2, row_group_rows=8, message_type=MESSAGE))
+    if also:
+        dataset[BAD_SHARD] = b"<html>not found</html>"
+    manifest = lay_out_build(
+        tmp_path / "hf",
+        rows,
+        dataset_files=dataset,
+        tokenizer_files={"tokenizer.json": tokenizer_json(), "chat_template.jinja": b"{% if %}"},
+    )
+    runs = {
+        workers: run_cli(
+            "--manifest",
+            str(manifest),
+            "--out",
+            str(tmp_path / workers),
+            "--workers",
+            workers,
+            hf_home=tmp_path / "hf",
+        )
+        for workers in ("1", "2")
+    }
+    for workers, done in runs.items():
+        assert done.returncode == 3, done.stderr
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith("error: the pinned chat template (chat_template.jinja) is not valid")
+        assert "Traceback" not in done.stderr and not (tmp_path / workers).exists()
+    assert runs["1"].stderr == runs["2"].stderr
+
+
+def test_a_tokenizer_json_that_does_not_parse_is_named_before_the_config(tmp_path):
+    """Its parse error first, as when the tokenizer was parsed before the template was read."""
+    broken = b'{"version": "1.0", "model": '
+    manifest = lay_out_build(
+        tmp_path / "hf",
+        synthetic_rows(seed=2, count=10),
+        tokenizer_files={"tokenizer.json": broken, "tokenizer_config.json": b'{"eos": 1}'},
+    )
+    with pytest.raises(Exception) as parse:
+        Tokenizer.from_str(broken.decode())
+    done = run_cli(
+        "--manifest", str(manifest), "--out", str(tmp_path / "out"), hf_home=tmp_path / "hf"
+    )
+    assert done.returncode == 3, done.stderr
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .endswith(f"the pinned tokenizer files cannot be parsed: {parse.value}")
+    )
