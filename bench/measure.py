@@ -58,6 +58,54 @@ print(json.dumps({"exit": code, "seconds": elapsed,
 )
 
 
+# a chat format's annotate alone, on the first N conversations of the build's order, in its own
+# process with the build's engine (fastokens): the CPU seconds of the best of 3, after one to warm
+ANNOTATE = (
+    PEAK_RSS
+    + """
+import hashlib, json, sys, time
+from builders.encode.encoder import ConversationEncoder
+from builders.encode.engines import FastokensEngine
+from builders.inputs.layout import conversations
+from builders.inputs.pinned import Hub, pinned_inputs
+from builders.manifest import load_manifest
+from builders.rows.order import permutation
+manifest = load_manifest(sys.argv[1])
+pinned, source = pinned_inputs(manifest, Hub())
+rows = conversations(source.take(permutation(manifest.seed, source.num_rows)[:int(sys.argv[2])]))
+encoder = ConversationEncoder(pinned.tokenizer, pinned.spec, manifest.contract,
+                              engine=FastokensEngine(pinned.tokenizer_json))
+best = (float("inf"), float("inf"))
+for attempt in range(4):
+    format = ConversationEncoder(pinned.tokenizer, pinned.spec, manifest.contract).format
+    started, cpu = time.perf_counter(), time.process_time()
+    out = [a for k in range(0, len(rows), 64)
+           for a in format.annotate(rows[k:k + 64], encoder.engine)]
+    taken = (time.process_time() - cpu, time.perf_counter() - started)
+    best = min(best, taken) if attempt else best
+digest = hashlib.sha256()
+for a in out:
+    digest.update(a.ids.tobytes() + a.classes.tobytes() + bytes([a.ends_with_answer]))
+print(json.dumps({"seconds": best[1], "main_cpu_s": best[0], "main_peak_rss_mib": peak_rss_mib(),
+                  "conversations": len(rows), "tokens": sum(len(a.ids) for a in out),
+                  "rows_sha256": digest.hexdigest(), "timings": {}}))
+"""
+)
+
+
+def annotated(manifest: Path, hf_home: Path, conversations: int, tree: Path = REPO) -> dict:
+    """``ANNOTATE`` of ``manifest`` by the builder of ``tree``, with the machine's load before."""
+    load = busy()
+    run = child(ANNOTATE, str(manifest), str(conversations), hf_home=hf_home, tree=tree)
+    return {
+        **run,
+        "seconds": round(run["seconds"], 3),
+        "main_cpu_s": round(run["main_cpu_s"], 3),
+        "main_peak_rss_mib": round(run["main_peak_rss_mib"]),
+        "busy_before": round(load, 3),
+    }
+
+
 def child(code: str, *args: str, hf_home: Path, run=None, tree: Path = REPO) -> dict:
     """Run ``code`` in a fresh process, offline from ``hf_home``, with the builder of ``tree``.
 
@@ -86,6 +134,13 @@ def against_option(parser) -> None:
         "made by it, then by this one, and both are reported",
     )
     parser.add_argument(
+        "--annotate",
+        type=int,
+        metavar="N",
+        help="time only the chat format's annotate on the first N conversations of the build's "
+        "order (CPU seconds, best of 3, one process), not the builds",
+    )
+    parser.add_argument(
         "--rounds",
         type=int,
         default=1,
@@ -94,12 +149,18 @@ def against_option(parser) -> None:
     )
 
 
-def alternated(args, builds: dict, make) -> dict:
+def alternated(args, builds: dict, make, hf_home: Path) -> dict:
     """Each build of ``builds`` (name -> manifest) made by each builder (``trees``), alternately.
 
-    ``make(name, manifest, tree)`` makes one; ``--rounds`` times, the fastest in CPU time kept.
-    Returns them by builder label, by name.
+    ``make(name, manifest, tree)`` makes one (with ``--annotate``, ``annotated`` measures it
+    instead); ``--rounds`` times, the fastest in CPU time kept. Returns them by builder label, by
+    name.
     """
+    if args.annotate:
+
+        def make(name, manifest, tree):
+            return annotated(manifest, hf_home, args.annotate, tree)
+
     fastest: dict = {}
     for _ in range(args.rounds):
         for name, manifest in builds.items():

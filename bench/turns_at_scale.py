@@ -102,7 +102,10 @@ def main() -> None:
         lambda name, manifest, tree: build(
             manifest, args.cache / "out" / f"{name}-vs", hf_home, "fastokens", "1", tree=tree
         ),
+        hf_home,
     )
+    if args.annotate:
+        results = results.with_name(results.name.replace(".json", ".annotate.json"))
     summary = {
         **compared(
             measured, ("turns", "Qwen3 template"), ("glm5", ""), TIME_TARGET, RSS_TARGET_MIB
