@@ -150,6 +150,8 @@ def build(
         "main_cpu_share": round(result["main_cpu_s"] / cpu, 3),
         "cores_busy": round(cpu / result["seconds"], 2),
         "main_peak_rss_mib": round(result["main_peak_rss_mib"]),
+        "gc_full_passes": result["gc_full_passes"],
+        "gc_full_s": round(result["gc_full_s"], 2),
         "worker_peak_rss_mib": round(result["worker_peak_rss_mib"]),
         "conversations": report["stats"]["conversations_consumed"],
         "tokens": report["figures"]["rows"] * report["figures"]["row_tokens"],

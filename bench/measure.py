@@ -40,8 +40,18 @@ def peak_rss_mib():
 CLI = (
     PEAK_RSS
     + """
-import json, resource, sys, time
+import gc, json, resource, sys, time
 sys.argv = ["generate_fixed_sft.py", *sys.argv[1:]]
+# the CPU the garbage collector's full passes take, in the thread that runs them
+collected = {"passes": 0, "seconds": 0.0, "started": 0.0}
+def count_pass(phase, info):
+    if info["generation"] == 2:
+        if phase == "start":
+            collected["started"] = time.thread_time()
+        else:
+            collected["passes"] += 1
+            collected["seconds"] += time.thread_time() - collected["started"]
+gc.callbacks.append(count_pass)
 from builders.cli import main
 before = resource.getrusage(resource.RUSAGE_SELF)
 started = time.perf_counter()
@@ -53,6 +63,7 @@ print(json.dumps({"exit": code, "seconds": elapsed,
                   "main_cpu_s": own.ru_utime + own.ru_stime - before.ru_utime - before.ru_stime,
                   "workers_cpu_s": children.ru_utime + children.ru_stime,
                   "main_peak_rss_mib": peak_rss_mib(),
+                  "gc_full_passes": collected["passes"], "gc_full_s": collected["seconds"],
                   "worker_peak_rss_mib": children.ru_maxrss / 1024}))
 """
 )
