@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 from tokenizers import Tokenizer
 
@@ -11,9 +14,62 @@ from builders.encode import spawn
 from builders.fixture.hf_cache import MESSAGE, parquet_shards
 from builders.fixture.make import synthetic_rows, tokenizer_json
 from builders.inputs.pinned import Hub
+from builders.runtime import stopping
 from helpers import lay_out_build, run_cli
 
 BAD_SHARD = "data/train-00001-of-00002.parquet"
+
+
+@pytest.fixture
+def stop_handler():
+    """The command line's stop handler, installed in this process for the test, then removed."""
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    stopping.install()
+    yield
+    for signum, handler in before.items():
+        signal.signal(signum, handler)
+    stopping._asked.clear()
+
+
+def _stopped_after_the_first(monkeypatch, name: str) -> list:
+    """Every worker ``spawn.start`` starts; a SIGTERM to this process after the first ``NAME``."""
+    started, start = [], spawn.start
+
+    def recorded():
+        started.append(start())
+        return started[-1]
+
+    monkeypatch.setattr(spawn, "start", recorded)
+    first, unstopped = [True], getattr(spawn, name)
+
+    def then_stopped(*args):
+        done = unstopped(*args)
+        if first:
+            first.pop()
+            os.kill(os.getpid(), signal.SIGTERM)
+        return done
+
+    monkeypatch.setattr(spawn, name, then_stopped)
+    return started
+
+
+@pytest.mark.parametrize("when", ["start", "stop"])
+def test_a_stop_as_workers_start_or_are_reaped_leaves_none_running(stop_handler, monkeypatch, when):
+    """A stop that lands as one has just started, or while they are reaped, unwinds after."""
+    started = _stopped_after_the_first(monkeypatch, when)
+    with pytest.raises(KeyboardInterrupt), spawn.early(3):
+        # a build that fails: the workers are reaped
+        raise RuntimeError("a refused manifest")
+    assert len(started) == 3 if when == "stop" else len(started) >= 1
+    assert [process.poll() is not None for process, _ in started] == [True] * len(started)
+
+
+def test_workers_a_pool_took_are_reaped_if_it_stopped_as_it_took_them():
+    with pytest.raises(KeyboardInterrupt), spawn.early(2) as started:
+        assert spawn.taken(2) == started
+        # the pool stopped before it held them
+        raise KeyboardInterrupt
+    assert [process.poll() is not None for process, _ in started] == [True, True]
 
 
 def test_workers_started_early_are_taken_by_the_pool_or_reaped():

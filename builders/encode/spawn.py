@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from builders.runtime import stopping
+
 # cores on which --workers auto encodes in this process
 IN_PROCESS_UP_TO = 2
 # the folder that holds this package: workers run the same code
@@ -69,17 +71,24 @@ def start() -> Started:
 def early(requested: str | int) -> Iterator[list[Started]]:
     """Start the workers ``--workers`` asks for now; a pool entered in the block takes them.
 
-    It gives them (none where the build encodes in this process). Those no pool took are ended
-    and reaped as the block ends, on any way out.
+    It gives them (none where the build encodes in this process). All of them, taken or not, are
+    ended and reaped as the block ends, on any way out; a stop (SIGINT, SIGTERM) waits while one
+    starts or while they are reaped, so none is left running.
     """
     count = worker_count(requested)
+    started: list[Started] = []
     try:
         for _ in range(count if count > 1 else 0):
-            _waiting.append(start())
-        yield _waiting[:]
+            with stopping.deferred():
+                started.append(start())
+        _waiting[:] = started
+        yield started[:]
     finally:
-        while _waiting:
-            stop(_waiting.pop())
+        _waiting.clear()
+        # a pool that took them ended them already, unless it was stopped as it took them
+        with stopping.deferred():
+            for one in started:
+                stop(one)
 
 
 def taken(count: int) -> list[Started]:
@@ -92,7 +101,7 @@ def taken(count: int) -> list[Started]:
 
 
 def stop(started: Started) -> None:
-    """Close a worker's channel, end the process and reap it."""
+    """Close a worker's channel, end the process and reap it (again: nothing more)."""
     process, channel = started
     channel.close()
     if process.poll() is None:

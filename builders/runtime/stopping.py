@@ -16,6 +16,8 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 INTERRUPTED = 130
 STOPPED = "error: interrupted; nothing was left at the final path"
@@ -23,12 +25,30 @@ STOPPED = "error: interrupted; nothing was left at the final path"
 SAY_STARTED = "FIXED_SFT_SAY_STARTED"
 
 _asked = threading.Event()
+# blocks a stop does not break into (``deferred``), one inside another
+_deferring = 0
 
 
 def ask(signum, frame) -> None:
-    """The signal handler: remember the stop, and unwind."""
+    """The signal handler: remember the stop, and unwind (in a ``deferred`` block, as it ends)."""
     _asked.set()
-    raise KeyboardInterrupt
+    if not _deferring:
+        raise KeyboardInterrupt
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """A block that a stop does not break into: it unwinds as the block ends.
+
+    For what must not be left half done, such as starting a process and keeping its handle.
+    """
+    global _deferring
+    _deferring += 1
+    try:
+        yield
+    finally:
+        _deferring -= 1
+    check()
 
 
 def check() -> None:
