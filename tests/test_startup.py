@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
+from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer
@@ -15,7 +18,7 @@ from builders.fixture.hf_cache import MESSAGE, parquet_shards
 from builders.fixture.make import synthetic_rows, tokenizer_json
 from builders.inputs.pinned import Hub
 from builders.runtime import stopping
-from helpers import lay_out_build, run_cli
+from helpers import SELF_CONTAINED, lay_out_build, run_cli, start_cli_ready, wait_for
 
 BAD_SHARD = "data/train-00001-of-00002.parquet"
 
@@ -164,3 +167,114 @@ def test_a_tokenizer_json_that_does_not_parse_is_named_before_the_config(tmp_pat
         .splitlines()[-1]
         .endswith(f"the pinned tokenizer files cannot be parsed: {parse.value}")
     )
+
+
+def _workers_of(pid: int) -> set[int]:
+    """The worker processes ``pid`` has now (its children running ``builders.encode.worker``)."""
+    children = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            children.update(int(c) for c in (task / "children").read_text().split())
+    return {c for c in children if b"builders.encode.worker" in _cmdline(c)}
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _running(pid: int) -> bool:
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_build_stopped_once_its_workers_run_leaves_none_running(tmp_path, signum):
+    """Stopped as its early workers start, the build ends as ever (exit 130), and they with it."""
+    manifest = lay_out_build(tmp_path / "hf", synthetic_rows(seed=4, count=40), build_rows=10)
+    out = tmp_path / "out"
+    process = start_cli_ready(
+        "--manifest", str(manifest), "--out", str(out), "--workers", "2", hf_home=tmp_path / "hf"
+    )
+    workers = set()
+
+    def both_seen() -> bool:
+        workers.update(_workers_of(process.pid))
+        return len(workers) == 2 or process.poll() is not None
+
+    assert wait_for(both_seen) and len(workers) == 2
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 130 and stderr.strip().splitlines()[-1] == stopping.STOPPED
+    assert "Traceback" not in stderr and not (out / "custom.parquet").exists()
+    assert [pid for pid in workers if _running(pid)] == []
+
+
+def test_commands_that_encode_in_this_process_or_not_at_all_start_no_worker(
+    tmp_path, monkeypatch, hub
+):
+    """Only build and plan with workers start them early: no other command, nor ``--help``."""
+    started = []
+    monkeypatch.setattr(spawn, "start", lambda: started.append(1))
+    monkeypatch.setattr(cli, "_hub", lambda args, manifest: hub)
+    # auto, on two cores: this process
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    for command in (["--help"], ["build", "--help"], ["plan", "--workers", "3", "--help"]):
+        with pytest.raises(SystemExit) as done:
+            cli_main(command)
+        assert done.value.code == 0
+    out = tmp_path / "out"
+    parquet = str(out / f"{SELF_CONTAINED}.parquet")
+    commands = [
+        ["--build", SELF_CONTAINED, "--out", str(out), "--workers", "1"],
+        ["--build", SELF_CONTAINED, "--out", str(tmp_path / "auto"), "--no-card"],
+        ["plan", "--build", SELF_CONTAINED, "--workers", "1"],
+        ["--verify", parquet],
+        ["inspect", parquet, "--row", "1"],
+        ["diff", parquet, str(tmp_path / "auto" / f"{SELF_CONTAINED}.parquet")],
+        ["export", parquet, "--to", "trl"],
+        ["explain", "--build", SELF_CONTAINED],
+        ["download", "--build", SELF_CONTAINED],
+        ["pin", "--dataset", str(tmp_path / "auto"), "--files", "*.parquet"],
+    ]
+    codes = [cli_main(["-q", *command]) for command in commands]
+    assert (codes, started) == ([0] * len(commands), [])
+    report = json.loads((tmp_path / "auto" / f"{SELF_CONTAINED}.report.json").read_text())
+    assert (report["workers"], report["workers_requested"], report["cores"]) == (1, "auto", 2)
+
+
+@pytest.mark.parametrize("cores", [3, 4])
+def test_auto_starts_the_workers_the_build_uses_and_its_rows_are_the_same(
+    tmp_path, monkeypatch, cores
+):
+    """``--workers auto`` on more than two cores: one worker a core, each started early, taken."""
+    manifest = lay_out_build(tmp_path / "hf", synthetic_rows(seed=4, count=40), build_rows=10)
+    started, start = [], spawn.start
+
+    def counted():
+        started.append(start())
+        return started[-1]
+
+    monkeypatch.setattr(spawn, "start", counted)
+    monkeypatch.setattr(cli, "_hub", lambda args, _: Hub(tmp_path / "hf" / "hub", offline=True))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    args = ["--manifest", str(manifest), "-q", "--no-card", "--out"]
+    assert cli_main([*args, str(tmp_path / "auto")]) == 0
+    # the pool took every worker started early, and started none of its own
+    assert len(started) == cores
+    assert all(process.poll() is not None for process, _ in started)
+    assert cli_main([*args, str(tmp_path / "one"), "--workers", "1"]) == 0
+    assert len(started) == cores
+    report = json.loads((tmp_path / "auto" / "custom.report.json").read_text())
+    assert (report["workers"], report["workers_requested"], report["cores"]) == (
+        cores,
+        "auto",
+        cores,
+    )
+    assert (tmp_path / "auto" / "custom.parquet").read_bytes() == (
+        tmp_path / "one" / "custom.parquet"
+    ).read_bytes()
