@@ -3,7 +3,9 @@
 The handler raises KeyboardInterrupt, which unwinds the build (its temporaries are removed, exit
 130). But where the signal lands while a finalizer runs (a ``__del__``, in any library), Python
 prints "Exception ignored" and the build goes on. So the handler also remembers the stop, and the
-build checks it (``check``) at every row and before and after it puts its outputs in place.
+build checks it (``check``) at every row and before and after it puts its outputs in place. A
+block that must not be left half done (starting a worker and keeping its handle, reaping them)
+holds a stop back until it ends (``deferred``).
 
 ``run_command_line`` installs the handler before anything heavy is imported, so a stop ends the
 same way from the moment it is installed; ``-v`` (or ``FIXED_SFT_SAY_STARTED=1``) says when.
