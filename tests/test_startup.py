@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
+import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from tokenizers import Tokenizer
@@ -278,3 +281,31 @@ def test_auto_starts_the_workers_the_build_uses_and_its_rows_are_the_same(
     assert (tmp_path / "auto" / "custom.parquet").read_bytes() == (
         tmp_path / "one" / "custom.parquet"
     ).read_bytes()
+
+
+def test_workers_the_system_refuses_are_refused_where_the_build_started_them(
+    tmp_path, monkeypatch, capsys
+):
+    """No process left: a refused manifest is named first, else exit 7, never a traceback."""
+    manifest = lay_out_build(tmp_path / "hf", synthetic_rows(seed=4, count=40), build_rows=10)
+
+    def refused(*args, **kwargs):
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(
+        spawn, "subprocess", SimpleNamespace(Popen=refused, DEVNULL=subprocess.DEVNULL)
+    )
+    monkeypatch.setattr(cli, "_hub", lambda args, _: Hub(tmp_path / "hf" / "hub", offline=True))
+    errors = {}
+    for workers in ("1", "2"):
+        code = cli_main(["--manifest", str(tmp_path / "no.yaml"), "-q", "--workers", workers])
+        errors[workers] = (code, capsys.readouterr().err)
+    assert errors["1"] == errors["2"] and errors["1"][0] == 2
+    out = tmp_path / "out"
+    code = cli_main(["--manifest", str(manifest), "--out", str(out), "-q", "--workers", "2"])
+    assert code == 7 and capsys.readouterr().err == (
+        "error: a tokenizing worker process could not start: [Errno 11] Resource temporarily "
+        "unavailable; nothing was left at the final path\n"
+    )
+    assert not (out / "custom.parquet").exists()
+    assert cli_main(["--manifest", str(manifest), "--out", str(out), "-q", "--workers", "1"]) == 0
