@@ -113,7 +113,13 @@ print(json.dumps({"seconds_per_conversation": (time.perf_counter() - started) / 
 
 
 def build(
-    manifest: Path, out: Path, hf_home: Path, engine: str, workers: str, profile: bool = False
+    manifest: Path,
+    out: Path,
+    hf_home: Path,
+    engine: str,
+    workers: str,
+    profile: bool = False,
+    tree: Path = REPO,
 ) -> dict:
     load = busy()
     command = (
@@ -128,7 +134,7 @@ def build(
         "-q",
         "--no-card",
     )
-    result = child(CLI, *command, hf_home=hf_home)
+    result = child(CLI, *command, hf_home=hf_home, tree=tree)
     if result["exit"] != 0:
         raise SystemExit(f"build failed: {result['stderr']}")
     report = json.loads(next(out.glob("*.report.json")).read_text())
@@ -144,6 +150,8 @@ def build(
         "main_cpu_share": round(result["main_cpu_s"] / cpu, 3),
         "cores_busy": round(cpu / result["seconds"], 2),
         "main_peak_rss_mib": round(result["main_peak_rss_mib"]),
+        "gc_full_passes": result["gc_full_passes"],
+        "gc_full_s": round(result["gc_full_s"], 2),
         "worker_peak_rss_mib": round(result["worker_peak_rss_mib"]),
         "conversations": report["stats"]["conversations_consumed"],
         "tokens": report["figures"]["rows"] * report["figures"]["row_tokens"],

@@ -1,17 +1,28 @@
 #!/usr/bin/env python3
-"""Recipe-scale builds at given worker counts, and the encode floor.
+"""Builds at given worker counts against the encode floor, and against an earlier builder.
 
 Nothing else: the short part of bench/build_at_scale.py, for a host lent briefly (about 3 minutes
-with the inputs' lay-out on 16 cores).
+with the inputs' lay-out on 16 cores), or a before/after on a shared machine.
 
     FIXED_SFT_SHARED=../shared python bench/default_vs_floor.py auto 1
+    # this tree against a checkout made by ``git archive main | tar -x -C /tmp/main-base``,
+    # alternated, 3 builds each, at a twentieth of the scale (inputs in bench/.cache)
+    FIXED_SFT_SHARED=../shared python bench/default_vs_floor.py 1 2 --baseline /tmp/main-base \\
+        --repeats 3 --scale 0.05 --rows 800 --cache bench/.cache
 
-Prints, for each worker count, the build's seconds, CPU, cores busy, rows_sha256 and timings, and
-its ratio to ``encode_batch_fast`` of the consumed conversations' texts (the first build's),
-measured in the same run. Inputs are laid out in /tmp/bc (bench/scale_inputs.py, full scale).
+Prints, for each worker count (and tree), each build's seconds, the CPU of the main process and
+of its children, cores busy, the garbage collector's full passes in the main process and their
+CPU (``gc_full_s``), rows_sha256 and timings, and its ratio to ``encode_batch_fast`` of
+the consumed conversations' texts (the first build's), measured in the same run; with
+``--baseline``, the medians and this tree's over the baseline's. The share of the CPUs other
+processes used in the 2 s before each build is printed (``busy_before``): on a shared machine
+only the ratios within one run say anything. Inputs are laid out in --cache (default /tmp/bc, full
+scale; bench/scale_inputs.py).
 """
 
+import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -22,42 +33,82 @@ sys.path.insert(0, str(REPO / "bench"))
 from build_at_scale import TOKENIZER_FLOOR, build  # noqa: E402
 
 from builders.fixture.make import PINNED_TEMPLATE, shared_dir  # noqa: E402
-from measure import child  # noqa: E402
+from measure import FULL_ROWS, FULL_SCALE, child  # noqa: E402
 from scale_inputs import lay_out, manifest_text  # noqa: E402
+
+SHOWN = (
+    "workers_used",
+    "busy_before",
+    "seconds",
+    "main_cpu_s",
+    "workers_cpu_s",
+    "cores_busy",
+    "gc_full_passes",
+    "gc_full_s",
+)
+
+
+def options() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("workers", nargs="+", help="worker counts (auto: the builder's choice)")
+    parser.add_argument("--scale", type=float, default=FULL_SCALE, help="share of the source")
+    parser.add_argument("--rows", type=int, default=FULL_ROWS, help="rows of 8,192 tokens")
+    parser.add_argument("--cache", type=Path, default=Path("/tmp/bc"), help="inputs' folder")
+    parser.add_argument("--baseline", type=Path, help="a checkout of an earlier builder")
+    parser.add_argument("--repeats", type=int, default=1, help="builds of each, alternated")
+    parser.add_argument("--no-floor", action="store_true", help="the builds alone")
+    return parser.parse_args()
 
 
 def main() -> None:
-    cache = Path("/tmp/bc")
-    hf = cache / "hf"
+    args = options()
+    # the baseline's builds run in its own folder
+    args.cache = args.cache.resolve()
+    hf = args.cache / "hf"
     started = time.perf_counter()
-    facts = lay_out(hf, (shared_dir() / PINNED_TEMPLATE).read_bytes(), 1.0)
-    manifest = cache / "bench.yaml"
-    manifest.write_text(manifest_text(facts, "bench", 6400))
+    facts = lay_out(hf, (shared_dir() / PINNED_TEMPLATE).read_bytes(), args.scale)
+    manifest = args.cache / "bench.yaml"
+    manifest.write_text(manifest_text(facts, "bench", args.rows))
     print(f"laid out in {time.perf_counter() - started:.0f} s", flush=True)
-    results = {w: build(manifest, cache / "out" / w, hf, "fastokens", w) for w in sys.argv[1:]}
-    floor = child(
-        TOKENIZER_FLOOR, str(manifest), str(results[sys.argv[1]]["conversations"]), hf_home=hf
+    trees = {"this": REPO, **({"baseline": args.baseline.resolve()} if args.baseline else {})}
+    runs = {(w, name): [] for w in args.workers for name in trees}
+    for _ in range(args.repeats):
+        for workers in args.workers:
+            for name, tree in trees.items():
+                out = args.cache / "out" / f"{name}-{workers}"
+                runs[workers, name].append(
+                    build(manifest, out, hf, "fastokens", workers, tree=tree)
+                )
+                r = runs[workers, name][-1]
+                print(name, workers, json.dumps({k: r[k] for k in SHOWN}), flush=True)
+    first = runs[args.workers[0], "this"][0]
+    floor = (
+        {"seconds": float("nan")}
+        if args.no_floor
+        else child(TOKENIZER_FLOOR, str(manifest), str(first["conversations"]), hf_home=hf)
     )
-    for workers, r in results.items():
-        print(
-            workers,
-            json.dumps(
-                {
-                    k: r[k]
-                    for k in (
-                        "workers_used",
-                        "seconds",
-                        "main_cpu_s",
-                        "workers_cpu_s",
-                        "cores_busy",
-                        "rows_sha256",
-                        "timings",
-                    )
-                }
-            ),
-            f"x floor {r['seconds'] / floor['seconds']:.3f}",
-        )
     print("encode floor", round(floor["seconds"], 2))
+    for (workers, name), measured in runs.items():
+        if len({r["rows_sha256"] for r in measured}) != 1 or (
+            measured[0]["rows_sha256"] != first["rows_sha256"]
+        ):
+            raise SystemExit(f"{name}, {workers} workers: other rows than the first build's")
+        medians = {
+            k: round(statistics.median(r[k] for r in measured), 2)
+            for k in ("seconds", "main_cpu_s", "gc_full_s")
+        }
+        line = {**medians, "x_floor": round(medians["seconds"] / floor["seconds"], 3)}
+        if name == "baseline":
+            mine = runs[workers, "this"]
+            line["this_over_baseline"] = {
+                k: round(statistics.median(r[k] for r in mine) / v, 3)
+                for k, v in medians.items()
+                if v
+            }
+        print(name, workers, json.dumps(line), "timings", json.dumps(measured[0]["timings"]))
+    print("rows_sha256", first["rows_sha256"])
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ Issue 26, item 6.
     pip install -r bench/requirements.txt
     python bench/tools_at_scale.py                         # full scale: 6,400 rows of 8,192
     python bench/tools_at_scale.py --scale 0.01 --rows 40  # a smoke run (results in bench/.cache)
+    python bench/tools_at_scale.py --against /tmp/base     # and by another commit's builder
 
 Both builds are ``loss_mask: turns`` with Qwen3's template (TRL's copy) over the GLM-scale byte-
 level BPE with Qwen's turn tokens (bench/turns_at_scale.py's tokenizer), the same rows of the same
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import random
 import sys
 import time
@@ -44,7 +44,7 @@ from build_at_scale import build  # noqa: E402
 from turns_at_scale import turns_manifest, turns_tokenizer  # noqa: E402
 
 from builders.fixture.hf_cache import put_snapshot  # noqa: E402
-from measure import IDLE_BUSY, scale_options, write_results  # noqa: E402
+from measure import against_option, alternated, compared, scale_options, write_results  # noqa: E402
 from scale_inputs import _cut, lay_out, manifest_text, word_pool  # noqa: E402
 
 RSS_TARGET_MIB, TIME_TARGET = 1536, 1.5
@@ -136,13 +136,14 @@ def tools_manifest(turns_text: str, pin: dict) -> str:
 
 
 def main() -> None:
-    args, results, template = scale_options(
-        __doc__,
-        "tools_at_scale",
-        "rows of 8,192 tokens to build",
-        lambda parser: parser.add_argument(
+    def options(parser) -> None:
+        parser.add_argument(
             "--dense", action="store_true", help="the generator's short texts, no word pool"
-        ),
+        )
+        against_option(parser)
+
+    args, results, template = scale_options(
+        __doc__, "tools_at_scale", "rows of 8,192 tokens to build", options
     )
     hf_home = args.cache / "hf"
     started = time.perf_counter()
@@ -163,54 +164,31 @@ def main() -> None:
         file=sys.stderr,
         flush=True,
     )
-    runs = {}
-    for name, manifest in (("turns", turns), ("tools", tools)):
-        runs[name] = build(manifest, args.cache / "out" / f"{name}-tc", hf_home, "fastokens", "1")
-        print(
-            f"  {name}: {runs[name]['seconds']} s, peak RSS {runs[name]['main_peak_rss_mib']} MiB",
-            file=sys.stderr,
-            flush=True,
-        )
-    report = json.loads(next((args.cache / "out" / "tools-tc").glob("*.report.json")).read_text())
-    ratio = runs["tools"]["seconds"] / runs["turns"]["seconds"]
-    loads = [r["busy_before"] for r in runs.values()]
+    measured = alternated(
+        args,
+        {"turns": turns, "tools": tools},
+        lambda name, manifest, tree: build(
+            manifest, args.cache / "out" / f"{name}-tc", hf_home, "fastokens", "1", tree=tree
+        ),
+        hf_home,
+    )
+    if args.annotate:
+        results = results.with_name(results.name.replace(".json", ".annotate.json"))
     summary = {
-        "machine": {
-            "cores": os.cpu_count(),
-            "python": sys.version.split()[0],
-            "idle": max(loads) < IDLE_BUSY,
-            "cpu_busy_before_each_build": loads,
-        },
-        "builds": {
-            name: {
-                k: r[k]
-                for k in (
-                    "seconds",
-                    "main_peak_rss_mib",
-                    "conversations",
-                    "tokens",
-                    "rows_sha256",
-                    "timings",
-                )
-            }
-            for name, r in runs.items()
-        },
-        "tool_calls": report["stats"]["tool_calls"],
-        "tools_over_turns": round(ratio, 3),
-        "within_time_target": ratio <= TIME_TARGET,
-        "within_rss_target": runs["tools"]["main_peak_rss_mib"] <= RSS_TARGET_MIB,
+        **compared(
+            measured,
+            ("tools", "tool traces"),
+            ("turns", "Tulu-shaped"),
+            TIME_TARGET,
+            RSS_TARGET_MIB,
+        ),
         "scale": args.scale,
         "rows": args.rows,
         "traces": "dense" if args.dense else "pooled",
     }
-    print(
-        f"\nturns (Tulu-shaped): {runs['turns']['seconds']} s, "
-        f"{runs['turns']['main_peak_rss_mib']} MiB; tools (tool traces): "
-        f"{runs['tools']['seconds']} s, {runs['tools']['main_peak_rss_mib']} MiB; "
-        f"tools/turns = {ratio:.3f} (target {TIME_TARGET}x, {RSS_TARGET_MIB} MiB); "
-        f"machine idle: {summary['machine']['idle']} "
-        f"(busy: {', '.join(f'{b:.1%}' for b in loads)})"
-    )
+    if not args.annotate:
+        report = args.cache / "out" / "tools-tc" / "bench-tools.report.json"
+        summary["tool_calls"] = json.loads(report.read_text())["stats"]["tool_calls"]
     write_results(results, summary)
 
 

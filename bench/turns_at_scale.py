@@ -6,6 +6,8 @@ Issue 17, item 8.
     pip install -r bench/requirements.txt
     python bench/turns_at_scale.py                         # full scale: 6,400 rows of 8,192
     python bench/turns_at_scale.py --scale 0.01 --rows 40  # a smoke run (results in bench/.cache)
+    git archive main | tar -x -C /tmp/base                 # another commit's builder, then
+    python bench/turns_at_scale.py --against /tmp/base     # each build by it and by this one
 
 Inputs (laid out once in --cache, shared with bench/build_at_scale.py): the GLM-scale byte-level BPE
 and Tulu-shaped source of bench/scale_inputs.py. The glm5 build renders with the pinned
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -36,7 +37,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from build_at_scale import build  # noqa: E402
 
 from builders.fixture.hf_cache import put_snapshot  # noqa: E402
-from measure import IDLE_BUSY, scale_options, write_results  # noqa: E402
+from measure import against_option, alternated, compared, scale_options, write_results  # noqa: E402
 from scale_inputs import lay_out, manifest_text  # noqa: E402
 
 QWEN_TURN_TOKENS = ["<|im_start|>", "<|im_end|>"]
@@ -81,7 +82,7 @@ def turns_manifest(glm5_manifest: str, tokenizer: dict) -> str:
 
 def main() -> None:
     args, results, template = scale_options(
-        __doc__, "turns_at_scale", "rows of 8,192 tokens to build"
+        __doc__, "turns_at_scale", "rows of 8,192 tokens to build", against_option
     )
     hf_home = args.cache / "hf"
     started = time.perf_counter()
@@ -95,52 +96,23 @@ def main() -> None:
         file=sys.stderr,
         flush=True,
     )
-    runs = {}
-    for name, manifest in (("glm5", glm5), ("turns", turns)):
-        runs[name] = build(manifest, args.cache / "out" / f"{name}-vs", hf_home, "fastokens", "1")
-        print(
-            f"  {name}: {runs[name]['seconds']} s, peak RSS {runs[name]['main_peak_rss_mib']} MiB",
-            file=sys.stderr,
-            flush=True,
-        )
-    ratio = runs["turns"]["seconds"] / runs["glm5"]["seconds"]
-    loads = [r["busy_before"] for r in runs.values()]
+    measured = alternated(
+        args,
+        {"glm5": glm5, "turns": turns},
+        lambda name, manifest, tree: build(
+            manifest, args.cache / "out" / f"{name}-vs", hf_home, "fastokens", "1", tree=tree
+        ),
+        hf_home,
+    )
+    if args.annotate:
+        results = results.with_name(results.name.replace(".json", ".annotate.json"))
     summary = {
-        "machine": {
-            "cores": os.cpu_count(),
-            "python": sys.version.split()[0],
-            "idle": max(loads) < IDLE_BUSY,
-            "cpu_busy_before_each_build": loads,
-        },
-        "builds": {
-            name: {
-                k: r[k]
-                for k in (
-                    "seconds",
-                    "main_peak_rss_mib",
-                    "conversations",
-                    "tokens",
-                    "rows_sha256",
-                    "timings",
-                )
-            }
-            for name, r in runs.items()
-        },
-        "turns_over_glm5": round(ratio, 3),
-        "within_time_target": ratio <= TIME_TARGET,
-        "within_rss_target": runs["turns"]["main_peak_rss_mib"] <= RSS_TARGET_MIB,
+        **compared(
+            measured, ("turns", "Qwen3 template"), ("glm5", ""), TIME_TARGET, RSS_TARGET_MIB
+        ),
         "scale": args.scale,
         "rows": args.rows,
     }
-    print(
-        f"\nglm5: {runs['glm5']['seconds']} s, {runs['glm5']['main_peak_rss_mib']} MiB; "
-        f"turns (Qwen3 template): "
-        f"{runs['turns']['seconds']} s, {runs['turns']['main_peak_rss_mib']} MiB; "
-        f"turns/glm5 = {ratio:.3f} "
-        f"(target {TIME_TARGET}x, {RSS_TARGET_MIB} MiB); "
-        f"machine idle: {summary['machine']['idle']} "
-        f"(busy: {', '.join(f'{b:.1%}' for b in loads)})"
-    )
     write_results(results, summary)
 
 

@@ -43,7 +43,7 @@ from builders.rows.card import write_card
 from builders.rows.figures import RowFigures, Verification, file_hash, verify
 from builders.rows.order import kept_rows, permutation, permutation_sha256
 from builders.rows.packing import Packer, Row
-from builders.rows.rowfile import RowWriter
+from builders.rows.rowfile import ROW_GROUP_ROWS, RowWriter
 from builders.rows.stats import BuildStats
 from builders.runtime import stopping
 from builders.runtime.atomic import outputs, remove_stale_temporaries, spill_folder
@@ -289,38 +289,36 @@ def packed(
     manifest: Manifest,
     source: Source,
     encoder: ConversationEncoder,
-    conversations: Iterable[EncodedConversation],
+    conversations: Iterable[list[EncodedConversation]],
     stats: BuildStats,
     limit: int | None,
 ) -> Iterator[Row]:
-    """The stream's first ``limit`` rows, conversation by conversation.
+    """The stream's first ``limit`` rows, from runs of consecutive conversations.
 
-    It counts what each conversation consumed, and fails if the source has fewer rows. ``limit``
-    None: every full row; the remainder, a window the stream does not fill, is counted
-    (``stats.remainder_tokens``), and a stream with no full row fails.
+    It counts what each conversation consumed (when a row is given, every conversation up to the
+    one that completes it), and fails if the source has fewer rows. ``limit`` None: every full row;
+    the remainder, a window the stream does not fill, is counted (``stats.remainder_tokens``), and
+    a stream with no full row fails.
     """
     packer = Packer(manifest.row_tokens, encoder.eos_id, manifest.contract)
     rows = 0
-    for conversation in conversations:
-        stats.cross_checked += conversation.cross_checked
-        if conversation.left_out:
-            stats.left_out += 1
-            continue
-        ids, mask = packer.joined(conversation)
-        stats.add_conversation(
-            conversation.source,
-            ids,
-            mask,
-            int(source.dataset_of(conversation.index)),
-            conversation.tool_counts,
-            conversation.id,
-        )
-        for row in packer.cut(ids, mask, conversation.index, conversation.id):
+    for run in conversations:
+        # each part's place in the run
+        placed = [k for k, c in enumerate(run) if not c.left_out]
+        parts = packer.joined([run[k] for k in placed])
+        consumed = stats.consumed(run, parts, source.dataset_of(parts.index))
+        counted = 0
+        for row, reached in packer.cut(parts):
+            # up to the conversation that completes it
+            reaches = placed[reached - 1] + 1
+            stats.add(consumed, counted, reaches)
+            counted = reaches
             stats.windows_skipped = packer.windows_skipped
             yield row
             rows += 1
             if rows == limit:
                 return
+        stats.add(consumed, counted)
     stats.windows_skipped = packer.windows_skipped
     if limit is None:
         stats.remainder_tokens = packer.filled
@@ -336,6 +334,8 @@ def _write_rows(
 ) -> RowFigures:
     """Write ``rows`` to ``path``, computing their figures and counting them."""
     figures = RowFigures(manifest.row_tokens, manifest.contract.hash)
+    # rows hashed and counted a row group at a time
+    batch: list[Row] = []
     with (
         RowWriter(path) as writer,
         reporter.progress("building rows", total=manifest.rows, unit="rows") as progress,
@@ -343,9 +343,12 @@ def _write_rows(
         for row in rows:
             stopping.check()
             writer.write(row)
-            figures.add(row.input_ids, row.loss_mask, [row.segment_start])
-            stats.add_row(row)
+            batch.append(row)
+            if len(batch) == ROW_GROUP_ROWS:
+                _count_rows(batch, figures, stats)
+                batch = []
             progress.update(1)
+        _count_rows(batch, figures, stats)
     reporter.info(
         f"{figures.rows} rows from {len(stats.sources)} conversations ({stats.windows_skipped} "
         f"windows skipped: {manifest.row_tokens}-token stretches of the stream, cut as rows are, "
@@ -353,6 +356,16 @@ def _write_rows(
         f"{stats.only_stop_tokens}, nothing at all: {stats.unsupervised}"
     )
     return figures
+
+
+def _count_rows(batch: list[Row], figures: RowFigures, stats: BuildStats) -> None:
+    """Hash and count a batch of rows given in order."""
+    if batch:
+        masks = np.stack([row.loss_mask for row in batch])
+        figures.add(
+            np.stack([row.input_ids for row in batch]), masks, [row.segment_start for row in batch]
+        )
+        stats.add_rows(masks)
 
 
 def _report_left_out(stream: Stream, stats: BuildStats, reporter: Reporter) -> None:

@@ -21,12 +21,14 @@ import yaml
 from test_layouts import lay_out
 
 from builders.build import build
+from builders.encode.encoder import EncodedConversation
 from builders.errors import SourceDataError
 from builders.fixture.make import synthetic_rows
 from builders.inputs.layout import LIMIT_KEY, conversations, tool_counts
 from builders.inputs.pinned import Hub
 from builders.inputs.source import Source
 from builders.manifest import DatasetPin, load_manifest
+from builders.rows.packing import Packer
 from builders.rows.stats import BuildStats
 from helpers import run_cli
 
@@ -595,10 +597,14 @@ def test_the_report_and_card_count_tool_use(tmp_path):
 
 def test_build_stats_count_calls_by_stored_form():
     stats = BuildStats(8, ["d"], tools_unread=["d"])
-    ids, mask = np.zeros(3, np.int32), np.ones(3, np.uint8)
-    stats.add_conversation(None, ids, mask, 0, (1, 2, 1, 3, 2))
-    stats.add_conversation(None, ids, mask, 0, (0, 0, 0, 0, 0))
-    stats.add_conversation(None, ids, mask, 0, (0, 0, 2, 1, 1))
+    run = [
+        EncodedConversation(
+            k, f"c{k}", None, np.zeros(2, np.int32), np.ones(2, np.uint8), True, tool_counts=counts
+        )
+        for k, counts in enumerate([(1, 2, 1, 3, 2), (0, 0, 0, 0, 0), (0, 0, 2, 1, 1)])
+    ]
+    # each with its EOS: 3 tokens, all supervised
+    stats.add(stats.consumed(run, Packer(8, 0).joined(run), np.zeros(3, np.int64)))
     assert stats.summary()["tool_calls"] == {
         "conversations_with_tools": 1,
         "conversations_with_calls": 2,

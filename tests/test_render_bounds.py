@@ -8,6 +8,7 @@ what the template asked for.
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 import tracemalloc
@@ -22,7 +23,7 @@ from transformers.utils.chat_template_utils import (
 from builders.fixture.conversations import hard_cases, synthetic
 from builders.fixture.make import FIXTURE_TEMPLATE, tokenizer_json
 from builders.formats.render import ChatRenderer
-from builders.formats.sandbox import RenderLimitError, TemplateFailure
+from builders.formats.sandbox import RenderLimitError, TemplateFailure, text_size
 from builders.messages import normalize_messages
 from helpers import CLI, REPO, cli_env, lay_out_build
 
@@ -154,6 +155,107 @@ def test_the_bounded_sandbox_renders_as_transformers_does(template):
         [text for text, _ in expected],
         [spans for _, spans in expected],
     )
+
+
+ATTRIBUTES_TEMPLATE = (
+    "{% set ns = namespace(a=1) %}{% for m in messages %}"
+    "{{ m.content }}|{{ m.items is defined }}|{{ m.clear is defined }}|{{ m.gone is defined }}|"
+    "{{ m.__class__ is defined }}|{{ m.content.strip() }}|{{ m.content.format is defined }}|"
+    "{{ 'x{}'.format(m.role) }}|{{ m.content.__class__ is defined }}|"
+    "{{ messages.append is defined }}|{{ messages.index(m) }}|{{ loop.index0 }}|"
+    "{{ loop.__init__ is defined }}|{{ loop.last }}|{{ loop.gone is defined }}|{{ ns.a }}|"
+    "{{ ns.__class__ is defined }}|{{ (1).real }}|{{ (1.5).__class__ is defined }}|"
+    "{{ (1, 2).count(1) }}|{{ d.items is defined }}|{{ d.clear is defined }}|{{ d.x }}|"
+    "{{ d.update is defined }}|{{ d['items'] }}|{{ d.gone is defined }}|{{ (d.items()|list)[0] }}"
+    "{% endfor %}"
+)
+
+
+def test_the_bounded_sandbox_reads_attributes_as_jinjas_sandbox_does():
+    """Items, methods, unsafe and missing attributes, of dicts, strings, lists, loops, numbers.
+
+    A dict's key named like one of its methods is the method, as Jinja reads it.
+    """
+    chats = [normalize_messages(m) for m in conversations()[:6]]
+    variables = {"d": {"items": 1, "clear": 2, "x": 3}}
+    own = _cached_compile_jinja_template(ATTRIBUTES_TEMPLATE)
+    expected = [
+        _render_with_assistant_indices(own, chat, None, None, False, **variables)[0]
+        for chat in chats
+    ]
+    assert "|False|" in expected[0] and "|True|" in expected[0]
+    assert ChatRenderer(ATTRIBUTES_TEMPLATE).render_all(chats, variables) == expected
+    # str.format and format_map read through the sandbox stay sandboxed: no __class__ printed
+    for call in ("'{0.__class__}'.format(1)", "'{a.__class__}'.format_map({'a': 1})"):
+        assert ChatRenderer(f"{{{{ {call} }}}}|").render(HI) == "|"
+
+
+def test_template_data_is_rebuilt_as_transformers_rebuilds_it():
+    """Plain JSON copied, anything else (a str subclass, a numpy scalar, a tuple) as it does."""
+    import enum
+
+    import numpy as np
+    from transformers.utils.chat_template_utils import _plain_template_data
+
+    from builders.formats.render import _plain
+
+    class Kind(str, enum.Enum):
+        A = "a"
+
+    value = [
+        {"a": [1, 2.5, True, None, "s"], 3: {"k": (1, Kind.A)}},
+        Kind.A,
+        np.int64(7),
+        np.bool_(False),
+        object(),
+    ]
+
+    def typed(v):
+        if isinstance(v, dict):
+            return {typed(k): typed(i) for k, i in v.items()}
+        if isinstance(v, (list, tuple)):
+            return (type(v), [typed(i) for i in v])
+        return (type(v), v)
+
+    assert typed(_plain(value)) == typed(_plain_template_data(value))
+    assert _plain(value) is not value and _plain(value)[0] is not value[0]
+
+
+class _Mapping(dict):
+    """A dict ``text_size`` measures item by item, as it measures any mapping."""
+
+
+def _item_by_item(value):
+    """``value`` with its lists as tuples and its dicts as ``_Mapping``: the same size, slowly."""
+    if isinstance(value, list):
+        return tuple(_item_by_item(v) for v in value)
+    if isinstance(value, dict):
+        return _Mapping({k: _item_by_item(v) for k, v in value.items()})
+    return value
+
+
+def test_plain_data_is_measured_as_any_other_value():
+    """The plain-data count is the item-by-item count; deep, cyclic or large values end too."""
+    rng = random.Random(3)
+
+    def made(depth):
+        if depth > 4 or rng.random() < 0.3:
+            return rng.choice(["ab", "x" * rng.randint(0, 40), 3, 2**70, True, None, 1.5])
+        if rng.random() < 0.5:
+            return [made(depth + 1) for _ in range(rng.randint(0, 5))]
+        return {str(k) * rng.randint(1, 3): made(depth + 1) for k in range(rng.randint(0, 5))}
+
+    for _ in range(500):
+        value, limit = made(0), rng.choice([10, 100, 10**6])
+        assert text_size(value, limit) == text_size(_item_by_item(value), limit)
+    deep, cyclic = [], [1]
+    for _ in range(10_000):
+        deep = [deep]
+    cyclic.append(cyclic)
+    assert text_size(deep, 10**6) == 5 * 10_001
+    assert 10 < text_size(cyclic, 10**6) < 100
+    # the count stops past the limit, far below the 52 M characters of the whole
+    assert text_size([["y" * 50] * 1000] * 1000, 1000) < 10**5
 
 
 def test_a_runaway_template_ends_the_build_with_exit_4_naming_the_row(tmp_path):

@@ -280,6 +280,44 @@ def test_a_conversation_whose_markup_depends_on_its_text_is_refused_at_the_chara
     assert err.value.exit_code == 4
 
 
+def test_kept_placeholder_renders_give_the_rows_fresh_ones_do(monkeypatch):
+    """Conversations of one shape share its placeholder render; the rows are as if each were alone.
+
+    A render that fails is not kept: the shape fails again. The kept renders stay within their
+    bound (here a few shapes' worth).
+    """
+    from builders.formats import turns
+
+    template = (
+        "{%- for m in messages -%}<|user|>{{ m.role }}\n"
+        "{% if m.content == 'boom' %}{{ raise_exception('no') }}{% endif %}"
+        "{{ m.content }}<|endoftext|>\n{%- endfor -%}"
+        "{%- if add_generation_prompt -%}<|user|>assistant\n{% endif %}"
+    )
+    spec = FormatSpec("turns", template, "<|endoftext|>", ("<|endoftext|>",))
+    conversations = [
+        [{"role": "user", "content": f"q{k}"}, {"role": "assistant", "content": "a " * k}]
+        for k in range(1, 4)
+    ] + [[{"role": "system", "content": f"s{k}"}, *c] for k, c in enumerate(hard_cases())]
+    rows = rows_of(conversations)
+    monkeypatch.setattr(turns, "SHAPES_KEPT_CHARS", 1000)
+    shared = ConversationEncoder(fixture_tokenizer(), spec)
+    together = shared.encode(rows) + shared.encode(rows)
+    alone = [ConversationEncoder(fixture_tokenizer(), spec).encode([r])[0] for r in rows]
+    for a, b in zip(together, alone + alone, strict=True):
+        assert (a.ids.tolist(), a.mask.tolist(), a.ends_with_answer) == (
+            b.ids.tolist(),
+            b.mask.tolist(),
+            b.ends_with_answer,
+        )
+    assert 0 < shared.format._kept_chars <= 1000
+    # the placeholder of "boom" is a marker: only the real render fails, in every batch
+    boom = rows_of([[{"role": "user", "content": "boom"}, {"role": "assistant", "content": "x"}]])
+    for _ in range(2):
+        with pytest.raises(SourceDataError, match=r"source row 0 .*the chat template failed"):
+            shared.encode(boom)
+
+
 def test_an_answer_with_no_generation_prompt_before_it_is_refused():
     template = (
         "{%- for m in messages -%}"

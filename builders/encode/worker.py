@@ -504,8 +504,8 @@ def _lists(arrays: list[np.ndarray], dtype) -> pa.Array:
 def _split(column: pa.ChunkedArray, dtype) -> list[np.ndarray]:
     lists = column.combine_chunks()
     offsets = (lists.offsets.to_numpy() - lists.offsets[0].as_py()).tolist()
-    # a copy of its own, writable
-    values = lists.flatten().to_numpy().astype(dtype)
+    # views of the answer's buffer (read-only): nothing writes a conversation's tokens
+    values = lists.flatten().to_numpy().astype(dtype, copy=False)
     return [values[start:end] for start, end in itertools.pairwise(offsets)]
 
 
@@ -530,27 +530,36 @@ def _conversations_table(results: list[tuple[int, EncodedConversation]]) -> pa.T
 
 
 def _conversations(table: pa.Table) -> list[tuple[int, EncodedConversation]]:
-    columns = {
+    flags = {
         name: table.column(name).to_numpy().tolist()
         for name in ("position", "index", "ends_with_answer", "left_out", "cross_checked")
     }
-    columns |= {name: table.column(name).to_pylist() for name in ("id", "source")}
-    ids, mask = _split(table.column("ids"), np.int32), _split(table.column("mask"), np.uint8)
-    counts = table.column("tool_counts").to_pylist()
     return [
         (
-            columns["position"][k],
+            position,
             EncodedConversation(
-                columns["index"][k],
-                columns["id"][k],
-                columns["source"][k],
-                ids[k],
-                mask[k],
-                columns["ends_with_answer"][k],
-                left_out=columns["left_out"][k],
-                cross_checked=columns["cross_checked"][k],
-                tool_counts=tuple(counts[k]),
+                index,
+                id_,
+                source,
+                ids,
+                mask,
+                ends,
+                left_out=left_out,
+                cross_checked=checked,
+                tool_counts=tuple(counts),
             ),
         )
-        for k in range(table.num_rows)
+        for position, index, id_, source, ids, mask, ends, left_out, checked, counts in zip(
+            flags["position"],
+            flags["index"],
+            table.column("id").to_pylist(),
+            table.column("source").to_pylist(),
+            _split(table.column("ids"), np.int32),
+            _split(table.column("mask"), np.uint8),
+            flags["ends_with_answer"],
+            flags["left_out"],
+            flags["cross_checked"],
+            table.column("tool_counts").to_pylist(),
+            strict=True,
+        )
     ]

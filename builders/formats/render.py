@@ -34,6 +34,22 @@ except ImportError:
         return data
 
 
+def _plain(value):
+    """``_plain_template_data(value)``: its JSON types copied here, anything else by it.
+
+    The template sees data rebuilt out of plain JSON types (transformers' step); dicts, lists
+    and exact scalars, all of a source's data, are rebuilt here without its per-value checks.
+    """
+    kind = type(value)
+    if kind is str or value is None or kind is int or kind is float or kind is bool:
+        return value
+    if kind is dict:
+        return {_plain(key): _plain(item) for key, item in value.items()}
+    if kind is list:
+        return [_plain(item) for item in value]
+    return _plain_template_data(value)
+
+
 class ChatRenderer:
     """Renders conversations with one chat template.
 
@@ -124,15 +140,18 @@ class ChatRenderer:
         sandbox.begin()
 
         def generate():
-            for block in template.generate(
-                messages=_alias_reasoning_fields(_plain_template_data(chat)),
-                tools=_plain_template_data(tools),
-                documents=None,
-                add_generation_prompt=add_generation_prompt,
-                **variables,
-            ):
-                sandbox.printed(block)
-                blocks.append(block)
+            # each piece is appended as it is printed: the generation tracker reads blocks meanwhile
+            blocks.extend(
+                sandbox.printed(
+                    template.generate(
+                        messages=_alias_reasoning_fields(_plain(chat)),
+                        tools=_plain(tools),
+                        documents=None,
+                        add_generation_prompt=add_generation_prompt,
+                        **variables,
+                    )
+                )
+            )
             return "".join(blocks)
 
         return _failing_as_template_errors(generate)

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import re
 from itertools import chain, islice
-from types import BuiltinMethodType
+from types import BuiltinMethodType, MethodType
 
 import jinja2
 from jinja2.compiler import CodeGenerator, optimizeconst
-from jinja2.runtime import Macro
+from jinja2.runtime import LoopContext, Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace, generate_lorem_ipsum
 
@@ -45,6 +45,17 @@ _CONTAINERS = (list, tuple, dict, set, frozenset)
 _SIZED = (str, bytes, *_CONTAINERS)
 # measured item by item
 _MEASURED = (*_CONTAINERS, Namespace)
+# plain data nested deeper is measured item by item
+_PLAIN_DEPTH = 64
+# what a dict has as attributes (its methods): any other name of ``message.name`` is an item
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+# the types whose attributes Jinja's sandbox allows or refuses by the type and the name alone
+# (``is_safe_attribute``: none of them is a function, method, class, frame or generator, and
+# whether one is a mutable container follows from the type); a namespace's too
+_DECIDED_BY_TYPE = frozenset({str, dict, list, tuple, int, float, LoopContext})
+# the values Jinja's sandbox replaces as they are read: ``str.format`` and ``format_map``
+_METHODS = (MethodType, BuiltinMethodType)
+_WRAPPED = frozenset({"format", "format_map"})
 
 
 class RenderLimitError(jinja2.TemplateError):
@@ -62,6 +73,10 @@ def text_size(value, limit: int) -> int:
     more (a container inside itself, as ``str`` prints it, a few); the count stops once it
     passes ``limit``, so a value of any size is measured in bounded time.
     """
+    try:
+        return _plain_size(value, limit, 0)
+    except _Unmeasured:
+        pass
     total, pending, inside = 0, [value], set()
     while pending and total <= limit:
         item = pending.pop()
@@ -85,6 +100,38 @@ def text_size(value, limit: int) -> int:
         else:
             total += 64
     return total
+
+
+class _Unmeasured(Exception):
+    """``_plain_size`` leaves the value to ``text_size``'s own count."""
+
+
+def _plain_size(value, limit: int, depth: int) -> int:
+    """``text_size`` of plain data (exact dicts, lists, strings, numbers), the common case.
+
+    Counted as ``text_size`` counts, recursively; ``_Unmeasured`` for any other type, past
+    ``limit`` (``text_size`` then says how far it counted) or nested deeper than
+    ``_PLAIN_DEPTH`` (a container inside itself). Either way the work is bounded by ``limit``.
+    """
+    kind = type(value)
+    if kind is str:
+        return len(value) + 2
+    if kind is dict or kind is list:
+        if depth > _PLAIN_DEPTH:
+            raise _Unmeasured
+        total = 5
+        for item in chain.from_iterable(value.items()) if kind is dict else value:
+            total += len(item) + 2 if type(item) is str else _plain_size(item, limit, depth + 1)
+            if total > limit:
+                raise _Unmeasured
+        return total
+    if kind is bool or value is None:
+        return 5
+    if kind is int:
+        return value.bit_length() // _BITS_PER_DIGIT + 2
+    if kind is float:
+        return 64
+    raise _Unmeasured
 
 
 def _open(container, pending: list, inside: set, limit: int) -> int:
@@ -212,7 +259,7 @@ class _NoOtherTemplates(jinja2.BaseLoader):
 class BoundedSandbox(ImmutableSandboxedEnvironment):
     """transformers' template sandbox, refusing values beyond ``render_chars``.
 
-    ``begin()`` starts a render's count; ``printed(text)`` counts what it prints. It counts one
+    ``begin()`` starts a render's count; ``printed(texts)`` counts what it prints. It counts one
     render at a time: a renderer is not shared between threads.
     """
 
@@ -232,21 +279,25 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         self.filters.update(base.filters)
         self.globals.update(base.globals)
         self.filters = {name: self._bounded(name, f) for name, f in self.filters.items()}
+        # (type, attribute) -> whether Jinja's sandbox allows it, for the types it decides by
+        # type; the attributes are names in the template, so this stays as small as it is
+        self._allowed: dict[tuple[type, str], bool] = {}
         self.begin()
 
     def begin(self) -> None:
         """Start counting a new render."""
         self.built = 0
-        self.printed_chars = 0
 
-    def printed(self, text: str) -> None:
-        """Count ``text``, printed by the render."""
-        self.printed_chars += len(text)
-        if self.printed_chars > self.render_chars:
-            raise RenderLimitError(
-                f"the render prints more than limits.render_chars ({self.render_chars:,}) "
-                f"characters"
-            )
+    def printed(self, texts):
+        """``texts``, the pieces a render prints, refused once they pass render_chars in all."""
+        size, limit = 0, self.render_chars
+        for text in texts:
+            size += len(text)
+            if size > limit:
+                raise RenderLimitError(
+                    f"the render prints more than limits.render_chars ({limit:,}) characters"
+                )
+            yield text
 
     def spend(self, size: int) -> None:
         """Count ``size`` characters built by the render."""
@@ -280,6 +331,35 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         self.refuse_beyond(size, what)
         self.spend(size)
         return value
+
+    def getattr(self, obj, attribute):
+        """``obj.attribute`` as Jinja's sandbox reads it, its common cases first.
+
+        A dict's item where a dict has no attribute of that name (``message.content``: Jinja tries
+        the attribute, then the item); an attribute of a type in ``_DECIDED_BY_TYPE`` or of a
+        namespace that the sandbox allowed once, whose value it passes as it is (not
+        ``str.format``). Anything else goes through Jinja's own checks.
+        """
+        kind = type(obj)
+        if kind is dict and attribute not in _DICT_ATTRIBUTES:
+            try:
+                return obj[attribute]
+            except (TypeError, LookupError):
+                return self.undefined(obj=obj, name=attribute)
+        if (kind in _DECIDED_BY_TYPE or issubclass(kind, Namespace)) and type(attribute) is str:
+            allowed = self._allowed.get((kind, attribute))
+            if allowed is None:
+                allowed = self._allowed[kind, attribute] = self.is_safe_attribute(
+                    obj, attribute, None
+                )
+            if allowed:
+                try:
+                    value = getattr(obj, attribute)
+                except AttributeError:
+                    return super().getattr(obj, attribute)
+                if type(value) not in _METHODS or value.__name__ not in _WRAPPED:
+                    return value
+        return super().getattr(obj, attribute)
 
     def output_buffer(self) -> _Buffer:
         return _Buffer(self)

@@ -50,6 +50,8 @@ PROBE = [{"role": "user", "content": "probe"}]
 # ``MARK_CLOSE``
 MARK_OPEN, MARK_CLOSE, MARK_DIGITS = "\ue000", "\ue001", "\ue010"
 _MARKER = re.compile(f"{MARK_OPEN}[{MARK_DIGITS}-{chr(ord(MARK_DIGITS) + 15)}]+{MARK_CLOSE}")
+# the placeholder renders a format keeps, keys and renders together, in characters
+SHAPES_KEPT_CHARS = 1 << 22
 
 
 class Run(NamedTuple):
@@ -83,6 +85,9 @@ class TurnsFormat(ChatFormat):
         self.tool_prompts = self._tool_prompts()
         added = [t.content for t in tokenizer.get_added_tokens_decoder().values()]
         self.injection = tool_calls.Injection([*added, *self.stops, *self.prompts])
+        # placeholder renders by their conversation and tools (``_shapes``), and their size
+        self._kept: dict[str, str] = {}
+        self._kept_chars = 0
 
     @classmethod
     def check_inputs(cls, spec, tokenizer) -> None:
@@ -179,7 +184,7 @@ class TurnsFormat(ChatFormat):
                 placeheld.append(self._placeholders(messages))
                 untrained.append(skipped)
         rendered = self._render(rows, conversations, tools)
-        shapes = self._render(rows, [p[0] for p in placeheld], tools)
+        shapes = self._shapes(rows, [p[0] for p in placeheld], tools)
         marks = []
         for row, messages, text, shape, (_, runs), skipped in zip(
             rows, conversations, rendered, shapes, placeheld, untrained, strict=True
@@ -240,6 +245,39 @@ class TurnsFormat(ChatFormat):
                             f"the chat template failed ({self.spec.template_source}): {err}"
                         ) from err
             raise
+
+    def _shapes(self, rows: list[dict], held: list[list[dict]], tools) -> list[str]:
+        """The placeholder renders of ``held``, each distinct one rendered once while it is kept.
+
+        A placeholder conversation holds markers where the texts were, so conversations of one
+        structure share it. Its render is a function of it and its tools (the variables are the
+        format's, the clock pinned), so a kept render is the render; ``repr`` tells apart what a
+        template can (``1`` and ``True``, ``1`` and ``"1"``). Only renders that succeeded are
+        kept: a conversation whose render fails is rendered, and fails, as before. At most
+        ``SHAPES_KEPT_CHARS`` characters are kept.
+        """
+        keys = [repr((h, t)) for h, t in zip(held, tools, strict=True)]
+        shapes = {key: self._kept[key] for key in keys if key in self._kept}
+        # each shape not kept, at its first conversation
+        fresh: dict[str, int] = {}
+        for k, key in enumerate(keys):
+            if key not in shapes:
+                fresh.setdefault(key, k)
+        made = self._render(
+            [rows[k] for k in fresh.values()],
+            [held[k] for k in fresh.values()],
+            [tools[k] for k in fresh.values()],
+        )
+        for key, text in zip(fresh, made, strict=True):
+            shapes[key] = text
+            size = len(key) + len(text)
+            if self._kept_chars + size > SHAPES_KEPT_CHARS:
+                self._kept.clear()
+                self._kept_chars = 0
+            if size <= SHAPES_KEPT_CHARS:
+                self._kept[key] = text
+                self._kept_chars += size
+        return [shapes[key] for key in keys]
 
     def _placeholders(self, messages: list[dict]) -> tuple[list[dict], list[Run]]:
         """``messages`` with every text replaced by its placeholder.
@@ -506,11 +544,13 @@ def _longest_first(prompts: list[str]) -> tuple[str, ...]:
     return tuple(sorted(set(prompts), key=lambda p: (-len(p), prompts.index(p))))
 
 
+@functools.lru_cache(maxsize=4096)
 def _marker(number: int) -> str:
     digits = "".join(chr(ord(MARK_DIGITS) + int(d, 16)) for d in f"{number:x}")
     return f"{MARK_OPEN}{digits}{MARK_CLOSE}"
 
 
+@functools.lru_cache(maxsize=4096)
 def _marker_number(marker: str) -> int:
     return int("".join("0123456789abcdef"[ord(c) - ord(MARK_DIGITS)] for c in marker[1:-1]), 16)
 

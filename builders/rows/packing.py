@@ -5,12 +5,15 @@ ids(c_1) EOS ...``. The EOS after a conversation is supervised when the conversa
 answer: it is that answer's stop token. The stream is cut into consecutive windows of ``row_tokens``
 tokens; a window with no supervised token is skipped. (The contract readings ``eos`` and ``skip``
 choose otherwise: see ``builders.contract``.)
+
+The packer takes a run of consecutive conversations at a time (``Parts``), so that its work is a
+few array operations per run and per row, not per conversation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -32,6 +35,17 @@ class Row:
     segment_start: list[int]
 
 
+@dataclass(frozen=True)
+class Parts:
+    """Consecutive conversations' parts of the stream, joined (``Packer.joined``)."""
+
+    ids: np.ndarray  # int32
+    mask: np.ndarray  # uint8
+    lengths: np.ndarray  # int64: each conversation's part (its tokens and the EOS after them)
+    index: np.ndarray  # int64: each conversation's source index
+    id: list[str]
+
+
 def with_eos(
     ids: np.ndarray,
     mask: np.ndarray,
@@ -49,63 +63,121 @@ def with_eos(
     return np.append(ids, np.int32(eos_id)), np.append(mask, np.uint8(eos))
 
 
-@dataclass
+_NO_IDS = np.zeros(0, np.int32)
+_NO_MASK = np.zeros(0, np.uint8)
+_NO_INTS = np.zeros(0, np.int64)
+
+
+def _placed(values: np.ndarray, own: np.ndarray, at: np.ndarray, eos) -> np.ndarray:
+    """``values`` where ``own`` is set, ``eos`` at ``at`` (the other places)."""
+    out = np.empty(len(own), values.dtype)
+    out[own] = values
+    out[at] = eos
+    return out
+
+
 class Packer:
     """Cuts the stream into rows.
 
-    It is given one conversation at a time, in stream order.
+    It is given runs of consecutive conversations (``joined``, then ``cut``), in stream order.
     """
 
-    row_tokens: int
-    eos_id: int
-    contract: Contract = DEFAULT
-    windows_skipped: int = 0
-    _ids: np.ndarray = field(init=False)
-    _mask: np.ndarray = field(init=False)
-    _fill: int = field(init=False, default=0)
-    _segments: list = field(init=False, default_factory=list)
-
-    def __post_init__(self):
-        self._ids = np.empty(self.row_tokens, dtype=np.int32)
-        self._mask = np.empty(self.row_tokens, dtype=np.uint8)
+    def __init__(self, row_tokens: int, eos_id: int, contract: Contract = DEFAULT):
+        self.row_tokens, self.eos_id, self.contract = row_tokens, eos_id, contract
+        self.windows_skipped = 0
+        # the window not yet full: its tokens, and the parts in it (their source index and id,
+        # where each starts and ends, relative to the window's start: a continued one starts
+        # before it)
+        self._ids, self._mask = _NO_IDS, _NO_MASK
+        self._index, self._id = _NO_INTS, []
+        self._start, self._end = _NO_INTS, _NO_INTS
 
     @property
     def filled(self) -> int:
         """Tokens of the stream in the window not yet full."""
-        return self._fill
+        return len(self._ids)
 
-    def joined(self, conversation: EncodedConversation) -> tuple[np.ndarray, np.ndarray]:
-        """The conversation's part of the stream (``with_eos``)."""
-        return with_eos(
-            conversation.ids,
-            conversation.mask,
-            conversation.ends_with_answer,
-            self.eos_id,
-            self.contract,
+    def joined(self, conversations: Sequence[EncodedConversation]) -> Parts:
+        """The conversations' parts of the stream, each ``with_eos``, in order."""
+        lengths = np.fromiter((len(c.ids) for c in conversations), np.int64, len(conversations))
+        ids = (
+            np.concatenate([c.ids for c in conversations]).astype(np.int32, copy=False)
+            if conversations
+            else _NO_IDS
+        )
+        mask = (
+            np.concatenate([c.mask for c in conversations]).astype(np.uint8, copy=False)
+            if conversations
+            else _NO_MASK
+        )
+        if self.contract.eos_mask(True) is not None:
+            answered = np.fromiter(
+                (c.ends_with_answer for c in conversations), bool, len(conversations)
+            )
+            eos = np.where(
+                answered, self.contract.eos_mask(True), self.contract.eos_mask(False)
+            ).astype(np.uint8)
+            lengths = lengths + 1
+            # each conversation's EOS, where the parts end
+            at = np.cumsum(lengths) - 1
+            own = np.ones(len(ids) + len(at), bool)
+            own[at] = False
+            ids, mask = _placed(ids, own, at, self.eos_id), _placed(mask, own, at, eos)
+        return Parts(
+            ids,
+            mask,
+            lengths,
+            np.fromiter((c.index for c in conversations), np.int64, len(conversations)),
+            [c.id for c in conversations],
         )
 
-    def cut(self, ids: np.ndarray, mask: np.ndarray, index: int, id_: str) -> Iterator[Row]:
-        """Append a conversation's part of the stream; yield the rows it completes.
+    def cut(self, parts: Parts) -> Iterator[tuple[Row, int]]:
+        """Append ``parts`` to the stream; yield the rows they complete.
 
-        The part is what ``joined`` gives.
+        Each row comes with how many of the parts it reaches into (its last conversation is
+        ``parts``' that many minus one). Consume every row before the next ``cut``.
         """
-        taken = 0
-        while taken < len(ids):
-            n = min(self.row_tokens - self._fill, len(ids) - taken)
-            self._ids[self._fill : self._fill + n] = ids[taken : taken + n]
-            self._mask[self._fill : self._fill + n] = mask[taken : taken + n]
-            self._segments.append((index, id_, self._fill))
-            self._fill += n
-            taken += n
-            if self._fill == self.row_tokens:
-                segments, self._segments, self._fill = self._segments, [], 0
-                if self._mask.any() or self.contract.keeps_unsupervised_windows:
-                    yield Row(
-                        self._ids.copy(),
-                        self._mask.copy(),
-                        [s[0] for s in segments],
-                        [s[1] for s in segments],
-                        [s[2] for s in segments],
-                    )
-                else:
-                    self.windows_skipped += 1
+        size = self.row_tokens
+        fill = self.filled
+        ids, mask = np.concatenate([self._ids, parts.ids]), np.concatenate([self._mask, parts.mask])
+        ends = fill + np.cumsum(parts.lengths)
+        # a part with no tokens is in no row
+        shown = np.flatnonzero(parts.lengths)
+        start = np.concatenate([self._start, (ends - parts.lengths)[shown]])
+        end = np.concatenate([self._end, ends[shown]])
+        index = np.concatenate([self._index, parts.index[shown]])
+        names = self._id + [parts.id[k] for k in shown.tolist()]
+        # which of ``parts`` each is (-1: in the window before them)
+        which = np.concatenate([np.full(len(self._start), -1, np.int64), shown])
+        full = len(ids) // size
+        windows, masks = (
+            ids[: full * size].reshape(full, size),
+            mask[: full * size].reshape(full, size),
+        )
+        kept = (
+            np.ones(full, bool) if self.contract.keeps_unsupervised_windows else masks.any(axis=1)
+        ).tolist()
+        offsets = np.arange(full + 1, dtype=np.int64) * size
+        first = np.searchsorted(end, offsets[:-1], side="right").tolist()
+        last = np.searchsorted(start, offsets[1:], side="left").tolist()
+        for j in range(full):
+            if not kept[j]:
+                self.windows_skipped += 1
+                continue
+            lo, hi = first[j], last[j]
+            yield (
+                Row(
+                    windows[j],
+                    masks[j],
+                    index[lo:hi].tolist(),
+                    names[lo:hi],
+                    np.maximum(start[lo:hi] - offsets[j], 0).tolist(),
+                ),
+                int(which[hi - 1]) + 1,
+            )
+        rest = full * size
+        self._ids, self._mask = ids[rest:].copy(), mask[rest:].copy()
+        open_ = end > rest
+        self._index = index[open_]
+        self._id = [name for name, keep in zip(names, open_.tolist(), strict=True) if keep]
+        self._start, self._end = start[open_] - rest, end[open_] - rest

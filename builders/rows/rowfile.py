@@ -64,8 +64,9 @@ def writer_version() -> str:
 class RowWriter:
     """Writes rows to ``path`` in fixed-size row groups.
 
-    It compresses in a thread of its own. Row groups are written in order by one thread (pyarrow
-    compresses without the GIL), at most ``IN_FLIGHT`` of them waiting. A write error of that thread
+    It makes each row group's table and compresses it in a thread of its own. Row groups are
+    written in order by one thread (pyarrow compresses without the GIL), at most ``IN_FLIGHT`` of
+    them waiting. A write error of that thread
     (a full disk) is raised, as the OSError it is, by a later ``write`` or by ``close``; pyarrow has
     then closed the file, so the writer is abandoned, not closed again. As a context manager: the
     block's end closes the file (``close``), an exception out of it abandons it (``abandon``).
@@ -122,14 +123,15 @@ class RowWriter:
 
     def _flush(self) -> None:
         if self._pending:
-            table = _table(self._pending, first_index=self._written)
-            self._pending = []
+            rows, self._pending = self._pending, []
             while len(self._flushing) >= self.IN_FLIGHT:
                 self._flushing.popleft().result()
-            self._flushing.append(
-                self._thread.submit(self._writer.write_table, table, row_group_size=table.num_rows)
-            )
-            self._written += table.num_rows
+            self._flushing.append(self._thread.submit(self._write_group, rows, self._written))
+            self._written += len(rows)
+
+    def _write_group(self, rows: list[Row], first_index: int) -> None:
+        """Write ``rows`` as one row group (in the writer's thread: the table is made there too)."""
+        self._writer.write_table(_table(rows, first_index), row_group_size=len(rows))
 
 
 def _table(rows: list[Row], first_index: int) -> pa.Table:

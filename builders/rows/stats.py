@@ -6,11 +6,16 @@ Per-conversation and per-row counts, summarized.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from builders.rows.packing import Row
+from builders.rows.packing import Parts
+
+if TYPE_CHECKING:
+    from builders.encode.encoder import EncodedConversation
 
 PERCENTILES = (0, 10, 50, 90, 99, 100)
 # repeated conversation ids the report and card name (all are counted)
@@ -28,6 +33,39 @@ TOOL_COUNTS = (
     "tool_messages",
     "supervised_in_calls",
 )
+
+
+# what ``Consumed.totals`` sums, after ``TOOL_COUNTS``
+TOTALS = (*TOOL_COUNTS, "unsupervised", "only_stop_tokens", "cross_checked")
+
+
+@dataclass(frozen=True)
+class Consumed:
+    """What a run of consecutive conversations consumed (``BuildStats.consumed``).
+
+    The lists and ``tokens`` and ``supervised`` hold one value for each conversation not left out
+    (each part of the stream), in order.
+    """
+
+    # of the run's first k conversations, how many are not left out (k from 0 to all)
+    parts_before: np.ndarray
+    datasets: np.ndarray  # int64
+    sources: list
+    ids: list
+    tokens: np.ndarray  # int64: each with its EOS
+    supervised: np.ndarray  # int64
+    # of the run's first k conversations (k from 0 to all), the ``TOTALS``
+    totals: np.ndarray
+
+
+def _per_part(flags: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """How many of ``flags`` are set in each part, the parts ``lengths`` long, end to end."""
+    counts = np.zeros(len(lengths), np.int64)
+    shown = np.flatnonzero(lengths)
+    if shown.size:
+        starts = (np.cumsum(lengths) - lengths)[shown]
+        counts[shown] = np.add.reduceat(flags.view(np.uint8), starts, dtype=np.int64)
+    return counts
 
 
 @dataclass
@@ -65,62 +103,92 @@ class BuildStats:
     duplicate_ids: int = 0
     duplicate_id_examples: list = field(default_factory=list)
 
-    def add_conversation(
-        self,
-        source: str | None,
-        ids: np.ndarray,
-        mask: np.ndarray,
-        dataset: int,
-        tool_counts: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0),
-        conversation_id: str | None = None,
-    ) -> None:
-        """Count one conversation's part of the stream, from ``dataset``.
+    def consumed(
+        self, conversations: Sequence[EncodedConversation], parts: Parts, datasets: np.ndarray
+    ) -> Consumed:
+        """What each of a run of consecutive conversations consumed, for ``add``.
 
-        The part is its tokens and the EOS after them; ``tool_counts`` is what it holds of tool
-        use (``EncodedConversation.tool_counts``); ``conversation_id`` its id, counted where an
-        earlier conversation had it.
+        ``parts`` is the stream's part of those not left out (``Packer.joined``), ``datasets``
+        the dataset (its place in the manifest) of each of those.
         """
-        if conversation_id is not None:
-            if conversation_id in self.ids_seen:
-                self.duplicate_ids += 1
-                if len(self.duplicate_id_examples) < DUPLICATE_EXAMPLES:
-                    self.duplicate_id_examples.append(conversation_id)
-            self.ids_seen.add(conversation_id)
-        tools, strings, objects, tool_messages, in_calls = tool_counts
-        for key, value in zip(
-            TOOL_COUNTS,
-            (
-                tools,
-                int(strings + objects > 0),
-                strings + objects,
-                strings,
-                objects,
-                tool_messages,
-                in_calls,
-            ),
-            strict=True,
-        ):
-            self.tool_uses[key] += value
-        supervised = mask != 0
-        count = int(np.count_nonzero(supervised))
-        self.datasets.append(dataset)
-        self.sources.append(source or NO_SOURCE)
-        self.conversation_tokens.append(len(ids))
-        self.conversation_supervised.append(count)
-        if count == 0:
-            self.unsupervised += 1
-        elif self._only_stop_tokens(ids[supervised]):
-            self.only_stop_tokens += 1
-
-    def _only_stop_tokens(self, tokens: np.ndarray) -> bool:
-        # a comparison per stop token (a few): np.isin costs more per call
-        stop = np.zeros(len(tokens), dtype=bool)
+        count = len(conversations)
+        kept = np.fromiter((not c.left_out for c in conversations), bool, count)
+        supervised_tokens = parts.mask != 0
+        supervised = _per_part(supervised_tokens, parts.lengths)
+        # supervised tokens other than stop tokens: a comparison per stop token (a few)
         for stop_id in self.stop_ids.tolist():
-            stop |= tokens == stop_id
-        return bool(stop.all())
+            supervised_tokens &= parts.ids != stop_id
+        other = _per_part(supervised_tokens, parts.lengths)
+        tools, strings, objects, tool_messages, in_calls = (
+            np.array([c.tool_counts for c in conversations], np.int64).reshape(count, 5).T
+        )
+        calls = strings + objects
+        each = np.zeros((count, len(TOTALS)), np.int64)
+        each[kept, : len(TOTALS) - 1] = np.stack(
+            [
+                tools[kept],
+                calls[kept] > 0,
+                calls[kept],
+                strings[kept],
+                objects[kept],
+                tool_messages[kept],
+                in_calls[kept],
+                supervised == 0,
+                (supervised > 0) & (other == 0),
+            ],
+            axis=1,
+        )
+        each[:, -1] = np.fromiter((c.cross_checked for c in conversations), bool, count)
+        totals = np.zeros((count + 1, len(TOTALS)), np.int64)
+        np.cumsum(each, axis=0, out=totals[1:])
+        parts_before = np.zeros(count + 1, np.int64)
+        np.cumsum(kept, out=parts_before[1:])
+        return Consumed(
+            parts_before,
+            np.asarray(datasets, np.int64),
+            [c.source or NO_SOURCE for c in conversations if not c.left_out],
+            parts.id,
+            parts.lengths,
+            supervised,
+            totals,
+        )
 
-    def add_row(self, row: Row) -> None:
-        self.row_supervised.append(int(np.count_nonzero(row.loss_mask)))
+    def add(self, consumed: Consumed, first: int = 0, stop: int | None = None) -> None:
+        """Count conversations ``[first, stop)`` of a run (``consumed``), in order."""
+        stop = len(consumed.parts_before) - 1 if stop is None else stop
+        if stop <= first:
+            return
+        lo, hi = consumed.parts_before[first], consumed.parts_before[stop]
+        self.left_out += (stop - first) - int(hi - lo)
+        totals = (consumed.totals[stop] - consumed.totals[first]).tolist()
+        for key, value in zip(TOOL_COUNTS, totals[: len(TOOL_COUNTS)], strict=True):
+            self.tool_uses[key] += value
+        self.unsupervised += totals[-3]
+        self.only_stop_tokens += totals[-2]
+        self.cross_checked += totals[-1]
+        ids = consumed.ids[lo:hi]
+        fresh = set(ids)
+        # a conversation with no id is not compared
+        fresh.discard(None)
+        if len(fresh) == len(ids) - ids.count(None) and self.ids_seen.isdisjoint(fresh):
+            self.ids_seen |= fresh
+        else:
+            for conversation_id in ids:
+                if conversation_id is None:
+                    continue
+                if conversation_id in self.ids_seen:
+                    self.duplicate_ids += 1
+                    if len(self.duplicate_id_examples) < DUPLICATE_EXAMPLES:
+                        self.duplicate_id_examples.append(conversation_id)
+                self.ids_seen.add(conversation_id)
+        self.datasets += consumed.datasets[lo:hi].tolist()
+        self.sources += consumed.sources[lo:hi]
+        self.conversation_tokens += consumed.tokens[lo:hi].tolist()
+        self.conversation_supervised += consumed.supervised[lo:hi].tolist()
+
+    def add_rows(self, loss_masks: np.ndarray) -> None:
+        """Count rows given in order, by their masks (2-D)."""
+        self.row_supervised += np.count_nonzero(loss_masks, axis=1).tolist()
 
     def by_source(self) -> list[dict]:
         """What each value of the data's ``source`` field gave, most tokens first.
