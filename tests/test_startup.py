@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
 from tokenizers import Tokenizer
 
@@ -11,9 +20,62 @@ from builders.encode import spawn
 from builders.fixture.hf_cache import MESSAGE, parquet_shards
 from builders.fixture.make import synthetic_rows, tokenizer_json
 from builders.inputs.pinned import Hub
-from helpers import lay_out_build, run_cli
+from builders.runtime import stopping
+from helpers import SELF_CONTAINED, lay_out_build, run_cli, start_cli_ready, wait_for
 
 BAD_SHARD = "data/train-00001-of-00002.parquet"
+
+
+@pytest.fixture
+def stop_handler():
+    """The command line's stop handler, installed in this process for the test, then removed."""
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    stopping.install()
+    yield
+    for signum, handler in before.items():
+        signal.signal(signum, handler)
+    stopping._asked.clear()
+
+
+def _stopped_after_the_first(monkeypatch, name: str) -> list:
+    """Every worker ``spawn.start`` starts; a SIGTERM to this process after the first ``NAME``."""
+    started, start = [], spawn.start
+
+    def recorded():
+        started.append(start())
+        return started[-1]
+
+    monkeypatch.setattr(spawn, "start", recorded)
+    first, unstopped = [True], getattr(spawn, name)
+
+    def then_stopped(*args):
+        done = unstopped(*args)
+        if first:
+            first.pop()
+            os.kill(os.getpid(), signal.SIGTERM)
+        return done
+
+    monkeypatch.setattr(spawn, name, then_stopped)
+    return started
+
+
+@pytest.mark.parametrize("when", ["start", "stop"])
+def test_a_stop_as_workers_start_or_are_reaped_leaves_none_running(stop_handler, monkeypatch, when):
+    """A stop that lands as one has just started, or while they are reaped, unwinds after."""
+    started = _stopped_after_the_first(monkeypatch, when)
+    with pytest.raises(KeyboardInterrupt), spawn.early(3):
+        # a build that fails: the workers are reaped
+        raise RuntimeError("a refused manifest")
+    assert len(started) == 3 if when == "stop" else len(started) >= 1
+    assert [process.poll() is not None for process, _ in started] == [True] * len(started)
+
+
+def test_workers_a_pool_took_are_reaped_if_it_stopped_as_it_took_them():
+    with pytest.raises(KeyboardInterrupt), spawn.early(2) as started:
+        assert spawn.taken(2) == started
+        # the pool stopped before it held them
+        raise KeyboardInterrupt
+    assert [process.poll() is not None for process, _ in started] == [True, True]
 
 
 def test_workers_started_early_are_taken_by_the_pool_or_reaped():
@@ -108,3 +170,142 @@ def test_a_tokenizer_json_that_does_not_parse_is_named_before_the_config(tmp_pat
         .splitlines()[-1]
         .endswith(f"the pinned tokenizer files cannot be parsed: {parse.value}")
     )
+
+
+def _workers_of(pid: int) -> set[int]:
+    """The worker processes ``pid`` has now (its children running ``builders.encode.worker``)."""
+    children = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            children.update(int(c) for c in (task / "children").read_text().split())
+    return {c for c in children if b"builders.encode.worker" in _cmdline(c)}
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _running(pid: int) -> bool:
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_build_stopped_once_its_workers_run_leaves_none_running(tmp_path, signum):
+    """Stopped as its early workers start, the build ends as ever (exit 130), and they with it."""
+    manifest = lay_out_build(tmp_path / "hf", synthetic_rows(seed=4, count=40), build_rows=10)
+    out = tmp_path / "out"
+    process = start_cli_ready(
+        "--manifest", str(manifest), "--out", str(out), "--workers", "2", hf_home=tmp_path / "hf"
+    )
+    workers = set()
+
+    def both_seen() -> bool:
+        workers.update(_workers_of(process.pid))
+        return len(workers) == 2 or process.poll() is not None
+
+    assert wait_for(both_seen) and len(workers) == 2
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 130 and stderr.strip().splitlines()[-1] == stopping.STOPPED
+    assert "Traceback" not in stderr and not (out / "custom.parquet").exists()
+    assert [pid for pid in workers if _running(pid)] == []
+
+
+def test_commands_that_encode_in_this_process_or_not_at_all_start_no_worker(
+    tmp_path, monkeypatch, hub
+):
+    """Only build and plan with workers start them early: no other command, nor ``--help``."""
+    started = []
+    monkeypatch.setattr(spawn, "start", lambda: started.append(1))
+    monkeypatch.setattr(cli, "_hub", lambda args, manifest: hub)
+    # auto, on two cores: this process
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    for command in (["--help"], ["build", "--help"], ["plan", "--workers", "3", "--help"]):
+        with pytest.raises(SystemExit) as done:
+            cli_main(command)
+        assert done.value.code == 0
+    out = tmp_path / "out"
+    parquet = str(out / f"{SELF_CONTAINED}.parquet")
+    commands = [
+        ["--build", SELF_CONTAINED, "--out", str(out), "--workers", "1"],
+        ["--build", SELF_CONTAINED, "--out", str(tmp_path / "auto"), "--no-card"],
+        ["plan", "--build", SELF_CONTAINED, "--workers", "1"],
+        ["--verify", parquet],
+        ["inspect", parquet, "--row", "1"],
+        ["diff", parquet, str(tmp_path / "auto" / f"{SELF_CONTAINED}.parquet")],
+        ["export", parquet, "--to", "trl"],
+        ["explain", "--build", SELF_CONTAINED],
+        ["download", "--build", SELF_CONTAINED],
+        ["pin", "--dataset", str(tmp_path / "auto"), "--files", "*.parquet"],
+    ]
+    codes = [cli_main(["-q", *command]) for command in commands]
+    assert (codes, started) == ([0] * len(commands), [])
+    report = json.loads((tmp_path / "auto" / f"{SELF_CONTAINED}.report.json").read_text())
+    assert (report["workers"], report["workers_requested"], report["cores"]) == (1, "auto", 2)
+
+
+@pytest.mark.parametrize("cores", [3, 4])
+def test_auto_starts_the_workers_the_build_uses_and_its_rows_are_the_same(
+    tmp_path, monkeypatch, cores
+):
+    """``--workers auto`` on more than two cores: one worker a core, each started early, taken."""
+    manifest = lay_out_build(tmp_path / "hf", synthetic_rows(seed=4, count=40), build_rows=10)
+    started, start = [], spawn.start
+
+    def counted():
+        started.append(start())
+        return started[-1]
+
+    monkeypatch.setattr(spawn, "start", counted)
+    monkeypatch.setattr(cli, "_hub", lambda args, _: Hub(tmp_path / "hf" / "hub", offline=True))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    args = ["--manifest", str(manifest), "-q", "--no-card", "--out"]
+    assert cli_main([*args, str(tmp_path / "auto")]) == 0
+    # the pool took every worker started early, and started none of its own
+    assert len(started) == cores
+    assert all(process.poll() is not None for process, _ in started)
+    assert cli_main([*args, str(tmp_path / "one"), "--workers", "1"]) == 0
+    assert len(started) == cores
+    report = json.loads((tmp_path / "auto" / "custom.report.json").read_text())
+    assert (report["workers"], report["workers_requested"], report["cores"]) == (
+        cores,
+        "auto",
+        cores,
+    )
+    assert (tmp_path / "auto" / "custom.parquet").read_bytes() == (
+        tmp_path / "one" / "custom.parquet"
+    ).read_bytes()
+
+
+def test_workers_the_system_refuses_are_refused_where_the_build_started_them(
+    tmp_path, monkeypatch, capsys
+):
+    """No process left: a refused manifest is named first, else exit 7, never a traceback."""
+    manifest = lay_out_build(tmp_path / "hf", synthetic_rows(seed=4, count=40), build_rows=10)
+
+    def refused(*args, **kwargs):
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(
+        spawn, "subprocess", SimpleNamespace(Popen=refused, DEVNULL=subprocess.DEVNULL)
+    )
+    monkeypatch.setattr(cli, "_hub", lambda args, _: Hub(tmp_path / "hf" / "hub", offline=True))
+    errors = {}
+    for workers in ("1", "2"):
+        code = cli_main(["--manifest", str(tmp_path / "no.yaml"), "-q", "--workers", workers])
+        errors[workers] = (code, capsys.readouterr().err)
+    assert errors["1"] == errors["2"] and errors["1"][0] == 2
+    out = tmp_path / "out"
+    code = cli_main(["--manifest", str(manifest), "--out", str(out), "-q", "--workers", "2"])
+    assert code == 7 and capsys.readouterr().err == (
+        "error: a tokenizing worker process could not start: [Errno 11] Resource temporarily "
+        "unavailable; nothing was left at the final path\n"
+    )
+    assert not (out / "custom.parquet").exists()
+    assert cli_main(["--manifest", str(manifest), "--out", str(out), "-q", "--workers", "1"]) == 0

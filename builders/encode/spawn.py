@@ -23,6 +23,9 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from builders.errors import WorkerError
+from builders.runtime import stopping
+
 # cores on which --workers auto encodes in this process
 IN_PROCESS_UP_TO = 2
 # the folder that holds this package: workers run the same code
@@ -33,6 +36,7 @@ BOOTSTRAP = (
     "from builders.encode.worker import serve; serve(int(sys.argv[2]))"
 )
 
+NOTHING_LEFT = "nothing was left at the final path"
 Started = tuple[subprocess.Popen, Connection]
 # started by ``early``, not yet taken by a pool
 _waiting: list[Started] = []
@@ -50,36 +54,64 @@ def worker_count(requested: str | int) -> int:
 
 
 def start() -> Started:
-    """Start one worker process; its channel is the build's end of the socket pair."""
-    ours, theirs = socket.socketpair()
+    """Start one worker process; its channel is the build's end of the socket pair.
+
+    The system refusing it (no process or file descriptor left) is a ``WorkerError``.
+    """
     # one thread each: the workers are the parallelism
     environment = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}
-    with theirs:
-        process = subprocess.Popen(
-            [sys.executable, "-c", BOOTSTRAP, str(ROOT), str(theirs.fileno())],
-            pass_fds=[theirs.fileno()],
-            stdin=subprocess.DEVNULL,
-            env=environment,
-            start_new_session=True,
-        )
-    return process, Connection(ours.detach())
+    try:
+        ours, theirs = socket.socketpair()
+        with ours, theirs:
+            process = subprocess.Popen(
+                [sys.executable, "-c", BOOTSTRAP, str(ROOT), str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                env=environment,
+                start_new_session=True,
+            )
+            return process, Connection(ours.detach())
+    except OSError as err:
+        raise WorkerError(
+            f"a tokenizing worker process could not start: {err}; {NOTHING_LEFT}"
+        ) from err
 
 
 @contextmanager
 def early(requested: str | int) -> Iterator[list[Started]]:
     """Start the workers ``--workers`` asks for now; a pool entered in the block takes them.
 
-    It gives them (none where the build encodes in this process). Those no pool took are ended
-    and reaped as the block ends, on any way out.
+    It gives them (none where the build encodes in this process, or the system refuses one). All,
+    taken or not, are ended and reaped as the block ends, on any way out; a stop (SIGINT, SIGTERM)
+    waits while one starts or while they are reaped, so none is left running.
     """
     count = worker_count(requested)
+    started: list[Started] = []
     try:
-        for _ in range(count if count > 1 else 0):
-            _waiting.append(start())
-        yield _waiting[:]
+        _start_into(started, count if count > 1 else 0)
+        _waiting[:] = started
+        yield started[:]
     finally:
-        while _waiting:
-            stop(_waiting.pop())
+        _waiting.clear()
+        # a pool that took them ended them already, unless it was stopped as it took them
+        with stopping.deferred():
+            for one in started:
+                stop(one)
+
+
+def _start_into(started: list[Started], count: int) -> None:
+    """Start ``count`` workers into ``started``, or none where the system refuses one.
+
+    The pool then starts them itself, and says why it cannot where the build did before.
+    """
+    try:
+        for _ in range(count):
+            with stopping.deferred():
+                started.append(start())
+    except WorkerError:
+        with stopping.deferred():
+            while started:
+                stop(started.pop())
 
 
 def taken(count: int) -> list[Started]:
@@ -92,7 +124,7 @@ def taken(count: int) -> list[Started]:
 
 
 def stop(started: Started) -> None:
-    """Close a worker's channel, end the process and reap it."""
+    """Close a worker's channel, end the process and reap it (again: nothing more)."""
     process, channel = started
     channel.close()
     if process.poll() is None:

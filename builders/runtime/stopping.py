@@ -3,7 +3,9 @@
 The handler raises KeyboardInterrupt, which unwinds the build (its temporaries are removed, exit
 130). But where the signal lands while a finalizer runs (a ``__del__``, in any library), Python
 prints "Exception ignored" and the build goes on. So the handler also remembers the stop, and the
-build checks it (``check``) at every row and before and after it puts its outputs in place.
+build checks it (``check``) at every row and before and after it puts its outputs in place. A
+block that must not be left half done (starting a worker and keeping its handle, reaping them)
+holds a stop back until it ends (``deferred``).
 
 ``run_command_line`` installs the handler before anything heavy is imported, so a stop ends the
 same way from the moment it is installed; ``-v`` (or ``FIXED_SFT_SAY_STARTED=1``) says when.
@@ -16,6 +18,8 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 INTERRUPTED = 130
 STOPPED = "error: interrupted; nothing was left at the final path"
@@ -23,12 +27,30 @@ STOPPED = "error: interrupted; nothing was left at the final path"
 SAY_STARTED = "FIXED_SFT_SAY_STARTED"
 
 _asked = threading.Event()
+# blocks a stop does not break into (``deferred``), one inside another
+_deferring = 0
 
 
 def ask(signum, frame) -> None:
-    """The signal handler: remember the stop, and unwind."""
+    """The signal handler: remember the stop, and unwind (in a ``deferred`` block, as it ends)."""
     _asked.set()
-    raise KeyboardInterrupt
+    if not _deferring:
+        raise KeyboardInterrupt
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """A block that a stop does not break into: it unwinds as the block ends.
+
+    For what must not be left half done, such as starting a process and keeping its handle.
+    """
+    global _deferring
+    _deferring += 1
+    try:
+        yield
+    finally:
+        _deferring -= 1
+    check()
 
 
 def check() -> None:
