@@ -46,6 +46,7 @@ from builders.encode.worker import Worker, encode_rows
 from builders.errors import EngineDisagreement, RefusedConversation
 from builders.inputs.layout import conversations
 from builders.inputs.source import Source
+from builders.runtime import stopping
 
 if TYPE_CHECKING:
     from builders.inputs.pinned import TokenizerFiles
@@ -182,7 +183,9 @@ class Pool(InProcess):
             # each then waits for its start-up message
             self.workers = [Worker(started) for started in spawn.taken(self.count)]
             for _ in range(self.count - len(self.workers)):
-                self.workers.append(Worker())
+                # a stop while a worker starts lands once its handle is kept (and reaped)
+                with stopping.deferred():
+                    self.workers.append(Worker())
         except BaseException:
             self._stop()
             raise

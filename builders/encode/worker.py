@@ -67,7 +67,6 @@ from builders.inputs.source import Source
 from builders.limits import Limits
 from builders.manifest import DatasetPin
 
-NOTHING_LEFT = "nothing was left at the final path"
 # the task a worker finds in its queue once it has chosen its engine
 CHOSEN = (None, None)
 
@@ -153,7 +152,8 @@ class Worker:
                     f"a tokenizing worker failed while encoding a batch:\n{header['traceback']}"
                 )
             raise WorkerError(
-                f"a tokenizing worker process could not start: {header['failed']}; {NOTHING_LEFT}"
+                f"a tokenizing worker process could not start: {header['failed']}; "
+                + spawn.NOTHING_LEFT
             )
         if "ready" in header:
             self.started = True
@@ -209,7 +209,9 @@ class Worker:
                 else "its channel closed, but it did not exit"
             )
         when = "while starting" if not self.started else "before returning its batch"
-        return WorkerError(f"a tokenizing worker process died {when} ({status}); {NOTHING_LEFT}")
+        return WorkerError(
+            f"a tokenizing worker process died {when} ({status}); {spawn.NOTHING_LEFT}"
+        )
 
 
 def serve(fd: int) -> None:
