@@ -11,13 +11,13 @@ with the inputs' lay-out on 16 cores), or a before/after on a shared machine.
         --repeats 3 --scale 0.05 --rows 800 --cache bench/.cache
 
 Prints, for each worker count (and tree), each build's seconds, the CPU of the main process and
-of its children, cores busy, the garbage collector's full passes in the main process and their
-CPU (``gc_full_s``), rows_sha256 and timings, and its ratio to ``encode_batch_fast`` of
-the consumed conversations' texts (the first build's), measured in the same run; with
-``--baseline``, the medians and this tree's over the baseline's. The share of the CPUs other
-processes used in the 2 s before each build is printed (``busy_before``): on a shared machine
-only the ratios within one run say anything. Inputs are laid out in --cache (default /tmp/bc, full
-scale; bench/scale_inputs.py).
+of its children, cores busy, the peak RSS of the build and of its largest child, the garbage
+collector's full passes in the main process and their CPU (``gc_full_s``), rows_sha256 and
+timings, and its ratio to ``encode_batch_fast`` of the consumed conversations' texts (the first
+build's), measured in the same run; with ``--baseline``, the medians and this tree's over the
+baseline's. The share of the CPUs other processes used in the 2 s before each build is printed
+(``busy_before``): on a shared machine only the ratios within one run say anything.
+Inputs are laid out in --cache (default /tmp/bc, full scale; bench/scale_inputs.py).
 """
 
 import argparse
@@ -45,6 +45,8 @@ SHOWN = (
     "cores_busy",
     "gc_full_passes",
     "gc_full_s",
+    "main_peak_rss_mib",
+    "worker_peak_rss_mib",
 )
 
 
