@@ -40,11 +40,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "tests"))
-from build_at_scale import build  # noqa: E402
-from turns_at_scale import turns_manifest, turns_tokenizer  # noqa: E402
+from turns_at_scale import one_process_builds, turns_manifest, turns_tokenizer  # noqa: E402
 
 from builders.fixture.hf_cache import put_snapshot  # noqa: E402
-from measure import against_option, alternated, compared, scale_options, write_results  # noqa: E402
+from measure import against_option, compared, scale_options, write_results  # noqa: E402
 from scale_inputs import _cut, lay_out, manifest_text, word_pool  # noqa: E402
 
 RSS_TARGET_MIB, TIME_TARGET = 1536, 1.5
@@ -159,19 +158,7 @@ def main() -> None:
         snapshot = hf_home / "hub" / "models--bench--glm-scale-tokenizer" / "snapshots"
         pool = word_pool((snapshot / facts["tokenizer_revision"] / "tokenizer.json").read_text())
     tools.write_text(tools_manifest(turns.read_text(), tool_source(hf_home, args.scale, pool)))
-    print(
-        f"inputs laid out in {time.perf_counter() - started:.0f} s; measuring",
-        file=sys.stderr,
-        flush=True,
-    )
-    measured = alternated(
-        args,
-        {"turns": turns, "tools": tools},
-        lambda name, manifest, tree: build(
-            manifest, args.cache / "out" / f"{name}-tc", hf_home, "fastokens", "1", tree=tree
-        ),
-        hf_home,
-    )
+    measured = one_process_builds(args, {"turns": turns, "tools": tools}, hf_home, started, "tc")
     if args.annotate:
         results = results.with_name(results.name.replace(".json", ".annotate.json"))
     summary = {

@@ -80,6 +80,27 @@ def turns_manifest(glm5_manifest: str, tokenizer: dict) -> str:
     )
 
 
+def one_process_builds(args, builds: dict, hf_home: Path, started: float, tag: str) -> dict:
+    """Each of ``builds`` (name -> manifest) in one process with fastokens, alternately by builder.
+
+    First says how long the inputs took to lay out (since ``started``); outputs go to
+    ``OUT/NAME-TAG`` in the inputs' folder.
+    """
+    print(
+        f"inputs laid out in {time.perf_counter() - started:.0f} s; measuring",
+        file=sys.stderr,
+        flush=True,
+    )
+    return alternated(
+        args,
+        builds,
+        lambda name, manifest, tree: build(
+            manifest, args.cache / "out" / f"{name}-{tag}", hf_home, "fastokens", "1", tree=tree
+        ),
+        hf_home,
+    )
+
+
 def main() -> None:
     args, results, template = scale_options(
         __doc__, "turns_at_scale", "rows of 8,192 tokens to build", against_option
@@ -91,19 +112,7 @@ def main() -> None:
     glm5.write_text(manifest_text(facts, "bench", args.rows))
     turns = args.cache / "bench-turns.yaml"
     turns.write_text(turns_manifest(glm5.read_text(), turns_tokenizer(hf_home, facts)))
-    print(
-        f"inputs laid out in {time.perf_counter() - started:.0f} s; measuring",
-        file=sys.stderr,
-        flush=True,
-    )
-    measured = alternated(
-        args,
-        {"glm5": glm5, "turns": turns},
-        lambda name, manifest, tree: build(
-            manifest, args.cache / "out" / f"{name}-vs", hf_home, "fastokens", "1", tree=tree
-        ),
-        hf_home,
-    )
+    measured = one_process_builds(args, {"glm5": glm5, "turns": turns}, hf_home, started, "vs")
     if args.annotate:
         results = results.with_name(results.name.replace(".json", ".annotate.json"))
     summary = {
