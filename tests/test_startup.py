@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -116,6 +117,42 @@ def test_a_build_with_workers_takes_those_the_command_started(tmp_path, monkeypa
     assert (tmp_path / "out" / "custom.parquet").read_bytes() == (
         tmp_path / "out2" / "custom.parquet"
     ).read_bytes()
+
+
+# the build's process, its pool's ``sample`` recorded: was transformers imported before it?
+SAMPLE_BEFORE_TRANSFORMERS = """
+import json, sys
+from pathlib import Path
+from builders import cli
+from builders.encode import pool
+from builders.inputs.pinned import Hub
+
+seen, sample = [], pool.Pool.sample
+
+def recorded(self, *args):
+    seen.append("transformers" in sys.modules)
+    return sample(self, *args)
+
+pool.Pool.sample = recorded
+cli._hub = lambda args, manifest: Hub(Path(sys.argv[1]), offline=True)
+code = cli.main(sys.argv[2:])
+print(json.dumps([code, seen, "transformers" in sys.modules]))
+"""
+
+
+def test_the_workers_have_the_plan_s_sample_before_the_build_imports_transformers(tmp_path):
+    """The command's imports up to the sample leave out the renderer's (transformers: 0.5 s)."""
+    manifest = lay_out_build(tmp_path / "hf", synthetic_rows(seed=4, count=40), build_rows=10)
+    hub = str(tmp_path / "hf" / "hub")
+    command = ["--manifest", str(manifest), "--out", str(tmp_path / "out"), "-q", "--workers", "2"]
+    done = subprocess.run(
+        [sys.executable, "-c", SAMPLE_BEFORE_TRANSFORMERS, hub, *command],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    # the build renders (and imports transformers) after it has handed the sample out
+    assert json.loads(done.stdout.splitlines()[-1]) == [0, [False], True], done.stderr
 
 
 @pytest.mark.parametrize("also", [None, "a bad shard"])
