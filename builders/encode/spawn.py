@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -28,6 +29,8 @@ from builders.runtime import stopping
 
 # cores on which --workers auto encodes in this process
 IN_PROCESS_UP_TO = 2
+# workers ``early`` starts at once
+STARTING_AT_ONCE = 4
 # the folder that holds this package: workers run the same code
 ROOT = Path(__file__).resolve().parents[2]
 BOOTSTRAP = (
@@ -102,16 +105,22 @@ def early(requested: str | int) -> Iterator[list[Started]]:
 def _start_into(started: list[Started], count: int) -> None:
     """Start ``count`` workers into ``started``, or none where the system refuses one.
 
-    The pool then starts them itself, and says why it cannot where the build did before.
+    They start ``STARTING_AT_ONCE`` at a time (each start waits for its interpreter's exec); a stop
+    waits until all have started. The pool then starts them itself where the system refused one,
+    and says why it cannot where the build did before.
     """
-    try:
-        for _ in range(count):
-            with stopping.deferred():
-                started.append(start())
-    except WorkerError:
-        with stopping.deferred():
+    with stopping.deferred():
+        with ThreadPoolExecutor(min(count, STARTING_AT_ONCE) or 1) as starting:
+            starts = [starting.submit(start) for _ in range(count)]
+        for one in starts:
+            if one.exception() is None:
+                started.append(one.result())
+        refused = [one.exception() for one in starts if one.exception() is not None]
+        if refused:
             while started:
                 stop(started.pop())
+            if not isinstance(refused[0], WorkerError):
+                raise refused[0]
 
 
 def taken(count: int) -> list[Started]:
