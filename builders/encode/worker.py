@@ -16,7 +16,8 @@ the channel:
   undecoded-to-Python (Arrow) for the build to hold; with K (the plan's sample) it keeps the group
   decoded for its next task of it. Closing the channel ends the worker.
 - worker → build: a JSON header for each message: ``ready`` once it can encode (with the
-  reference engine, while the engine asked for loads beside it: ``engines.Choosing``); ``engine``
+  reference engine, while the engine asked for loads beside it from its first answer on:
+  ``engines.Choosing``); ``engine``
   once it has chosen (``builders.encode.engines.choose``: the same probes in every worker), and
   encodes with that from then on; for each task ``batch`` (with the conversations the contract
   cannot encode, by position and message), followed by an Arrow IPC stream of the encoded
