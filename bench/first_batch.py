@@ -23,6 +23,9 @@ worker's ``ready`` and first batch), read against the moment the bench started t
 - ``tokenizer_sent_s`` / ``start_up_sent_s``: the build telling its first worker where the
   tokenizer lies (from de0d367 on) / sending it the start-up message;
 - ``main_imported_s``: the command's process done importing ``builders.build``;
+- ``main_renderer_s``: the command's process done importing the renderer (transformers): before
+  ``main_imported_s`` in builders before the start-up's third round, after ``sample_sent_s`` from
+  it on;
 - ``sample_sent_s``: the build handing the plan's sample to the workers (builders that do:
   from the start-up's second round on; before, the build encoded it itself);
 - ``first_group_s``: the build handing out the pass's first row group (it has planned);
@@ -55,6 +58,7 @@ from scale_inputs import lay_out, manifest_text  # noqa: E402
 SITE = REPO / "bench" / "first_batch_site"
 MEASURES = (
     "main_imported_s",
+    "main_renderer_s",
     "tokenizer_sent_s",
     "start_up_sent_s",
     "workers_spawned_s",
@@ -171,6 +175,7 @@ def build(tree: Path, manifest: Path, hf_home: Path, workers: str, out: Path) ->
         "workers": workers,
         "workers_used": report["workers"],
         "main_imported_s": first("imported builders.build", main),
+        "main_renderer_s": first("imported builders.formats.render", main),
         "start_up_sent_s": first("sent contract"),
         "workers_spawned_s": round(max(workers_python) - started, 3) if workers_python else None,
         "tokenizer_sent_s": first("sent tokenizer"),
