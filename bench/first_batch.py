@@ -29,7 +29,9 @@ worker's ``ready`` and first batch), read against the moment the bench started t
 - ``sample_sent_s``: the build handing the plan's sample to the workers (builders that do:
   from the start-up's second round on; before, the build encoded it itself);
 - ``first_group_s``: the build handing out the pass's first row group (it has planned);
-- ``workers_spawned_s``: the last worker's interpreter up; ``seconds``: the whole build.
+- ``workers_spawned_s``: the last worker's interpreter up; ``seconds``: the whole build;
+  ``cpu_s``: the CPU time (user and system) of the build and every process it reaped, which a
+  busy machine changes less than ``seconds``.
 - ``timings``: the build report's own stages.
 
 It prints each run, then the medians and their ratios (this tree over the baseline, each
@@ -42,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -69,6 +72,7 @@ MEASURES = (
     "last_engine_s",
     "first_batch_s",
     "seconds",
+    "cpu_s",
 )
 
 
@@ -149,9 +153,9 @@ def build(tree: Path, manifest: Path, hf_home: Path, workers: str, out: Path) ->
             *("--manifest", str(manifest), "--out", str(out), "--workers", workers),
             *("-q", "--no-card"),
         ]
-        started = time.time()
+        started, before = time.time(), _children_cpu()
         done = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=tree)
-        seconds = time.time() - started
+        seconds, cpu = time.time() - started, _children_cpu() - before
         if done.returncode != 0:
             raise SystemExit(f"the build failed ({done.returncode}): {done.stderr}")
         events = [json.loads(line) for line in trace.read_text().splitlines()]
@@ -186,9 +190,16 @@ def build(tree: Path, manifest: Path, hf_home: Path, workers: str, out: Path) ->
         "last_engine_s": first("sent engine", last=True),
         "first_batch_s": first("sent batch") or first("in-process batch"),
         "seconds": round(seconds, 3),
+        "cpu_s": round(cpu, 3),
         "rows_sha256": report["figures"]["rows_sha256"],
         "timings": report["timings"],
     }
+
+
+def _children_cpu() -> float:
+    """User and system CPU seconds of this process's reaped children (and theirs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def medians(runs: list[dict]) -> dict:
