@@ -5,6 +5,9 @@
     python bench/first_batch.py --json first_batch.json --baseline 8690c98
     # a smoke run on 2 cores
     python bench/first_batch.py --json /tmp/fb.json --scale 0.05 --rows 400 --repeats 1
+    # on 2 cores, the build's process and one worker, each with a core (the order shows)
+    python bench/first_batch.py --json /tmp/fb.json --scale 0.05 --rows 400 --workers 1 \
+        --pool-of-one --baseline BASE
 
 It lays out (once, in --cache) the inputs of bench/build_at_scale.py (a GLM-scale tokenizer with
 the pinned template, a Tulu-shaped source of ``939,343 × --scale`` conversations), then runs the
@@ -94,6 +97,13 @@ def options() -> argparse.Namespace:
     )
     parser.add_argument("--repeats", type=int, default=3, help="builds of each kind (default 3)")
     parser.add_argument(
+        "--pool-of-one",
+        action="store_true",
+        help="with --workers 1, encode in a pool of one worker process (a trace's patch, not an "
+        "option of the build): the build's process and one worker, each with a core on 2 cores, "
+        "as each has on 16",
+    )
+    parser.add_argument(
         "--baseline",
         help="an earlier builder to compare with: a git revision of this repository, or a folder "
         "holding a checkout",
@@ -133,12 +143,15 @@ def baseline_tree(baseline: str, cache: Path) -> Path:
     return tree
 
 
-def build(tree: Path, manifest: Path, hf_home: Path, workers: str, out: Path) -> dict:
+def build(
+    tree: Path, manifest: Path, hf_home: Path, workers: str, out: Path, pool_of_one: bool
+) -> dict:
     """One build by ``tree``'s builder, traced; its measures in seconds from its start."""
     with tempfile.TemporaryDirectory() as folder:
         trace = Path(folder) / "trace.jsonl"
         environment = {
             **os.environ,
+            **({"FIRST_BATCH_POOL_OF_ONE": "1"} if pool_of_one else {}),
             "HF_HOME": str(hf_home),
             "HF_HUB_OFFLINE": "1",
             # before any PYTHONPATH of the environment (a --target install of the wheels)
@@ -225,7 +238,8 @@ def main() -> None:
     for repeat in range(args.repeats):
         for workers in args.workers:
             for name, tree in trees.items():
-                run = build(tree, manifest, hf_home, workers, args.cache / "out" / "first_batch")
+                out = args.cache / "out" / "first_batch"
+                run = build(tree, manifest, hf_home, workers, out, args.pool_of_one)
                 runs.append({"tree": name, "repeat": repeat, **run})
                 shown = {k: run[k] for k in MEASURES}
                 print(f"{name:>8} workers={workers}: {json.dumps(shown)}", flush=True)
@@ -253,6 +267,7 @@ def main() -> None:
         "scale": args.scale,
         "rows": args.rows,
         "baseline": args.baseline,
+        "pool_of_one": args.pool_of_one,
         "same_rows": same,
         "summary": summary,
         "runs": runs,
