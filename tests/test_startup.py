@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,6 +19,7 @@ from tokenizers import Tokenizer
 from builders import cli
 from builders.cli import main as cli_main
 from builders.encode import spawn
+from builders.errors import WorkerError
 from builders.fixture.hf_cache import MESSAGE, parquet_shards
 from builders.fixture.make import synthetic_rows, tokenizer_json
 from builders.inputs.pinned import Hub
@@ -91,6 +93,32 @@ def test_workers_started_early_are_taken_by_the_pool_or_reaped():
     assert [process.poll() is not None for process, _ in started] == [True] * 3
     with spawn.early(1) as started:
         assert started == []
+
+
+def test_workers_start_without_threads_and_one_refused_leaves_none(monkeypatch):
+    """Where no thread can start, this one starts them all; one the system refuses ends all."""
+
+    def no_thread(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    with spawn.early(5) as started:
+        assert len({process.pid for process, _ in started}) == 5
+    assert [process.poll() is not None for process, _ in started] == [True] * 5
+    made, start = [], spawn.start
+
+    def third_refused():
+        if len(made) == 2:
+            made.append(None)
+            raise WorkerError("a tokenizing worker process could not start: EAGAIN")
+        made.append(start())
+        return made[-1]
+
+    monkeypatch.setattr(spawn, "start", third_refused)
+    with spawn.early(5) as started:
+        assert started == [] and spawn.taken(5) == []
+    assert len(made) == 5
+    assert all(one[0].poll() is not None for one in made if one is not None)
 
 
 def test_a_build_with_workers_takes_those_the_command_started(tmp_path, monkeypatch):

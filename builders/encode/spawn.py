@@ -18,8 +18,8 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -105,22 +105,37 @@ def early(requested: str | int) -> Iterator[list[Started]]:
 def _start_into(started: list[Started], count: int) -> None:
     """Start ``count`` workers into ``started``, or none where the system refuses one.
 
-    They start ``STARTING_AT_ONCE`` at a time (each start waits for its interpreter's exec); a stop
-    waits until all have started. The pool then starts them itself where the system refused one,
-    and says why it cannot where the build did before.
+    Each start waits for its interpreter's exec, so they go ``STARTING_AT_ONCE`` at a time, from
+    threads (where the system has none to give, from this one); a stop waits until all have
+    started. The pool then starts them itself where the system refused one, and says why it
+    cannot where the build did before.
     """
+    outcomes: list[Started | WorkerError | None] = [None] * count
+
+    def start_every(first: int) -> None:
+        for k in range(first, count, STARTING_AT_ONCE):
+            try:
+                outcomes[k] = start()
+            except WorkerError as err:
+                outcomes[k] = err
+
     with stopping.deferred():
-        with ThreadPoolExecutor(min(count, STARTING_AT_ONCE) or 1) as starting:
-            starts = [starting.submit(start) for _ in range(count)]
-        for one in starts:
-            if one.exception() is None:
-                started.append(one.result())
-        refused = [one.exception() for one in starts if one.exception() is not None]
-        if refused:
+        helpers = []
+        for first in range(1, min(count, STARTING_AT_ONCE)):
+            helper = threading.Thread(target=start_every, args=(first,), name="worker-start")
+            try:
+                helper.start()
+                helpers.append(helper)
+            except RuntimeError:
+                # no thread to be had (the system's limit on processes)
+                start_every(first)
+        start_every(0)
+        for helper in helpers:
+            helper.join()
+        started.extend(o for o in outcomes if o is not None and not isinstance(o, WorkerError))
+        if len(started) < count:
             while started:
                 stop(started.pop())
-            if not isinstance(refused[0], WorkerError):
-                raise refused[0]
 
 
 def taken(count: int) -> list[Started]:
