@@ -313,9 +313,9 @@ def serve(fd: int) -> None:
 
 def _import_renderer() -> None:
     """Import what every chat format renders with (transformers), then refuse pandas."""
-    if "builders.formats.render" not in sys.modules:
-        import builders.formats.render  # noqa: F401
+    import builders.formats.render  # noqa: F401
 
+    if not any(isinstance(finder, _NoPandas) for finder in sys.meta_path):
         sys.meta_path.insert(0, _NoPandas())
 
 
