@@ -23,6 +23,7 @@ answer: supervised unless the reading ``stop: unsupervised``).
 
 from __future__ import annotations
 
+import bisect
 import functools
 import itertools
 import re
@@ -333,13 +334,18 @@ class TurnsFormat(ChatFormat):
         # where answers start, a call's printed fields stand as its message's as texts do
         anchors = sorted(printed + [(s, e, runs[n].message) for s, e, n in found if runs[n].field])
         headers = self._headers(messages, text, anchors)
+        # the prints are disjoint and in order: the first of them from a character on is found by
+        # bisection
+        starts = [p[0] for p in printed]
+        last_print = {p[2]: p[1] for p in printed}
         ends_with_answer = False
         spans = {}
         for j, header in headers.items():
-            own = [p for p in printed if p[2] == j]
-            last = own[-1][1] if own else header[1]
+            last = last_print.get(j, header[1])
             answer_end, stop = last, None
-            following = next((p for p in printed if p[0] >= last and p[2] != j), None)
+            # after j's last print (or its header, when it prints none) every print is another's
+            at = bisect.bisect_left(starts, last)
+            following = printed[at] if at < len(printed) else None
             stop_end = len(text) if following is None else following[0]
             markup = text[last:stop_end]
             stops = [(at, -len(s)) for s in self.stops if (at := markup.find(s)) >= 0]
@@ -368,20 +374,33 @@ class TurnsFormat(ChatFormat):
         That is the ``[start, end)`` of the generation prompt found before it. ``printed``: the
         printed texts and call fields, ``(start, end, message)`` in order.
         """
+        # the prints are disjoint and in order (so are their ends): each bound below is found by
+        # bisection, and the prints ending before a message's first print are all another's
+        starts = [p[0] for p in printed]
+        ends = [p[1] for p in printed]
+        first = {}
+        # the furthest end of the prints of the messages before each one
+        before = [0] * (len(messages) + 1)
+        for start, end, message in printed:
+            first.setdefault(message, start)
+            before[message + 1] = max(before[message + 1], end)
+        before = list(itertools.accumulate(before, max))
         headers, previous = {}, 0
         for j, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
             after_tool = j > 0 and messages[j - 1]["role"] == "tool" and self.tool_prompts
             prompts = self.tool_prompts if after_tool else self.prompts
-            own = [p for p in printed if p[2] == j]
-            # printing nothing, j ends at the next printed text: the first of a later message after
-            # what came before j (a template may move a later text to the front, as DeepSeek's
-            # does a system message)
-            floor = max([previous, *(p[1] for p in printed if p[2] < j)])
-            later = next((p for p in printed if p[2] > j and p[0] >= floor), None)
-            end = own[0][0] if own else (later[0] if later else len(text))
-            start = max([previous, *(p[1] for p in printed if p[1] <= end and p[2] != j)])
+            if j in first:
+                end = first[j]
+            else:
+                # printing nothing, j ends at the next printed text: the first of a later message
+                # after what came before j (a template may move a later text to the front, as
+                # DeepSeek's does a system message); from there on, every print is a later one's
+                at = bisect.bisect_left(starts, max(previous, before[j]))
+                end = starts[at] if at < len(starts) else len(text)
+            at = bisect.bisect_right(ends, end)
+            start = max(previous, ends[at - 1]) if at else previous
             region = text[start:end]
             # the longest prompt that occurs, at its first occurrence
             # (among prompts as long: the earliest)
