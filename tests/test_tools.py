@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import random
 import re
 from pathlib import Path
 
@@ -22,10 +23,11 @@ from tool_conversations import TOOLS, tool_conversations
 
 import real_models
 from builders.encode.encoder import ConversationEncoder
-from builders.errors import SourceDataError, UsageError
+from builders.errors import ConversationError, SourceDataError, UsageError
 from builders.fixture.hf_cache import put_snapshot
 from builders.fixture.make import PINNED_TEMPLATE, shared_dir, tokenizer_json
 from builders.formats import FormatSpec, glm5_spec
+from builders.formats.tools import Injection, tool_fields
 from builders.inputs.pinned import special_tokens
 from builders.rows.packing import with_eos
 from helpers import NEEDS_SHARED, run_cli
@@ -269,6 +271,68 @@ def test_a_tool_field_holding_a_template_token_is_refused(where, text):
         messages[3]["tool_call_id"] = text
     with pytest.raises(SourceDataError, match=r"source row 0 .* holds .*added token, stop string"):
         encoder.encode(rows([(messages, tools)]))
+
+
+def _strings_of(value, path=()):
+    """Each (path, string) of a value, and the keys of arguments, for planting a string there."""
+    if isinstance(value, dict):
+        for key in list(value):
+            if "arguments" in path:
+                yield (*path, ("key", key)), key
+            yield from _strings_of(value[key], (*path, key))
+    elif isinstance(value, list):
+        for k, item in enumerate(value):
+            yield from _strings_of(item, (*path, k))
+    elif isinstance(value, str):
+        yield path, value
+
+
+def _planted(value, path, text):
+    """``value`` with the string at ``path`` (from ``_strings_of``) replaced by ``text``."""
+    *inside, last = path
+    for step in inside:
+        value = value[step]
+    if isinstance(last, tuple):
+        value[text] = value.pop(last[1])
+    else:
+        value[last] = text
+
+
+def test_the_injection_check_refuses_exactly_the_fields_that_hold_a_forbidden_string():
+    """Its one search over the calls' strings refuses as a search of each tool field would.
+
+    Forbidden strings, and halves of one at the ends of two neighbouring fields, are planted in
+    any string of generated conversations (contents and argument keys too); the expected outcome
+    is each field's own search, in the order ``tool_fields`` lists them.
+    """
+    forbidden = ["<|im_end|>", "<tool_call>", "<|im_start|>assistant\n"]
+    injection = Injection(forbidden)
+    rng = random.Random(29)
+    refused = 0
+    for messages, _ in tool_conversations(29, 300, strings=bool(rng.getrandbits(1))):
+        places = list(_strings_of(messages))
+        for _ in range(rng.randint(0, 2)):
+            path, text = rng.choice(places)
+            piece = rng.choice([*forbidden, "<|im_", "end|>"])
+            _planted(messages, path, rng.choice([piece, text + piece, piece + text]))
+            places = list(_strings_of(messages))
+        first = next(
+            (
+                (where, f)
+                for where, text in tool_fields(messages, None)
+                for f in forbidden
+                if f in text
+            ),
+            None,
+        )
+        if first is None:
+            injection.check(messages, None)
+            continue
+        refused += 1
+        with pytest.raises(ConversationError) as raised:
+            injection.check(messages, None)
+        assert str(raised.value).startswith(f"{first[0]} holds")
+    assert 50 < refused < 250
 
 
 REAL = {

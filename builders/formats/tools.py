@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from builders.errors import ConversationError
 
@@ -85,6 +85,35 @@ def _strings(value, where: str) -> Iterator[tuple[str, str]]:
             yield from _strings(item, f"{where}[{k}]")
 
 
+def _call_strings(messages: list[dict]) -> str:
+    """Every string (keys too) of the messages' calls and tool fields, joined by NULs."""
+    found: list[str] = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if calls:
+            _all_strings(calls, found)
+        for key in ("tool_call_id", "name"):
+            if isinstance(message.get(key), str):
+                found.append(message[key])
+    return "\0".join(found)
+
+
+def _all_strings(value, found: list[str]) -> None:
+    """Append each string in ``value`` (and each key) to ``found``, as ``_strings`` walks it."""
+    if type(value) is str:
+        found.append(value)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str):
+                found.append(key)
+            _all_strings(item, found)
+    elif isinstance(value, list):
+        for item in value:
+            _all_strings(item, found)
+    elif isinstance(value, str):
+        found.append(value)
+
+
 class Injection:
     """Refuses a tool field that holds a string only the template's own markup may hold.
 
@@ -110,9 +139,12 @@ class Injection:
                 self._seen[key] = self._first(tool_fields([], tools))
             if self._seen[key]:
                 self._refuse(*self._seen[key])
-        found = self._first(tool_fields(messages, None))
-        if found:
-            self._refuse(*found)
+        # every string of the calls and of the tool messages' fields, searched at once: a
+        # superset of the messages' tool fields, so only a match there needs the field found
+        if self._pattern is not None and self._pattern.search(_call_strings(messages)):
+            found = self._first(tool_fields(messages, None))
+            if found:
+                self._refuse(*found)
 
     def _first(self, fields) -> tuple[str, str] | None:
         if self._pattern is None:
@@ -131,8 +163,7 @@ class Injection:
         )
 
 
-@dataclass(frozen=True)
-class CallField:
+class CallField(NamedTuple):
     """A call's name, argument key or string leaf, replaced by a marker."""
 
     message: int
