@@ -273,16 +273,40 @@ def test_a_tool_field_holding_a_template_token_is_refused(where, text):
         encoder.encode(rows([(messages, tools)]))
 
 
-def _strings_of(value, path=()):
-    """Each (path, string) of a value, and the keys of arguments, for planting a string there."""
+def test_tool_conversations_with_call_ids_are_rendered_fresh_and_give_the_same_rows(monkeypatch):
+    """Conversations whose calls have ids are not kept (their shapes never repeat), others are.
+
+    Either way the rows are those of an encoder that keeps no placeholder render.
+    """
+    from builders.formats import turns
+
+    cases = tool_conversations(31, 12) + tool_conversations(32, 12, ids=False)
+    shared = _model_encoder(real_models.qwen3(), True, None)
+    shared.encode(rows(cases[:12]))
+    assert not shared.format._kept
+    together = shared.encode(rows(cases)) + shared.encode(rows(cases))
+    assert shared.format._kept
+    monkeypatch.setattr(turns, "SHAPES_KEPT_CHARS", 0)
+    fresh = model_encoder(real_models.qwen3()).encode(rows(cases))
+    assert not model_encoder(real_models.qwen3()).format._kept
+    for a, b in zip(together, fresh + fresh, strict=True):
+        assert (a.ids.tolist(), a.mask.tolist(), a.ends_with_answer) == (
+            b.ids.tolist(),
+            b.mask.tolist(),
+            b.ends_with_answer,
+        )
+
+
+def _strings_of(value, path=(), keys=False):
+    """Each (path, string) of a value, and its keys where ``keys`` or under ``arguments``."""
     if isinstance(value, dict):
         for key in list(value):
-            if "arguments" in path:
+            if keys or "arguments" in path:
                 yield (*path, ("key", key)), key
-            yield from _strings_of(value[key], (*path, key))
+            yield from _strings_of(value[key], (*path, key), keys)
     elif isinstance(value, list):
         for k, item in enumerate(value):
-            yield from _strings_of(item, (*path, k))
+            yield from _strings_of(item, (*path, k), keys)
     elif isinstance(value, str):
         yield path, value
 
@@ -299,38 +323,40 @@ def _planted(value, path, text):
 
 
 def test_the_injection_check_refuses_exactly_the_fields_that_hold_a_forbidden_string():
-    """Its one search over the calls' strings refuses as a search of each tool field would.
+    """Its one search over the tools' and calls' strings refuses as a search of each field would.
 
     Forbidden strings, and halves of one at the ends of two neighbouring fields, are planted in
-    any string of generated conversations (contents and argument keys too); the expected outcome
-    is each field's own search, in the order ``tool_fields`` lists them.
+    any string of generated conversations and their tools (contents, argument keys, the tools'
+    keys too); the expected outcome is each field's own search, in ``tool_fields``' order.
     """
     forbidden = ["<|im_end|>", "<tool_call>", "<|im_start|>assistant\n"]
     injection = Injection(forbidden)
     rng = random.Random(29)
     refused = 0
-    for messages, _ in tool_conversations(29, 300, strings=bool(rng.getrandbits(1))):
-        places = list(_strings_of(messages))
+    for messages, tools in tool_conversations(29, 300, strings=bool(rng.getrandbits(1))):
+        tools = json.loads(json.dumps(tools))
         for _ in range(rng.randint(0, 2)):
-            path, text = rng.choice(places)
+            # (not a role: the refusal names it)
+            places = [(messages, p, t) for p, t in _strings_of(messages) if p[-1] != "role"]
+            places += [(tools, p, t) for p, t in _strings_of(tools, keys=True)]
+            value, path, text = rng.choice(places)
             piece = rng.choice([*forbidden, "<|im_", "end|>"])
-            _planted(messages, path, rng.choice([piece, text + piece, piece + text]))
-            places = list(_strings_of(messages))
+            _planted(value, path, rng.choice([piece, text + piece, piece + text]))
         first = next(
             (
                 (where, f)
-                for where, text in tool_fields(messages, None)
+                for where, text in tool_fields(messages, tools)
                 for f in forbidden
                 if f in text
             ),
             None,
         )
         if first is None:
-            injection.check(messages, None)
+            injection.check(messages, tools)
             continue
         refused += 1
         with pytest.raises(ConversationError) as raised:
-            injection.check(messages, None)
+            injection.check(messages, tools)
         assert str(raised.value).startswith(f"{first[0]} holds")
     assert 50 < refused < 250
 

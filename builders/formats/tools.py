@@ -85,9 +85,11 @@ def _strings(value, where: str) -> Iterator[tuple[str, str]]:
             yield from _strings(item, f"{where}[{k}]")
 
 
-def _call_strings(messages: list[dict]) -> str:
-    """Every string (keys too) of the messages' calls and tool fields, joined by NULs."""
+def _tool_strings(messages: list[dict], tools: list | None) -> str:
+    """Every string (keys too) of the tools and the messages' calls and tool fields, NUL-joined."""
     found: list[str] = []
+    if tools:
+        _all_strings(tools, found)
     for message in messages:
         calls = message.get("tool_calls")
         if calls:
@@ -127,24 +129,15 @@ class Injection:
         self._pattern = (
             re.compile("|".join(map(re.escape, self.forbidden))) if self.forbidden else None
         )
-        # rows often share one tool list: each distinct list is read once
-        self._seen: dict[str, tuple[str, str] | None] = {}
 
     def check(self, messages: list[dict], tools: list | None) -> None:
-        if tools:
-            key = json.dumps(tools, ensure_ascii=False, default=repr)
-            if key not in self._seen:
-                if len(self._seen) >= 256:
-                    self._seen.clear()
-                self._seen[key] = self._first(tool_fields([], tools))
-            if self._seen[key]:
-                self._refuse(*self._seen[key])
-        # every string of the calls and of the tool messages' fields, searched at once: a
-        # superset of the messages' tool fields, so only a match there needs the field found
-        if self._pattern is not None and self._pattern.search(_call_strings(messages)):
-            found = self._first(tool_fields(messages, None))
-            if found:
-                self._refuse(*found)
+        # every string of the tools, the calls and the tool messages' fields, searched at once: a
+        # superset of the tool fields, so only a match there needs the field found
+        if self._pattern is None or not self._pattern.search(_tool_strings(messages, tools)):
+            return
+        found = self._first(tool_fields(messages, tools))
+        if found:
+            self._refuse(*found)
 
     def _first(self, fields) -> tuple[str, str] | None:
         if self._pattern is None:

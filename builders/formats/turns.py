@@ -255,12 +255,16 @@ class TurnsFormat(ChatFormat):
         format's, the clock pinned), so a kept render is the render; ``repr`` tells apart what a
         template can (``1`` and ``True``, ``1`` and ``"1"``). Only renders that succeeded are
         kept: a conversation whose render fails is rendered, and fails, as before. At most
-        ``SHAPES_KEPT_CHARS`` characters are kept.
+        ``SHAPES_KEPT_CHARS`` characters are kept. A conversation whose calls have ids is rendered
+        and not kept (its key is its position): call ids are unique, so its shape never repeats.
         """
-        keys = [repr((h, t)) for h, t in zip(held, tools, strict=True)]
+        keys = [
+            k if _calls_have_ids(h) else repr((h, t))
+            for k, (h, t) in enumerate(zip(held, tools, strict=True))
+        ]
         shapes = {key: self._kept[key] for key in keys if key in self._kept}
         # each shape not kept, at its first conversation
-        fresh: dict[str, int] = {}
+        fresh: dict[str | int, int] = {}
         for k, key in enumerate(keys):
             if key not in shapes:
                 fresh.setdefault(key, k)
@@ -271,6 +275,8 @@ class TurnsFormat(ChatFormat):
         )
         for key, text in zip(fresh, made, strict=True):
             shapes[key] = text
+            if type(key) is not str:
+                continue
             size = len(key) + len(text)
             if self._kept_chars + size > SHAPES_KEPT_CHARS:
                 self._kept.clear()
@@ -442,6 +448,10 @@ class TurnsFormat(ChatFormat):
             ends = np.cumsum(lengths)
             return np.stack([ends - lengths, ends], axis=1)
         return char_spans(text, lengths)
+
+
+def _calls_have_ids(messages: list[dict]) -> bool:
+    return any(call.get("id") is not None for m in messages for call in m.get("tool_calls") or ())
 
 
 def align(text: str, shape: str, runs: list[Run], messages) -> list[tuple[int, int, int]]:
