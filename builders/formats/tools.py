@@ -169,21 +169,16 @@ class CallField(NamedTuple):
         return f"call {self.call} ({self.what} {self.text[:40]!r})"
 
 
-def marked_calls(
-    messages: list[dict], marker: Callable[[CallField], str]
-) -> tuple[list[dict], list[CallField]]:
+def marked_calls(messages: list[dict], marker: Callable[[CallField], str]) -> list[dict]:
     """``messages`` with each call field replaced by ``marker(field)``.
 
     A field that is empty stays as it is (nothing to find).
     """
-    fields: list[CallField] = []
 
     def mark(j: int, k: int, what: str, text: str) -> str:
         if not text:
             return text
-        field = CallField(j, k, what, text)
-        fields.append(field)
-        return marker(field)
+        return marker(CallField(j, k, what, text))
 
     def marked(j: int, k: int, value):
         if isinstance(value, str):
@@ -215,7 +210,7 @@ def marked_calls(
             )
             held.append({**call, "function": function})
         out.append({**message, "tool_calls": held})
-    return out, fields
+    return out
 
 
 def escaped_prints(text: str) -> Iterator[str]:

@@ -306,15 +306,21 @@ class TurnsFormat(ChatFormat):
                 runs.append(Run(field.message, field.text, field))
                 return _marker(len(runs) - 1)
 
-            out, _ = tool_calls.marked_calls(out, marker)
+            out = tool_calls.marked_calls(out, marker)
         return out, runs
 
     def _placeholder(self, text: str, position: int, runs: list) -> str:
-        pieces, at = [], 0
         cuts = [(m.start(), m.end()) for m in self._literal.finditer(text)] if self._literal else []
+        # a blank run (whitespace only, or nothing) stays
+        if not cuts:
+            if not text or text.isspace():
+                return text
+            runs.append(Run(position, text))
+            return _marker(len(runs) - 1)
+        pieces, at = [], 0
         for start, end in [*cuts, (len(text), len(text))]:
             run = text[at:start]
-            if run.strip():
+            if run and not run.isspace():
                 pieces.append(_marker(len(runs)))
                 runs.append(Run(position, run))
             else:
@@ -518,11 +524,14 @@ def _prints(marked: Run):
     if marked.field is not None:
         yield from tool_calls.escaped_prints(run)
         return
+    # the whole run first, the common case: its whitespace is measured only if it is not printed
+    yield run
     lead = len(run) - len(run.lstrip())
     trail = len(run) - len(run.rstrip())
     for a in range(lead + 1):
         for b in range(len(run), len(run) - trail - 1, -1):
-            yield run[a:b]
+            if a or b < len(run):
+                yield run[a:b]
     yield from itertools.islice(tool_calls.escaped_prints(run), 1, None)
     yield ""
 
