@@ -625,12 +625,14 @@ def _token_classes(
     answer = np.concatenate([[0], np.cumsum(classes == ANSWER, dtype=np.int64)])
     stop = np.concatenate([[0], np.cumsum(classes == STOP, dtype=np.int64)])
     start, end = spans[:, 0], np.maximum(spans[:, 1], spans[:, 0])
-    out = np.where(
-        answer[end] > answer[start], ANSWER, np.where(stop[end] > stop[start], STOP, OTHER)
-    )
-    first = np.minimum(start, max(len(kinds) - 1, 0))
-    kind = np.where(end > start, kinds[first] if len(kinds) else MARKUP, MARKUP)
-    return out.astype(np.uint8), kind.astype(np.uint8)
+    # in uint8 arithmetic on the flags (OTHER and MARKUP are 0): no int64 temporaries
+    has_answer = answer[end] > answer[start]
+    only_stop = (stop[end] > stop[start]) & ~has_answer
+    out = has_answer.view(np.uint8) * np.uint8(ANSWER) + only_stop.view(np.uint8) * np.uint8(STOP)
+    if not len(kinds):
+        return out, np.full(len(spans), MARKUP, np.uint8)
+    first = np.minimum(start, len(kinds) - 1)
+    return out, kinds[first] * (end > start).view(np.uint8)
 
 
 def markup_literals(template: str) -> tuple[str, ...]:
