@@ -9,6 +9,7 @@ fixtures.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import random
 from dataclasses import replace
@@ -571,6 +572,45 @@ def test_token_classes_follow_their_characters_token_by_token():
         got = _token_classes(classes, kinds, np.array(spans, dtype=np.int64).reshape(-1, 2))
         assert [g.dtype for g in got] == [np.uint8, np.uint8]
         assert (got[0].tolist(), got[1].tolist()) == (expected_classes, expected_kinds), spans
+
+
+def test_align_takes_the_first_assignment_in_the_order_of_each_markers_prints():
+    """``align`` against every combination of the markers' prints, tried in order.
+
+    Renders where each run is printed whole, trimmed or dropped, between markup that makes
+    several assignments fit, so the whole-run path fails part-way and the search backtracks.
+    """
+    from builders.errors import ConversationError
+    from builders.formats.turns import Run, _marker, _prints, align
+
+    rng = random.Random(29)
+    found = 0
+    for _ in range(400):
+        runs = [Run(k, rng.choice(["a", " a", "a ", " ab ", "b\n", "ab"])) for k in range(4)]
+        order = [rng.randrange(len(runs)) for _ in range(rng.randint(1, 4))]
+        pieces = [rng.choice(["", " ", "a", "<m>", "b"]) for _ in range(len(order) + 1)]
+        shape = pieces[0] + "".join(_marker(m) + p for m, p in zip(order, pieces[1:], strict=True))
+        printed = [rng.choice(list(_prints(runs[m]))) for m in order]
+        text = pieces[0] + "".join(p + q for p, q in zip(printed, pieces[1:], strict=True))
+        messages = [{"role": "user"}] * len(runs)
+        expected = None
+        for choice in itertools.product(*(list(_prints(runs[m])) for m in order)):
+            if pieces[0] + "".join(p + q for p, q in zip(choice, pieces[1:], strict=True)) == text:
+                at, expected = len(pieces[0]), []
+                for m, p, q in zip(order, choice, pieces[1:], strict=True):
+                    if p:
+                        expected.append((at, at + len(p), m))
+                    at += len(p) + len(q)
+                break
+        assert expected is not None
+        found += len(expected) < len(order) or any(
+            e - s < len(runs[m].text) for s, e, m in expected
+        )
+        assert align(text, shape, runs, messages) == expected, (text, shape)
+        with pytest.raises(ConversationError):
+            align(text + "\ue002", shape, runs, messages)
+    # renders where a run is not printed whole
+    assert found > 100
 
 
 @NEEDS_SHARED

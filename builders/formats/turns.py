@@ -479,6 +479,19 @@ def align(text: str, shape: str, runs: list[Run], messages) -> list[tuple[int, i
         )
         _refuse(text, at, markers[0] if markers else None, messages, runs)
     n = len(markers)
+    # the search's first path, every run printed whole, is the common one: it is followed
+    # without the search's stack, which starts afresh where it does not reproduce ``text``
+    position, spans = len(pieces[0]), []
+    for i, m in enumerate(markers):
+        printed = runs[m].text
+        after = position + len(printed)
+        if not (text.startswith(printed, position) and text.startswith(pieces[i + 1], after)):
+            break
+        spans.append((position, after))
+        position = after + len(pieces[i + 1])
+    else:
+        if position == len(text):
+            return [(start, end, m) for m, (start, end) in zip(markers, spans, strict=True)]
 
     def state(i: int, position: int):
         return i, position, iter(_prints(runs[markers[i]])) if i < n else iter(())
