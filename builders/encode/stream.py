@@ -172,10 +172,8 @@ class Stream:
         refused (or left out) only when the run after it is asked for. While the stream is read,
         the objects made before it (the imports, the tokenizer, the template: the start-up's)
         are left out of the garbage collector's passes (``gc.freeze``): each full pass over them
-        cost about 0.15 s, a tenth of a build's CPU in this process (docs/performance.md). What
-        the start-up left unreachable is collected first, or the freeze would keep it (20 to 35 MB).
+        cost about 0.15 s, a tenth of a build's CPU in this process (docs/performance.md).
         """
-        gc.collect()
         gc.freeze()
         try:
             run = []
