@@ -67,6 +67,8 @@ class ParquetFile:
         self.columns = [c for c in (*layout.row_fields, "source") if c in schema.names]
         self.structs = _structs(schema, layout)
         md = metadata.metadata
+        # the footer, parsed once: each read's own file handle reuses it
+        self.metadata = md
         self.block_rows = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
         self.message_bytes = sum(
             md.row_group(g).column(c).total_uncompressed_size
@@ -84,7 +86,7 @@ class ParquetFile:
             # a file handle of its own: reads of one ParquetFile from several threads are not
             # safe; no threads of its own: the caller decodes several blocks at once (nested
             # threads cost twice the CPU)
-            table = pq.ParquetFile(self.path).read_row_group(
+            table = pq.ParquetFile(self.path, metadata=self.metadata).read_row_group(
                 block, columns=self.columns, use_threads=False
             )
             table.validate(full=True)
