@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import random
 import re
 from pathlib import Path
 
@@ -22,10 +23,11 @@ from tool_conversations import TOOLS, tool_conversations
 
 import real_models
 from builders.encode.encoder import ConversationEncoder
-from builders.errors import SourceDataError, UsageError
+from builders.errors import ConversationError, SourceDataError, UsageError
 from builders.fixture.hf_cache import put_snapshot
 from builders.fixture.make import PINNED_TEMPLATE, shared_dir, tokenizer_json
 from builders.formats import FormatSpec, glm5_spec
+from builders.formats.tools import Injection, tool_fields
 from builders.inputs.pinned import special_tokens
 from builders.rows.packing import with_eos
 from helpers import NEEDS_SHARED, run_cli
@@ -269,6 +271,94 @@ def test_a_tool_field_holding_a_template_token_is_refused(where, text):
         messages[3]["tool_call_id"] = text
     with pytest.raises(SourceDataError, match=r"source row 0 .* holds .*added token, stop string"):
         encoder.encode(rows([(messages, tools)]))
+
+
+def test_tool_conversations_with_call_ids_are_rendered_fresh_and_give_the_same_rows(monkeypatch):
+    """Conversations whose calls have ids are not kept (their shapes never repeat), others are.
+
+    Either way the rows are those of an encoder that keeps no placeholder render.
+    """
+    from builders.formats import turns
+
+    cases = tool_conversations(31, 12) + tool_conversations(32, 12, ids=False)
+    shared = _model_encoder(real_models.qwen3(), True, None)
+    shared.encode(rows(cases[:12]))
+    assert not shared.format._kept
+    together = shared.encode(rows(cases)) + shared.encode(rows(cases))
+    assert shared.format._kept
+    monkeypatch.setattr(turns, "SHAPES_KEPT_CHARS", 0)
+    fresh = model_encoder(real_models.qwen3()).encode(rows(cases))
+    assert not model_encoder(real_models.qwen3()).format._kept
+    for a, b in zip(together, fresh + fresh, strict=True):
+        assert (a.ids.tolist(), a.mask.tolist(), a.ends_with_answer) == (
+            b.ids.tolist(),
+            b.mask.tolist(),
+            b.ends_with_answer,
+        )
+
+
+def _strings_of(value, path=(), keys=False):
+    """Each (path, string) of a value, and its keys where ``keys`` or under ``arguments``."""
+    if isinstance(value, dict):
+        for key in list(value):
+            if keys or "arguments" in path:
+                yield (*path, ("key", key)), key
+            yield from _strings_of(value[key], (*path, key), keys)
+    elif isinstance(value, list):
+        for k, item in enumerate(value):
+            yield from _strings_of(item, (*path, k), keys)
+    elif isinstance(value, str):
+        yield path, value
+
+
+def _planted(value, path, text):
+    """``value`` with the string at ``path`` (from ``_strings_of``) replaced by ``text``."""
+    *inside, last = path
+    for step in inside:
+        value = value[step]
+    if isinstance(last, tuple):
+        value[text] = value.pop(last[1])
+    else:
+        value[last] = text
+
+
+def test_the_injection_check_refuses_exactly_the_fields_that_hold_a_forbidden_string():
+    """Its one search over the tools' and calls' strings refuses as a search of each field would.
+
+    Forbidden strings, and halves of one at the ends of two neighbouring fields, are planted in
+    any string of generated conversations and their tools (contents, argument keys, the tools'
+    keys too); the expected outcome is each field's own search, in ``tool_fields``' order.
+    """
+    forbidden = ["<|im_end|>", "<tool_call>", "<|im_start|>assistant\n"]
+    injection = Injection(forbidden)
+    rng = random.Random(29)
+    refused = 0
+    for messages, tools in tool_conversations(29, 300, strings=bool(rng.getrandbits(1))):
+        tools = json.loads(json.dumps(tools))
+        for _ in range(rng.randint(0, 2)):
+            # (not a role: the refusal names it)
+            places = [(messages, p, t) for p, t in _strings_of(messages) if p[-1] != "role"]
+            places += [(tools, p, t) for p, t in _strings_of(tools, keys=True)]
+            value, path, text = rng.choice(places)
+            piece = rng.choice([*forbidden, "<|im_", "end|>"])
+            _planted(value, path, rng.choice([piece, text + piece, piece + text]))
+        first = next(
+            (
+                (where, f)
+                for where, text in tool_fields(messages, tools)
+                for f in forbidden
+                if f in text
+            ),
+            None,
+        )
+        if first is None:
+            injection.check(messages, tools)
+            continue
+        refused += 1
+        with pytest.raises(ConversationError) as raised:
+            injection.check(messages, tools)
+        assert str(raised.value).startswith(f"{first[0]} holds")
+    assert 50 < refused < 250
 
 
 REAL = {

@@ -9,7 +9,9 @@ fixtures.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import random
 from dataclasses import replace
 from pathlib import Path
 
@@ -517,6 +519,98 @@ def sentencepiece_style() -> Tokenizer:
     )
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
     return tokenizer
+
+
+def test_char_spans_are_each_tokens_characters_counted_byte_by_byte():
+    """``char_spans`` against a per-byte owner table, on texts of 1- to 4-byte characters.
+
+    Token lengths split characters, some are 0 and some run past the text (both: ``(0, 0)``),
+    so the common case (every token inside) and the masked one are both compared.
+    """
+    rng = random.Random(29)
+    for _ in range(400):
+        text = "".join(rng.choice("aé東😀 \n") for _ in range(rng.randint(0, 30)))
+        # the character each byte belongs to
+        owner = [k for k, c in enumerate(text) for _ in c.encode("utf-8")]
+        lengths, left = [], len(owner)
+        while left > 0 or rng.random() < 0.1:
+            lengths.append(rng.choice([0, 1, 1, 2, 3, 4, 5]) if rng.random() < 0.9 else left + 2)
+            left -= lengths[-1]
+        expected, at = [], 0
+        for length in lengths:
+            inside = length > 0 and at + length <= len(owner)
+            expected.append([owner[at], owner[at + length - 1] + 1] if inside else [0, 0])
+            at += length
+        got = char_spans(text, np.array(lengths, dtype=np.int64))
+        assert got.tolist() == expected and got.shape == (len(lengths), 2), (text, lengths)
+
+
+def test_token_classes_follow_their_characters_token_by_token():
+    """``_token_classes`` against the rule applied to each token's characters in turn.
+
+    ANSWER if any character is, else STOP if any is, else OTHER; the kind of its first
+    character, MARKUP for a token that covers none (empty or backwards spans included).
+    """
+    from builders.formats.turns import ANSWER, MARKUP, OTHER, STOP, _token_classes
+
+    rng = random.Random(29)
+    for _ in range(300):
+        length = rng.randint(0, 40)
+        classes = np.array([rng.choice([0, 0, 1, 2]) for _ in range(length)], dtype=np.uint8)
+        kinds = np.array([rng.choice([0, 1, 2]) for _ in range(length)], dtype=np.uint8)
+        spans = [
+            sorted(rng.randint(0, length) for _ in range(2))[:: rng.choice([1, 1, -1])]
+            for _ in range(rng.randint(0, 12))
+        ]
+        expected_classes, expected_kinds = [], []
+        for start, end in spans:
+            covered = classes[start : max(start, end)].tolist()
+            expected_classes.append(
+                ANSWER if ANSWER in covered else STOP if STOP in covered else OTHER
+            )
+            expected_kinds.append(int(kinds[start]) if covered else MARKUP)
+        got = _token_classes(classes, kinds, np.array(spans, dtype=np.int64).reshape(-1, 2))
+        assert [g.dtype for g in got] == [np.uint8, np.uint8]
+        assert (got[0].tolist(), got[1].tolist()) == (expected_classes, expected_kinds), spans
+
+
+def test_align_takes_the_first_assignment_in_the_order_of_each_markers_prints():
+    """``align`` against every combination of the markers' prints, tried in order.
+
+    Renders where each run is printed whole, trimmed or dropped, between markup that makes
+    several assignments fit, so the whole-run path fails part-way and the search backtracks.
+    """
+    from builders.errors import ConversationError
+    from builders.formats.turns import Run, _marker, _prints, align
+
+    rng = random.Random(29)
+    found = 0
+    for _ in range(400):
+        runs = [Run(k, rng.choice(["a", " a", "a ", " ab ", "b\n", "ab"])) for k in range(4)]
+        order = [rng.randrange(len(runs)) for _ in range(rng.randint(1, 4))]
+        pieces = [rng.choice(["", " ", "a", "<m>", "b"]) for _ in range(len(order) + 1)]
+        shape = pieces[0] + "".join(_marker(m) + p for m, p in zip(order, pieces[1:], strict=True))
+        printed = [rng.choice(list(_prints(runs[m]))) for m in order]
+        text = pieces[0] + "".join(p + q for p, q in zip(printed, pieces[1:], strict=True))
+        messages = [{"role": "user"}] * len(runs)
+        expected = None
+        for choice in itertools.product(*(list(_prints(runs[m])) for m in order)):
+            if pieces[0] + "".join(p + q for p, q in zip(choice, pieces[1:], strict=True)) == text:
+                at, expected = len(pieces[0]), []
+                for m, p, q in zip(order, choice, pieces[1:], strict=True):
+                    if p:
+                        expected.append((at, at + len(p), m))
+                    at += len(p) + len(q)
+                break
+        assert expected is not None
+        found += len(expected) < len(order) or any(
+            e - s < len(runs[m].text) for s, e, m in expected
+        )
+        assert align(text, shape, runs, messages) == expected, (text, shape)
+        with pytest.raises(ConversationError):
+            align(text + "\ue002", shape, runs, messages)
+    # renders where a run is not printed whole
+    assert found > 100
 
 
 @NEEDS_SHARED

@@ -524,11 +524,13 @@ def _lists(arrays: list[np.ndarray], dtype) -> pa.Array:
     return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
 
 
-def _split(column: pa.ChunkedArray, dtype) -> list[np.ndarray]:
-    lists = column.combine_chunks()
-    offsets = (lists.offsets.to_numpy() - lists.offsets[0].as_py()).tolist()
-    # views of the answer's buffer (read-only): nothing writes a conversation's tokens
-    values = lists.flatten().to_numpy().astype(dtype, copy=False)
+def _split(lists: pa.Array, dtype) -> list[np.ndarray]:
+    """Each list of ``lists`` (one piece) as a view of the answer's buffer (read-only).
+
+    Nothing writes a conversation's tokens.
+    """
+    offsets = lists.offsets.to_numpy().tolist()
+    values = lists.values.to_numpy().astype(dtype, copy=False)
     return [values[start:end] for start, end in itertools.pairwise(offsets)]
 
 
@@ -553,10 +555,16 @@ def _conversations_table(results: list[tuple[int, EncodedConversation]]) -> pa.T
 
 
 def _conversations(table: pa.Table) -> list[tuple[int, EncodedConversation]]:
+    if not table.num_rows:
+        return []
+    # one piece (an answer is one batch: nothing is copied), its columns as arrays
+    (columns,) = table.combine_chunks().to_batches()
     flags = {
-        name: table.column(name).to_numpy().tolist()
+        name: columns.column(name).to_numpy(zero_copy_only=False).tolist()
         for name in ("position", "index", "ends_with_answer", "left_out", "cross_checked")
     }
+    # each conversation's five counts (``EncodedConversation.tool_counts``)
+    counts = columns.column("tool_counts").flatten().to_numpy().reshape(-1, 5).tolist()
     return [
         (
             position,
@@ -575,14 +583,14 @@ def _conversations(table: pa.Table) -> list[tuple[int, EncodedConversation]]:
         for position, index, id_, source, ids, mask, ends, left_out, checked, counts in zip(
             flags["position"],
             flags["index"],
-            table.column("id").to_pylist(),
-            table.column("source").to_pylist(),
-            _split(table.column("ids"), np.int32),
-            _split(table.column("mask"), np.uint8),
+            columns.column("id").to_pylist(),
+            columns.column("source").to_pylist(),
+            _split(columns.column("ids"), np.int32),
+            _split(columns.column("mask"), np.uint8),
             flags["ends_with_answer"],
             flags["left_out"],
             flags["cross_checked"],
-            table.column("tool_counts").to_pylist(),
+            counts,
             strict=True,
         )
     ]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from builders.errors import ConversationError
 
@@ -85,6 +85,37 @@ def _strings(value, where: str) -> Iterator[tuple[str, str]]:
             yield from _strings(item, f"{where}[{k}]")
 
 
+def _tool_strings(messages: list[dict], tools: list | None) -> str:
+    """Every string (keys too) of the tools and the messages' calls and tool fields, NUL-joined."""
+    found: list[str] = []
+    if tools:
+        _all_strings(tools, found)
+    for message in messages:
+        calls = message.get("tool_calls")
+        if calls:
+            _all_strings(calls, found)
+        for key in ("tool_call_id", "name"):
+            if isinstance(message.get(key), str):
+                found.append(message[key])
+    return "\0".join(found)
+
+
+def _all_strings(value, found: list[str]) -> None:
+    """Append each string in ``value`` (and each key) to ``found``, as ``_strings`` walks it."""
+    if type(value) is str:
+        found.append(value)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str):
+                found.append(key)
+            _all_strings(item, found)
+    elif isinstance(value, list):
+        for item in value:
+            _all_strings(item, found)
+    elif isinstance(value, str):
+        found.append(value)
+
+
 class Injection:
     """Refuses a tool field that holds a string only the template's own markup may hold.
 
@@ -98,19 +129,13 @@ class Injection:
         self._pattern = (
             re.compile("|".join(map(re.escape, self.forbidden))) if self.forbidden else None
         )
-        # rows often share one tool list: each distinct list is read once
-        self._seen: dict[str, tuple[str, str] | None] = {}
 
     def check(self, messages: list[dict], tools: list | None) -> None:
-        if tools:
-            key = json.dumps(tools, ensure_ascii=False, default=repr)
-            if key not in self._seen:
-                if len(self._seen) >= 256:
-                    self._seen.clear()
-                self._seen[key] = self._first(tool_fields([], tools))
-            if self._seen[key]:
-                self._refuse(*self._seen[key])
-        found = self._first(tool_fields(messages, None))
+        # every string of the tools, the calls and the tool messages' fields, searched at once: a
+        # superset of the tool fields, so only a match there needs the field found
+        if self._pattern is None or not self._pattern.search(_tool_strings(messages, tools)):
+            return
+        found = self._first(tool_fields(messages, tools))
         if found:
             self._refuse(*found)
 
@@ -131,8 +156,7 @@ class Injection:
         )
 
 
-@dataclass(frozen=True)
-class CallField:
+class CallField(NamedTuple):
     """A call's name, argument key or string leaf, replaced by a marker."""
 
     message: int
@@ -145,21 +169,16 @@ class CallField:
         return f"call {self.call} ({self.what} {self.text[:40]!r})"
 
 
-def marked_calls(
-    messages: list[dict], marker: Callable[[CallField], str]
-) -> tuple[list[dict], list[CallField]]:
+def marked_calls(messages: list[dict], marker: Callable[[CallField], str]) -> list[dict]:
     """``messages`` with each call field replaced by ``marker(field)``.
 
     A field that is empty stays as it is (nothing to find).
     """
-    fields: list[CallField] = []
 
     def mark(j: int, k: int, what: str, text: str) -> str:
         if not text:
             return text
-        field = CallField(j, k, what, text)
-        fields.append(field)
-        return marker(field)
+        return marker(CallField(j, k, what, text))
 
     def marked(j: int, k: int, value):
         if isinstance(value, str):
@@ -191,7 +210,7 @@ def marked_calls(
             )
             held.append({**call, "function": function})
         out.append({**message, "tool_calls": held})
-    return out, fields
+    return out
 
 
 def escaped_prints(text: str) -> Iterator[str]:

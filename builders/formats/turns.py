@@ -23,6 +23,7 @@ answer: supervised unless the reading ``stop: unsupervised``).
 
 from __future__ import annotations
 
+import bisect
 import functools
 import itertools
 import re
@@ -254,12 +255,16 @@ class TurnsFormat(ChatFormat):
         format's, the clock pinned), so a kept render is the render; ``repr`` tells apart what a
         template can (``1`` and ``True``, ``1`` and ``"1"``). Only renders that succeeded are
         kept: a conversation whose render fails is rendered, and fails, as before. At most
-        ``SHAPES_KEPT_CHARS`` characters are kept.
+        ``SHAPES_KEPT_CHARS`` characters are kept. A conversation whose calls have ids is rendered
+        and not kept (its key is its position): call ids are unique, so its shape never repeats.
         """
-        keys = [repr((h, t)) for h, t in zip(held, tools, strict=True)]
+        keys = [
+            k if _calls_have_ids(h) else repr((h, t))
+            for k, (h, t) in enumerate(zip(held, tools, strict=True))
+        ]
         shapes = {key: self._kept[key] for key in keys if key in self._kept}
         # each shape not kept, at its first conversation
-        fresh: dict[str, int] = {}
+        fresh: dict[str | int, int] = {}
         for k, key in enumerate(keys):
             if key not in shapes:
                 fresh.setdefault(key, k)
@@ -270,6 +275,8 @@ class TurnsFormat(ChatFormat):
         )
         for key, text in zip(fresh, made, strict=True):
             shapes[key] = text
+            if type(key) is not str:
+                continue
             size = len(key) + len(text)
             if self._kept_chars + size > SHAPES_KEPT_CHARS:
                 self._kept.clear()
@@ -299,15 +306,21 @@ class TurnsFormat(ChatFormat):
                 runs.append(Run(field.message, field.text, field))
                 return _marker(len(runs) - 1)
 
-            out, _ = tool_calls.marked_calls(out, marker)
+            out = tool_calls.marked_calls(out, marker)
         return out, runs
 
     def _placeholder(self, text: str, position: int, runs: list) -> str:
-        pieces, at = [], 0
         cuts = [(m.start(), m.end()) for m in self._literal.finditer(text)] if self._literal else []
+        # a blank run (whitespace only, or nothing) stays
+        if not cuts:
+            if not text or text.isspace():
+                return text
+            runs.append(Run(position, text))
+            return _marker(len(runs) - 1)
+        pieces, at = [], 0
         for start, end in [*cuts, (len(text), len(text))]:
             run = text[at:start]
-            if run.strip():
+            if run and not run.isspace():
                 pieces.append(_marker(len(runs)))
                 runs.append(Run(position, run))
             else:
@@ -333,13 +346,18 @@ class TurnsFormat(ChatFormat):
         # where answers start, a call's printed fields stand as its message's as texts do
         anchors = sorted(printed + [(s, e, runs[n].message) for s, e, n in found if runs[n].field])
         headers = self._headers(messages, text, anchors)
+        # the prints are disjoint and in order: the first of them from a character on is found by
+        # bisection
+        starts = [p[0] for p in printed]
+        last_print = {p[2]: p[1] for p in printed}
         ends_with_answer = False
         spans = {}
         for j, header in headers.items():
-            own = [p for p in printed if p[2] == j]
-            last = own[-1][1] if own else header[1]
+            last = last_print.get(j, header[1])
             answer_end, stop = last, None
-            following = next((p for p in printed if p[0] >= last and p[2] != j), None)
+            # after j's last print (or its header, when it prints none) every print is another's
+            at = bisect.bisect_left(starts, last)
+            following = printed[at] if at < len(printed) else None
             stop_end = len(text) if following is None else following[0]
             markup = text[last:stop_end]
             stops = [(at, -len(s)) for s in self.stops if (at := markup.find(s)) >= 0]
@@ -368,20 +386,33 @@ class TurnsFormat(ChatFormat):
         That is the ``[start, end)`` of the generation prompt found before it. ``printed``: the
         printed texts and call fields, ``(start, end, message)`` in order.
         """
+        # the prints are disjoint and in order (so are their ends): each bound below is found by
+        # bisection, and the prints ending before a message's first print are all another's
+        starts = [p[0] for p in printed]
+        ends = [p[1] for p in printed]
+        first = {}
+        # the furthest end of the prints of the messages before each one
+        before = [0] * (len(messages) + 1)
+        for start, end, message in printed:
+            first.setdefault(message, start)
+            before[message + 1] = max(before[message + 1], end)
+        before = list(itertools.accumulate(before, max))
         headers, previous = {}, 0
         for j, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
             after_tool = j > 0 and messages[j - 1]["role"] == "tool" and self.tool_prompts
             prompts = self.tool_prompts if after_tool else self.prompts
-            own = [p for p in printed if p[2] == j]
-            # printing nothing, j ends at the next printed text: the first of a later message after
-            # what came before j (a template may move a later text to the front, as DeepSeek's
-            # does a system message)
-            floor = max([previous, *(p[1] for p in printed if p[2] < j)])
-            later = next((p for p in printed if p[2] > j and p[0] >= floor), None)
-            end = own[0][0] if own else (later[0] if later else len(text))
-            start = max([previous, *(p[1] for p in printed if p[1] <= end and p[2] != j)])
+            if j in first:
+                end = first[j]
+            else:
+                # printing nothing, j ends at the next printed text: the first of a later message
+                # after what came before j (a template may move a later text to the front, as
+                # DeepSeek's does a system message); from there on, every print is a later one's
+                at = bisect.bisect_left(starts, max(previous, before[j]))
+                end = starts[at] if at < len(starts) else len(text)
+            at = bisect.bisect_right(ends, end)
+            start = max(previous, ends[at - 1]) if at else previous
             region = text[start:end]
             # the longest prompt that occurs, at its first occurrence
             # (among prompts as long: the earliest)
@@ -425,6 +456,10 @@ class TurnsFormat(ChatFormat):
         return char_spans(text, lengths)
 
 
+def _calls_have_ids(messages: list[dict]) -> bool:
+    return any(call.get("id") is not None for m in messages for call in m.get("tool_calls") or ())
+
+
 def align(text: str, shape: str, runs: list[Run], messages) -> list[tuple[int, int, int]]:
     """Where each marker of ``shape`` is printed in ``text``.
 
@@ -444,6 +479,19 @@ def align(text: str, shape: str, runs: list[Run], messages) -> list[tuple[int, i
         )
         _refuse(text, at, markers[0] if markers else None, messages, runs)
     n = len(markers)
+    # the search's first path, every run printed whole, is the common one: it is followed
+    # without the search's stack, which starts afresh where it does not reproduce ``text``
+    position, spans = len(pieces[0]), []
+    for i, m in enumerate(markers):
+        printed = runs[m].text
+        after = position + len(printed)
+        if not (text.startswith(printed, position) and text.startswith(pieces[i + 1], after)):
+            break
+        spans.append((position, after))
+        position = after + len(pieces[i + 1])
+    else:
+        if position == len(text):
+            return [(start, end, m) for m, (start, end) in zip(markers, spans, strict=True)]
 
     def state(i: int, position: int):
         return i, position, iter(_prints(runs[markers[i]])) if i < n else iter(())
@@ -489,11 +537,14 @@ def _prints(marked: Run):
     if marked.field is not None:
         yield from tool_calls.escaped_prints(run)
         return
+    # the whole run first, the common case: its whitespace is measured only if it is not printed
+    yield run
     lead = len(run) - len(run.lstrip())
     trail = len(run) - len(run.rstrip())
     for a in range(lead + 1):
         for b in range(len(run), len(run) - trail - 1, -1):
-            yield run[a:b]
+            if a or b < len(run):
+                yield run[a:b]
     yield from itertools.islice(tool_calls.escaped_prints(run), 1, None)
     yield ""
 
@@ -587,12 +638,14 @@ def _token_classes(
     answer = np.concatenate([[0], np.cumsum(classes == ANSWER, dtype=np.int64)])
     stop = np.concatenate([[0], np.cumsum(classes == STOP, dtype=np.int64)])
     start, end = spans[:, 0], np.maximum(spans[:, 1], spans[:, 0])
-    out = np.where(
-        answer[end] > answer[start], ANSWER, np.where(stop[end] > stop[start], STOP, OTHER)
-    )
-    first = np.minimum(start, max(len(kinds) - 1, 0))
-    kind = np.where(end > start, kinds[first] if len(kinds) else MARKUP, MARKUP)
-    return out.astype(np.uint8), kind.astype(np.uint8)
+    # in uint8 arithmetic on the flags (OTHER and MARKUP are 0): no int64 temporaries
+    has_answer = answer[end] > answer[start]
+    only_stop = (stop[end] > stop[start]) & ~has_answer
+    out = has_answer.view(np.uint8) * np.uint8(ANSWER) + only_stop.view(np.uint8) * np.uint8(STOP)
+    if not len(kinds):
+        return out, np.full(len(spans), MARKUP, np.uint8)
+    first = np.minimum(start, len(kinds) - 1)
+    return out, kinds[first] * (end > start).view(np.uint8)
 
 
 def markup_literals(template: str) -> tuple[str, ...]:

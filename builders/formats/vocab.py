@@ -148,8 +148,11 @@ def char_spans(text: str, token_bytes: np.ndarray) -> np.ndarray:
     char_of_byte = np.cumsum((data & 0xC0) != 0x80) - 1
     ends = np.cumsum(token_bytes)
     starts = ends - token_bytes
-    spans = np.zeros((len(token_bytes), 2), dtype=np.int64)
     inside = (token_bytes > 0) & (ends <= len(data))
+    if inside.all():
+        # the common case, every token inside the text: no masked copies
+        return np.stack([char_of_byte[starts], char_of_byte[ends - 1] + 1], axis=1)
+    spans = np.zeros((len(token_bytes), 2), dtype=np.int64)
     spans[inside, 0] = char_of_byte[starts[inside]]
     spans[inside, 1] = char_of_byte[ends[inside] - 1] + 1
     return spans
