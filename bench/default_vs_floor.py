@@ -9,14 +9,18 @@ with the inputs' lay-out on 16 cores), or a before/after on a shared machine.
     # alternated, 3 builds each, at a twentieth of the scale (inputs in bench/.cache)
     FIXED_SFT_SHARED=../shared python bench/default_vs_floor.py 1 2 --baseline /tmp/main-base \\
         --repeats 3 --scale 0.05 --rows 800 --cache bench/.cache
+    # against two earlier builders at once (--baseline again), each named by its folder
+    FIXED_SFT_SHARED=../shared python bench/default_vs_floor.py 2 --baseline /tmp/main-base \\
+        --baseline /tmp/old-base --repeats 3 --scale 0.05 --rows 3200 --no-floor
 
 Prints, for each worker count (and tree), each build's seconds, the CPU of the main process and
 of its children, cores busy, the peak RSS of the build and of its largest child, the garbage
 collector's full passes in the main process and their CPU (``gc_full_s``), rows_sha256 and
 timings, and its ratio to ``encode_batch_fast`` of the consumed conversations' texts (the first
-build's), measured in the same run; with ``--baseline``, the medians and this tree's over the
-baseline's. The share of the CPUs other processes used in the 2 s before each build is printed
-(``busy_before``): on a shared machine only the ratios within one run say anything.
+build's), measured in the same run; with ``--baseline``, the medians (seconds, main-process CPU,
+GC, the build's peak RSS) and this tree's over each baseline's. The share of the CPUs other
+processes used in the 2 s before each build is printed (``busy_before``): on a shared machine
+only the ratios within one run say anything.
 Inputs are laid out in --cache (default /tmp/bc, full scale; bench/scale_inputs.py).
 """
 
@@ -58,7 +62,13 @@ def options() -> argparse.Namespace:
     parser.add_argument("--scale", type=float, default=FULL_SCALE, help="share of the source")
     parser.add_argument("--rows", type=int, default=FULL_ROWS, help="rows of 8,192 tokens")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/bc"), help="inputs' folder")
-    parser.add_argument("--baseline", type=Path, help="a checkout of an earlier builder")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        action="append",
+        default=[],
+        help="a checkout of an earlier builder (again: another one)",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="builds of each, alternated")
     parser.add_argument("--no-floor", action="store_true", help="the builds alone")
     return parser.parse_args()
@@ -74,7 +84,9 @@ def main() -> None:
     manifest = args.cache / "bench.yaml"
     manifest.write_text(manifest_text(facts, "bench", args.rows))
     print(f"laid out in {time.perf_counter() - started:.0f} s", flush=True)
-    trees = {"this": REPO, **({"baseline": args.baseline.resolve()} if args.baseline else {})}
+    trees = {"this": REPO, **{tree.resolve().name: tree.resolve() for tree in args.baseline}}
+    if len(trees) != 1 + len(args.baseline):
+        raise SystemExit("each --baseline needs a folder name of its own (not 'this')")
     runs = {(w, name): [] for w in args.workers for name in trees}
     for _ in range(args.repeats):
         for workers in args.workers:
@@ -99,10 +111,10 @@ def main() -> None:
             raise SystemExit(f"{name}, {workers} workers: other rows than the first build's")
         medians = {
             k: round(statistics.median(r[k] for r in measured), 2)
-            for k in ("seconds", "main_cpu_s", "gc_full_s")
+            for k in ("seconds", "main_cpu_s", "gc_full_s", "main_peak_rss_mib")
         }
         line = {**medians, "x_floor": round(medians["seconds"] / floor["seconds"], 3)}
-        if name == "baseline":
+        if name != "this":
             mine = runs[workers, "this"]
             line["this_over_baseline"] = {
                 k: round(statistics.median(r[k] for r in mine) / v, 3)

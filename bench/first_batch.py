@@ -5,6 +5,9 @@
     python bench/first_batch.py --json first_batch.json --baseline 8690c98
     # a smoke run on 2 cores
     python bench/first_batch.py --json /tmp/fb.json --scale 0.05 --rows 400 --repeats 1
+    # on 2 cores, the build's process and one worker, each with a core (the order shows)
+    python bench/first_batch.py --json /tmp/fb.json --scale 0.05 --rows 400 --workers 1 \
+        --pool-of-one --baseline BASE
 
 It lays out (once, in --cache) the inputs of bench/build_at_scale.py (a GLM-scale tokenizer with
 the pinned template, a Tulu-shaped source of ``939,343 × --scale`` conversations), then runs the
@@ -23,10 +26,15 @@ worker's ``ready`` and first batch), read against the moment the bench started t
 - ``tokenizer_sent_s`` / ``start_up_sent_s``: the build telling its first worker where the
   tokenizer lies (from de0d367 on) / sending it the start-up message;
 - ``main_imported_s``: the command's process done importing ``builders.build``;
+- ``main_renderer_s``: the command's process done importing the renderer (transformers): before
+  ``main_imported_s`` in builders before the start-up's third round, after ``sample_sent_s`` from
+  it on;
 - ``sample_sent_s``: the build handing the plan's sample to the workers (builders that do:
   from the start-up's second round on; before, the build encoded it itself);
 - ``first_group_s``: the build handing out the pass's first row group (it has planned);
-- ``workers_spawned_s``: the last worker's interpreter up; ``seconds``: the whole build.
+- ``workers_spawned_s``: the last worker's interpreter up; ``seconds``: the whole build;
+  ``cpu_s``: the CPU time (user and system) of the build and every process it reaped, which a
+  busy machine changes less than ``seconds``.
 - ``timings``: the build report's own stages.
 
 It prints each run, then the medians and their ratios (this tree over the baseline, each
@@ -39,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -55,6 +64,7 @@ from scale_inputs import lay_out, manifest_text  # noqa: E402
 SITE = REPO / "bench" / "first_batch_site"
 MEASURES = (
     "main_imported_s",
+    "main_renderer_s",
     "tokenizer_sent_s",
     "start_up_sent_s",
     "workers_spawned_s",
@@ -65,6 +75,7 @@ MEASURES = (
     "last_engine_s",
     "first_batch_s",
     "seconds",
+    "cpu_s",
 )
 
 
@@ -85,6 +96,13 @@ def options() -> argparse.Namespace:
         help="worker counts, comma-separated (default auto)",
     )
     parser.add_argument("--repeats", type=int, default=3, help="builds of each kind (default 3)")
+    parser.add_argument(
+        "--pool-of-one",
+        action="store_true",
+        help="with --workers 1, encode in a pool of one worker process (a trace's patch, not an "
+        "option of the build): the build's process and one worker, each with a core on 2 cores, "
+        "as each has on 16",
+    )
     parser.add_argument(
         "--baseline",
         help="an earlier builder to compare with: a git revision of this repository, or a folder "
@@ -125,12 +143,15 @@ def baseline_tree(baseline: str, cache: Path) -> Path:
     return tree
 
 
-def build(tree: Path, manifest: Path, hf_home: Path, workers: str, out: Path) -> dict:
+def build(
+    tree: Path, manifest: Path, hf_home: Path, workers: str, out: Path, pool_of_one: bool
+) -> dict:
     """One build by ``tree``'s builder, traced; its measures in seconds from its start."""
     with tempfile.TemporaryDirectory() as folder:
         trace = Path(folder) / "trace.jsonl"
         environment = {
             **os.environ,
+            **({"FIRST_BATCH_POOL_OF_ONE": "1"} if pool_of_one else {}),
             "HF_HOME": str(hf_home),
             "HF_HUB_OFFLINE": "1",
             # before any PYTHONPATH of the environment (a --target install of the wheels)
@@ -145,9 +166,9 @@ def build(tree: Path, manifest: Path, hf_home: Path, workers: str, out: Path) ->
             *("--manifest", str(manifest), "--out", str(out), "--workers", workers),
             *("-q", "--no-card"),
         ]
-        started = time.time()
+        started, before = time.time(), _children_cpu()
         done = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=tree)
-        seconds = time.time() - started
+        seconds, cpu = time.time() - started, _children_cpu() - before
         if done.returncode != 0:
             raise SystemExit(f"the build failed ({done.returncode}): {done.stderr}")
         events = [json.loads(line) for line in trace.read_text().splitlines()]
@@ -171,6 +192,7 @@ def build(tree: Path, manifest: Path, hf_home: Path, workers: str, out: Path) ->
         "workers": workers,
         "workers_used": report["workers"],
         "main_imported_s": first("imported builders.build", main),
+        "main_renderer_s": first("imported builders.formats.render", main),
         "start_up_sent_s": first("sent contract"),
         "workers_spawned_s": round(max(workers_python) - started, 3) if workers_python else None,
         "tokenizer_sent_s": first("sent tokenizer"),
@@ -181,9 +203,16 @@ def build(tree: Path, manifest: Path, hf_home: Path, workers: str, out: Path) ->
         "last_engine_s": first("sent engine", last=True),
         "first_batch_s": first("sent batch") or first("in-process batch"),
         "seconds": round(seconds, 3),
+        "cpu_s": round(cpu, 3),
         "rows_sha256": report["figures"]["rows_sha256"],
         "timings": report["timings"],
     }
+
+
+def _children_cpu() -> float:
+    """User and system CPU seconds of this process's reaped children (and theirs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def medians(runs: list[dict]) -> dict:
@@ -209,7 +238,8 @@ def main() -> None:
     for repeat in range(args.repeats):
         for workers in args.workers:
             for name, tree in trees.items():
-                run = build(tree, manifest, hf_home, workers, args.cache / "out" / "first_batch")
+                out = args.cache / "out" / "first_batch"
+                run = build(tree, manifest, hf_home, workers, out, args.pool_of_one)
                 runs.append({"tree": name, "repeat": repeat, **run})
                 shown = {k: run[k] for k in MEASURES}
                 print(f"{name:>8} workers={workers}: {json.dumps(shown)}", flush=True)
@@ -237,6 +267,7 @@ def main() -> None:
         "scale": args.scale,
         "rows": args.rows,
         "baseline": args.baseline,
+        "pool_of_one": args.pool_of_one,
         "same_rows": same,
         "summary": summary,
         "runs": runs,

@@ -43,7 +43,7 @@ from builders.rows.card import write_card
 from builders.rows.figures import RowFigures, Verification, file_hash, verify
 from builders.rows.order import kept_rows, permutation, permutation_sha256
 from builders.rows.packing import Packer, Row
-from builders.rows.rowfile import ROW_GROUP_ROWS, RowWriter
+from builders.rows.rowfile import RowGroup, RowWriter
 from builders.rows.stats import BuildStats
 from builders.runtime import stopping
 from builders.runtime.atomic import outputs, remove_stale_temporaries, spill_folder
@@ -334,21 +334,16 @@ def _write_rows(
 ) -> RowFigures:
     """Write ``rows`` to ``path``, computing their figures and counting them."""
     figures = RowFigures(manifest.row_tokens, manifest.contract.hash)
-    # rows hashed and counted a row group at a time
-    batch: list[Row] = []
     with (
         RowWriter(path) as writer,
         reporter.progress("building rows", total=manifest.rows, unit="rows") as progress,
     ):
         for row in rows:
             stopping.check()
-            writer.write(row)
-            batch.append(row)
-            if len(batch) == ROW_GROUP_ROWS:
-                _count_rows(batch, figures, stats)
-                batch = []
+            # rows hashed and counted a row group at a time, as the writer stacks them
+            _count_rows(writer.write(row), figures, stats)
             progress.update(1)
-        _count_rows(batch, figures, stats)
+        _count_rows(writer.write_last(), figures, stats)
     reporter.info(
         f"{figures.rows} rows from {len(stats.sources)} conversations ({stats.windows_skipped} "
         f"windows skipped: {manifest.row_tokens}-token stretches of the stream, cut as rows are, "
@@ -358,14 +353,11 @@ def _write_rows(
     return figures
 
 
-def _count_rows(batch: list[Row], figures: RowFigures, stats: BuildStats) -> None:
-    """Hash and count a batch of rows given in order."""
-    if batch:
-        masks = np.stack([row.loss_mask for row in batch])
-        figures.add(
-            np.stack([row.input_ids for row in batch]), masks, [row.segment_start for row in batch]
-        )
-        stats.add_rows(masks)
+def _count_rows(group: RowGroup | None, figures: RowFigures, stats: BuildStats) -> None:
+    """Hash and count a row group's rows, if any."""
+    if group is not None:
+        figures.add(group.input_ids, group.loss_mask, group.segment_start)
+        stats.add_rows(group.loss_mask)
 
 
 def _report_left_out(stream: Stream, stats: BuildStats, reporter: Reporter) -> None:

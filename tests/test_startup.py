@@ -8,6 +8,8 @@ import json
 import os
 import signal
 import subprocess
+import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,6 +19,7 @@ from tokenizers import Tokenizer
 from builders import cli
 from builders.cli import main as cli_main
 from builders.encode import spawn
+from builders.errors import WorkerError
 from builders.fixture.hf_cache import MESSAGE, parquet_shards
 from builders.fixture.make import synthetic_rows, tokenizer_json
 from builders.inputs.pinned import Hub
@@ -92,6 +95,32 @@ def test_workers_started_early_are_taken_by_the_pool_or_reaped():
         assert started == []
 
 
+def test_workers_start_without_threads_and_one_refused_leaves_none(monkeypatch):
+    """Where no thread can start, this one starts them all; one the system refuses ends all."""
+
+    def no_thread(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    with spawn.early(5) as started:
+        assert len({process.pid for process, _ in started}) == 5
+    assert [process.poll() is not None for process, _ in started] == [True] * 5
+    made, start = [], spawn.start
+
+    def third_refused():
+        if len(made) == 2:
+            made.append(None)
+            raise WorkerError("a tokenizing worker process could not start: EAGAIN")
+        made.append(start())
+        return made[-1]
+
+    monkeypatch.setattr(spawn, "start", third_refused)
+    with spawn.early(5) as started:
+        assert started == [] and spawn.taken(5) == []
+    assert len(made) == 5
+    assert all(one[0].poll() is not None for one in made if one is not None)
+
+
 def test_a_build_with_workers_takes_those_the_command_started(tmp_path, monkeypatch):
     manifest = lay_out_build(tmp_path / "hf", synthetic_rows(seed=4, count=40), build_rows=10)
     started = []
@@ -116,6 +145,42 @@ def test_a_build_with_workers_takes_those_the_command_started(tmp_path, monkeypa
     assert (tmp_path / "out" / "custom.parquet").read_bytes() == (
         tmp_path / "out2" / "custom.parquet"
     ).read_bytes()
+
+
+# the build's process, its pool's ``sample`` recorded: was transformers imported before it?
+SAMPLE_BEFORE_TRANSFORMERS = """
+import json, sys
+from pathlib import Path
+from builders import cli
+from builders.encode import pool
+from builders.inputs.pinned import Hub
+
+seen, sample = [], pool.Pool.sample
+
+def recorded(self, *args):
+    seen.append("transformers" in sys.modules)
+    return sample(self, *args)
+
+pool.Pool.sample = recorded
+cli._hub = lambda args, manifest: Hub(Path(sys.argv[1]), offline=True)
+code = cli.main(sys.argv[2:])
+print(json.dumps([code, seen, "transformers" in sys.modules]))
+"""
+
+
+def test_the_workers_have_the_plan_s_sample_before_the_build_imports_transformers(tmp_path):
+    """The command's imports up to the sample leave out the renderer's (transformers: 0.5 s)."""
+    manifest = lay_out_build(tmp_path / "hf", synthetic_rows(seed=4, count=40), build_rows=10)
+    hub = str(tmp_path / "hf" / "hub")
+    command = ["--manifest", str(manifest), "--out", str(tmp_path / "out"), "-q", "--workers", "2"]
+    done = subprocess.run(
+        [sys.executable, "-c", SAMPLE_BEFORE_TRANSFORMERS, hub, *command],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    # the build renders (and imports transformers) after it has handed the sample out
+    assert json.loads(done.stdout.splitlines()[-1]) == [0, [False], True], done.stderr
 
 
 @pytest.mark.parametrize("also", [None, "a bad shard"])

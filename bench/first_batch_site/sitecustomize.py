@@ -28,6 +28,9 @@ import sys
 import time
 
 TRACE = os.environ.get("FIRST_BATCH_TRACE")
+# ``--workers 1`` encodes in a pool of one worker process (bench/first_batch.py's --pool-of-one):
+# two processes, each with a core of its own on 2 cores
+POOL_OF_ONE = bool(os.environ.get("FIRST_BATCH_POOL_OF_ONE"))
 MODULES = (
     "builders.build",
     "builders.encode.worker",
@@ -83,9 +86,22 @@ def patch_pool(module) -> None:
         event("in-process batch", table.num_rows)
 
     module.InProcess.submit = timed
+    if POOL_OF_ONE:
+        module.encoding = module.Pool
 
 
-PATCHES = {"multiprocessing.connection": patch_connection, "builders.encode.pool": patch_pool}
+def patch_spawn(module) -> None:
+    """With ``POOL_OF_ONE``, the command starts its one worker early, as it starts several."""
+    start_into = module._start_into
+    if POOL_OF_ONE:
+        module._start_into = lambda started, count: start_into(started, count or 1)
+
+
+PATCHES = {
+    "multiprocessing.connection": patch_connection,
+    "builders.encode.pool": patch_pool,
+    "builders.encode.spawn": patch_spawn,
+}
 
 
 class Watch(importlib.abc.MetaPathFinder):

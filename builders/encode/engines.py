@@ -266,7 +266,8 @@ class Choosing:
     """The engine of a worker, chosen (``choose``) in a thread while it encodes.
 
     Until then it encodes with ``provisional``: the reference, which gives the same rows. The
-    thread loads the fast engine and runs its probes; ``chosen()`` is called when it is done.
+    thread (from ``start``) loads the fast engine and runs its probes; ``chosen()`` is called when
+    it is done.
     """
 
     def __init__(
@@ -280,13 +281,20 @@ class Choosing:
         self.provisional = (
             TokenizersEngine(tokenizer) if requested == "tokenizers" else Provisional(tokenizer)
         )
-        thread = ThreadPoolExecutor(1, thread_name_prefix="engine-choice")
-        self._choice = thread.submit(choose, requested, tokenizer, tokenizer_json, chat_template)
-        self._choice.add_done_callback(lambda _: chosen())
-        thread.shutdown(wait=False)
+        self._arguments = requested, tokenizer, tokenizer_json, chat_template
+        self._chosen = chosen
+        self._choice: Future | None = None
+
+    def start(self) -> None:
+        """Start the choice in its thread (again: nothing)."""
+        if self._choice is None:
+            thread = ThreadPoolExecutor(1, thread_name_prefix="engine-choice")
+            self._choice = thread.submit(choose, *self._arguments)
+            self._choice.add_done_callback(lambda _: self._chosen())
+            thread.shutdown(wait=False)
 
     def done(self) -> bool:
-        return self._choice.done()
+        return self._choice is not None and self._choice.done()
 
     def result(self) -> Choice:
         """The engine chosen; a refused ``--engine`` raises here."""

@@ -14,8 +14,9 @@ interpreters start (and import) before the command imports the build (``spawn.ea
 parses the pinned ``tokenizer.json`` (``load``) while the build checks the other inputs; it makes
 its encoder once it has the chat format (``start``), which the build reads from the checked files
 before it parses the tokenizer itself; and it encodes its first tasks, the plan's sample
-(``sample``, handed out before the build parses the tokenizer), with the reference engine while
-the engine asked for loads and runs its probes beside it (``engines.Choosing``). The build hands
+(``sample``, handed out before the build parses the tokenizer or imports transformers), with the
+reference engine; the engine asked for loads and runs its probes beside it from the worker's first
+answer on (``engines.Choosing``). The build hands
 out tasks without waiting for them, and ``settle`` (after the rows) gives the engine every worker
 chose. In this process the engine is chosen in a thread while the build plans (from ``begin``),
 and the first batch waits for it.

@@ -18,6 +18,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
@@ -28,6 +29,8 @@ from builders.runtime import stopping
 
 # cores on which --workers auto encodes in this process
 IN_PROCESS_UP_TO = 2
+# workers ``early`` starts at once
+STARTING_AT_ONCE = 4
 # the folder that holds this package: workers run the same code
 ROOT = Path(__file__).resolve().parents[2]
 BOOTSTRAP = (
@@ -102,14 +105,35 @@ def early(requested: str | int) -> Iterator[list[Started]]:
 def _start_into(started: list[Started], count: int) -> None:
     """Start ``count`` workers into ``started``, or none where the system refuses one.
 
-    The pool then starts them itself, and says why it cannot where the build did before.
+    Each start waits for its interpreter's exec, so they go ``STARTING_AT_ONCE`` at a time, from
+    threads (where the system has none to give, from this one); a stop waits until all have
+    started. The pool then starts them itself where the system refused one, and says why it
+    cannot where the build did before.
     """
-    try:
-        for _ in range(count):
-            with stopping.deferred():
-                started.append(start())
-    except WorkerError:
-        with stopping.deferred():
+    outcomes: list[Started | WorkerError | None] = [None] * count
+
+    def start_every(first: int) -> None:
+        for k in range(first, count, STARTING_AT_ONCE):
+            try:
+                outcomes[k] = start()
+            except WorkerError as err:
+                outcomes[k] = err
+
+    with stopping.deferred():
+        helpers = []
+        for first in range(1, min(count, STARTING_AT_ONCE)):
+            helper = threading.Thread(target=start_every, args=(first,), name="worker-start")
+            try:
+                helper.start()
+                helpers.append(helper)
+            except RuntimeError:
+                # no thread to be had (the system's limit on processes)
+                start_every(first)
+        start_every(0)
+        for helper in helpers:
+            helper.join()
+        started.extend(o for o in outcomes if o is not None and not isinstance(o, WorkerError))
+        if len(started) < count:
             while started:
                 stop(started.pop())
 

@@ -268,20 +268,18 @@ class Stream:
         submitted: deque[int] = deque()
         # held rows are the positions from eager to end, in order
         for table, positions in held.in_order():
+            order = np.argsort(positions, kind="stable")
             for first in range(0, table.num_rows, ENCODE_BATCH):
-                self.encoding.submit(
-                    table.slice(first, ENCODE_BATCH),
-                    positions[first : first + ENCODE_BATCH],
-                    encoded,
-                )
-                submitted.append(min(ENCODE_BATCH, table.num_rows - first))
+                batch = order[first : first + ENCODE_BATCH]
+                self.encoding.submit(table.take(pa.array(batch)), positions[batch], encoded)
+                submitted.append(len(batch))
                 # the oldest batch, while the later ones encode
                 while len(submitted) > self.encoding.ahead:
                     size = submitted.popleft()
                     yield from self._taken(encoded, position, position + size)
                     position += size
             # before the next bucket is read
-            del table, positions
+            del table, positions, order
         yield from self._taken(encoded, position, position + sum(submitted))
 
     def _taken(
@@ -394,16 +392,20 @@ class _Held:
                 self.spilled += part.num_rows
 
     def in_order(self) -> Iterator[tuple[pa.Table, np.ndarray]]:
-        """The held rows as tables in stream order, with their positions.
+        """The held rows as tables, each of one piece, with their positions.
 
-        Memory first, then each bucket (each read only when the one before is done with, so one is
-        in memory at a time).
+        Memory first (a stretch of positions), then each bucket (each read only when the one before
+        is done with, so one is in memory at a time); the rows of each in no particular order. One
+        piece, because taking rows of a table of many pieces in another order costs more than
+        joining them, and a take of all of them at once would hold them twice.
         """
         if self.tables:
             tables, positions = self.tables, self.positions
             self.tables, self.positions = [], []
-            yield _in_order(pa.concat_tables(tables), np.concatenate(positions))
-            del tables, positions
+            table = pa.concat_tables(tables).combine_chunks()
+            del tables
+            yield table, np.concatenate(positions)
+            del table, positions
         for key in sorted(self.writers):
             self.writers.pop(key).close()
             yield _bucket(self.spill / f"bucket-{key}.arrow")
@@ -414,4 +416,4 @@ def _bucket(path: Path) -> tuple[pa.Table, np.ndarray]:
     with pa.OSFile(str(path)) as source:
         part = pa.ipc.open_file(source).read_all()
     path.unlink()
-    return _in_order(part.drop_columns(["position"]), part.column("position").to_numpy())
+    return part.drop_columns(["position"]).combine_chunks(), part.column("position").to_numpy()

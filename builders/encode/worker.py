@@ -16,7 +16,8 @@ the channel:
   undecoded-to-Python (Arrow) for the build to hold; with K (the plan's sample) it keeps the group
   decoded for its next task of it. Closing the channel ends the worker.
 - worker → build: a JSON header for each message: ``ready`` once it can encode (with the
-  reference engine, while the engine asked for loads beside it: ``engines.Choosing``); ``engine``
+  reference engine, while the engine asked for loads beside it from its first answer on:
+  ``engines.Choosing``); ``engine``
   once it has chosen (``builders.encode.engines.choose``: the same probes in every worker), and
   encodes with that from then on; for each task ``batch`` (with the conversations the contract
   cannot encode, by position and message), followed by an Arrow IPC stream of the encoded
@@ -217,18 +218,20 @@ class Worker:
 def serve(fd: int) -> None:
     """A worker's life, from its start-up until the channel ends.
 
-    It imports what rendering needs (transformers, while the build still opens its inputs), starts
-    up, then does each task the build sends until the channel ends.
+    It parses the tokenizer and imports what rendering needs (transformers), whichever it can do
+    first: the import while the build has not yet said where the tokenizer lies. It starts up,
+    then does each task the build sends until the channel ends; the engine asked for loads once
+    its first answer is sent (or it waits for a task), as the load holds the GIL in stretches.
     """
-    import builders.formats.render  # noqa: F401 (every chat format renders with it)
-
-    sys.meta_path.insert(0, _NoPandas())
     channel = Connection(fd)
     tasks: queue.SimpleQueue = queue.SimpleQueue()
     try:
+        if not channel.poll(0):
+            _import_renderer()
         # parsed while the build checks its other inputs
         tokenizer_json = _checked_text(json.loads(channel.recv_bytes()))
         tokenizer = Tokenizer.from_str(tokenizer_json)
+        _import_renderer()
         start_up = json.loads(channel.recv_bytes())
         threading.Thread(target=_receive, args=(channel, tasks), daemon=True).start()
         encoder = ConversationEncoder(
@@ -256,7 +259,8 @@ def serve(fd: int) -> None:
         source = None
         # row groups decoded for the plan's sample, kept for the pass
         kept: dict[int, pa.Table] = {}
-        for header, body in iter(tasks.get, None):
+        while (task := _next_task(tasks, choosing)) is not None:
+            header, body = task
             try:
                 if choosing is not None and choosing.done():
                     choice, choosing = choosing.result(), None
@@ -300,9 +304,26 @@ def serve(fd: int) -> None:
             )
             if later is not None:
                 channel.send_bytes(_ipc(later))
+            if choosing is not None:
+                choosing.start()
     except OSError:
         # the build is gone
         return
+
+
+def _import_renderer() -> None:
+    """Import what every chat format renders with (transformers), then refuse pandas."""
+    import builders.formats.render  # noqa: F401
+
+    if not any(isinstance(finder, _NoPandas) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _NoPandas())
+
+
+def _next_task(tasks: queue.SimpleQueue, choosing: engines.Choosing | None):
+    """The next task; before waiting for one, the engine's choice starts."""
+    if choosing is not None and tasks.empty():
+        choosing.start()
+    return tasks.get()
 
 
 class _NoPandas(importlib.abc.MetaPathFinder):
@@ -503,11 +524,13 @@ def _lists(arrays: list[np.ndarray], dtype) -> pa.Array:
     return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
 
 
-def _split(column: pa.ChunkedArray, dtype) -> list[np.ndarray]:
-    lists = column.combine_chunks()
-    offsets = (lists.offsets.to_numpy() - lists.offsets[0].as_py()).tolist()
-    # views of the answer's buffer (read-only): nothing writes a conversation's tokens
-    values = lists.flatten().to_numpy().astype(dtype, copy=False)
+def _split(lists: pa.Array, dtype) -> list[np.ndarray]:
+    """Each list of ``lists`` (one piece) as a view of the answer's buffer (read-only).
+
+    Nothing writes a conversation's tokens.
+    """
+    offsets = lists.offsets.to_numpy().tolist()
+    values = lists.values.to_numpy().astype(dtype, copy=False)
     return [values[start:end] for start, end in itertools.pairwise(offsets)]
 
 
@@ -532,10 +555,16 @@ def _conversations_table(results: list[tuple[int, EncodedConversation]]) -> pa.T
 
 
 def _conversations(table: pa.Table) -> list[tuple[int, EncodedConversation]]:
+    if not table.num_rows:
+        return []
+    # one piece (an answer is one batch: nothing is copied), its columns as arrays
+    (columns,) = table.combine_chunks().to_batches()
     flags = {
-        name: table.column(name).to_numpy().tolist()
+        name: columns.column(name).to_numpy(zero_copy_only=False).tolist()
         for name in ("position", "index", "ends_with_answer", "left_out", "cross_checked")
     }
+    # each conversation's five counts (``EncodedConversation.tool_counts``)
+    counts = columns.column("tool_counts").flatten().to_numpy().reshape(-1, 5).tolist()
     return [
         (
             position,
@@ -554,14 +583,14 @@ def _conversations(table: pa.Table) -> list[tuple[int, EncodedConversation]]:
         for position, index, id_, source, ids, mask, ends, left_out, checked, counts in zip(
             flags["position"],
             flags["index"],
-            table.column("id").to_pylist(),
-            table.column("source").to_pylist(),
-            _split(table.column("ids"), np.int32),
-            _split(table.column("mask"), np.uint8),
+            columns.column("id").to_pylist(),
+            columns.column("source").to_pylist(),
+            _split(columns.column("ids"), np.int32),
+            _split(columns.column("mask"), np.uint8),
             flags["ends_with_answer"],
             flags["left_out"],
             flags["cross_checked"],
-            table.column("tool_counts").to_pylist(),
+            counts,
             strict=True,
         )
     ]

@@ -41,7 +41,6 @@ from tokenizers import Tokenizer
 from builders.contract import Contract
 from builders.errors import ConversationError, RefusedConversation
 from builders.formats import FormatSpec, refusal
-from builders.formats.render import check_template
 from builders.formats.vocab import Vocab
 
 # the classes of a format whose mask is fixed
@@ -122,6 +121,9 @@ class ChatFormat(ABC):
         A refusal is a ManifestError or PinnedInputError; by default a chat template that does not
         compile is refused.
         """
+        # transformers' import (the renderer's) waits for the first format that renders
+        from builders.formats.render import check_template
+
         check_template(spec)
 
     @classmethod

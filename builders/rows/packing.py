@@ -68,14 +68,6 @@ _NO_MASK = np.zeros(0, np.uint8)
 _NO_INTS = np.zeros(0, np.int64)
 
 
-def _placed(values: np.ndarray, own: np.ndarray, at: np.ndarray, eos) -> np.ndarray:
-    """``values`` where ``own`` is set, ``eos`` at ``at`` (the other places)."""
-    out = np.empty(len(own), values.dtype)
-    out[own] = values
-    out[at] = eos
-    return out
-
-
 class Packer:
     """Cuts the stream into rows.
 
@@ -98,36 +90,32 @@ class Packer:
         return len(self._ids)
 
     def joined(self, conversations: Sequence[EncodedConversation]) -> Parts:
-        """The conversations' parts of the stream, each ``with_eos``, in order."""
-        lengths = np.fromiter((len(c.ids) for c in conversations), np.int64, len(conversations))
-        ids = (
-            np.concatenate([c.ids for c in conversations]).astype(np.int32, copy=False)
-            if conversations
-            else _NO_IDS
-        )
-        mask = (
-            np.concatenate([c.mask for c in conversations]).astype(np.uint8, copy=False)
-            if conversations
-            else _NO_MASK
-        )
-        if self.contract.eos_mask(True) is not None:
-            answered = np.fromiter(
-                (c.ends_with_answer for c in conversations), bool, len(conversations)
-            )
-            eos = np.where(
-                answered, self.contract.eos_mask(True), self.contract.eos_mask(False)
-            ).astype(np.uint8)
-            lengths = lengths + 1
-            # each conversation's EOS, where the parts end
-            at = np.cumsum(lengths) - 1
-            own = np.ones(len(ids) + len(at), bool)
-            own[at] = False
-            ids, mask = _placed(ids, own, at, self.eos_id), _placed(mask, own, at, eos)
+        """The conversations' parts of the stream, each ``with_eos``, in order.
+
+        One concatenation of their tokens with an EOS after each (the EOS and its mask value are
+        one-token arrays, shared).
+        """
+        count = len(conversations)
+        if not count:
+            return Parts(_NO_IDS, _NO_MASK, _NO_INTS, _NO_INTS, [])
+        lengths = np.fromiter((len(c.ids) for c in conversations), np.int64, count)
+        answered, other = self.contract.eos_mask(True), self.contract.eos_mask(False)
+        if answered is None:
+            ids = [c.ids for c in conversations]
+            mask = [c.mask for c in conversations]
+        else:
+            eos = np.array([self.eos_id], np.int32)
+            answered, other = np.array([answered], np.uint8), np.array([other], np.uint8)
+            ids, mask = [], []
+            for c in conversations:
+                ids += (c.ids, eos)
+                mask += (c.mask, answered if c.ends_with_answer else other)
+            lengths += 1
         return Parts(
-            ids,
-            mask,
+            np.concatenate(ids).astype(np.int32, copy=False),
+            np.concatenate(mask).astype(np.uint8, copy=False),
             lengths,
-            np.fromiter((c.index for c in conversations), np.int64, len(conversations)),
+            np.fromiter((c.index for c in conversations), np.int64, count),
             [c.id for c in conversations],
         )
 

@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -61,15 +62,37 @@ def writer_version() -> str:
     return f"pyarrow {pa.__version__}"
 
 
+@dataclass(frozen=True)
+class RowGroup:
+    """Consecutive rows stacked, as one row group of the file holds them (``RowWriter.write``)."""
+
+    input_ids: np.ndarray  # int32, rows × row length
+    loss_mask: np.ndarray  # uint8, rows × row length
+    source_index: list[list[int]]
+    source_id: list[list[str]]
+    segment_start: list[list[int]]
+
+    @classmethod
+    def of(cls, rows: list[Row]) -> RowGroup:
+        return cls(
+            np.stack([r.input_ids for r in rows]).astype(np.int32, copy=False),
+            np.stack([r.loss_mask for r in rows]).astype(np.uint8, copy=False),
+            [r.source_index for r in rows],
+            [r.source_id for r in rows],
+            [r.segment_start for r in rows],
+        )
+
+
 class RowWriter:
     """Writes rows to ``path`` in fixed-size row groups.
 
-    It makes each row group's table and compresses it in a thread of its own. Row groups are
-    written in order by one thread (pyarrow compresses without the GIL), at most ``IN_FLIGHT`` of
-    them waiting. A write error of that thread
-    (a full disk) is raised, as the OSError it is, by a later ``write`` or by ``close``; pyarrow has
-    then closed the file, so the writer is abandoned, not closed again. As a context manager: the
-    block's end closes the file (``close``), an exception out of it abandons it (``abandon``).
+    Each row group's rows are stacked (``RowGroup``) as it completes, and handed to a thread of
+    its own that makes the group's table from those arrays (no copy of the tokens) and compresses
+    it. Row groups are written in order by one thread (pyarrow compresses without the GIL), at most
+    ``IN_FLIGHT`` of them waiting. A write error of that thread (a full disk) is raised, as the
+    OSError it is, by a later ``write`` or by ``close``; pyarrow has then closed the file, so the
+    writer is abandoned, not closed again. As a context manager: the block's end closes the file
+    (``close``), an exception out of it abandons it (``abandon``).
     """
 
     IN_FLIGHT = 2
@@ -90,10 +113,27 @@ class RowWriter:
         else:
             self.abandon()
 
-    def write(self, row: Row) -> None:
+    def write(self, row: Row) -> RowGroup | None:
+        """Add ``row``; the row group it completes (handed to the writer's thread), if any."""
         self._pending.append(row)
         if len(self._pending) == ROW_GROUP_ROWS:
-            self._flush()
+            return self.write_last()
+        return None
+
+    def write_last(self) -> RowGroup | None:
+        """Hand the rows not yet written to the writer's thread as a row group, if any.
+
+        That is the last row group (``close`` does it too); it is returned, as ``write`` returns
+        each full one.
+        """
+        if not self._pending:
+            return None
+        group, self._pending = RowGroup.of(self._pending), []
+        while len(self._flushing) >= self.IN_FLIGHT:
+            self._flushing.popleft().result()
+        self._flushing.append(self._thread.submit(self._write_group, group, self._written))
+        self._written += len(group.input_ids)
+        return group
 
     def close(self) -> None:
         """Write the last row group and the footer.
@@ -101,7 +141,7 @@ class RowWriter:
         Raise the first write error, if any.
         """
         try:
-            self._flush()
+            self.write_last()
             while self._flushing:
                 self._flushing.popleft().result()
             self._thread.shutdown(wait=True)
@@ -121,37 +161,34 @@ class RowWriter:
         with suppress(pa.ArrowException, OSError):
             self._writer.close()
 
-    def _flush(self) -> None:
-        if self._pending:
-            rows, self._pending = self._pending, []
-            while len(self._flushing) >= self.IN_FLIGHT:
-                self._flushing.popleft().result()
-            self._flushing.append(self._thread.submit(self._write_group, rows, self._written))
-            self._written += len(rows)
-
-    def _write_group(self, rows: list[Row], first_index: int) -> None:
-        """Write ``rows`` as one row group (in the writer's thread: the table is made there too)."""
-        self._writer.write_table(_table(rows, first_index), row_group_size=len(rows))
+    def _write_group(self, group: RowGroup, first_index: int) -> None:
+        """Write ``group`` as one row group (in the writer's thread: the table is made there)."""
+        self._writer.write_table(_table(group, first_index), row_group_size=len(group.input_ids))
 
 
-def _table(rows: list[Row], first_index: int) -> pa.Table:
+def _table(group: RowGroup, first_index: int) -> pa.Table:
+    count = len(group.input_ids)
     metadata = pa.StructArray.from_arrays(
         [
-            pa.array(np.arange(first_index, first_index + len(rows), dtype=np.int64)),
-            _lists([np.asarray(r.source_index, dtype=np.int64) for r in rows], pa.int64()),
-            pa.array([r.source_id for r in rows], type=pa.list_(pa.string())),
-            _lists([np.asarray(r.segment_start, dtype=np.int32) for r in rows], pa.int32()),
+            pa.array(np.arange(first_index, first_index + count, dtype=np.int64)),
+            _lists([np.asarray(s, dtype=np.int64) for s in group.source_index], pa.int64()),
+            pa.array(group.source_id, type=pa.list_(pa.string())),
+            _lists([np.asarray(s, dtype=np.int32) for s in group.segment_start], pa.int32()),
         ],
         fields=list(METADATA_TYPE),
     )
     return pa.Table.from_arrays(
-        [
-            _lists([r.input_ids for r in rows], pa.int32()),
-            _lists([r.loss_mask for r in rows], pa.uint8()),
-            metadata,
-        ],
+        [_rows(group.input_ids, pa.int32()), _rows(group.loss_mask, pa.uint8()), metadata],
         schema=SCHEMA,
     )
+
+
+def _rows(matrix: np.ndarray, value_type: pa.DataType) -> pa.ListArray:
+    """The rows of a 2-D array as a list array over its own buffer."""
+    count, width = matrix.shape
+    offsets = np.arange(count + 1, dtype=np.int32) * np.int32(width)
+    values = pa.array(matrix.reshape(-1), type=value_type)
+    return pa.ListArray.from_arrays(pa.array(offsets), values)
 
 
 def _lists(arrays: list[np.ndarray], value_type: pa.DataType) -> pa.ListArray:
