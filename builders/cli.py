@@ -25,7 +25,7 @@ from builders.errors import (
     UsageError,
     VerificationError,
 )
-from builders.runtime import stopping
+from builders.runtime import no_pandas, stopping
 from builders.text import shown
 
 COMMANDS = (
@@ -391,6 +391,10 @@ def main(argv: list[str] | None = None) -> int:
     args = None
     try:
         args = parser().parse_args(_with_command(sys.argv[1:] if argv is None else argv))
+        if argv is None and args.command in ("build", "plan"):
+            # the process is the command's own: pyarrow is kept from loading pandas, which it
+            # would at its first conversions (the process then never has pandas)
+            no_pandas.refuse()
         # unwind, so temporary files are removed (the entry point installed it already)
         stopping.install()
         return {

@@ -183,6 +183,49 @@ def test_the_workers_have_the_plan_s_sample_before_the_build_imports_transformer
     assert json.loads(done.stdout.splitlines()[-1]) == [0, [False], True], done.stderr
 
 
+# the build's process: is pandas imported by the end of the build, card and all?
+PANDAS_AFTER = """
+import json, sys
+from pathlib import Path
+from builders import cli
+from builders.inputs.pinned import Hub
+
+hub = Path(sys.argv[1])
+cli._hub = lambda args, manifest: Hub(hub, offline=True)
+# the process's own command line, as the console script runs it
+sys.argv = ["fixed-sft", *sys.argv[2:]]
+code = cli.main()
+print(json.dumps([code, "pandas" in sys.modules, "transformers" in sys.modules]))
+"""
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_build_never_imports_pandas_and_its_rows_are_the_same(tmp_path, monkeypatch, workers):
+    """pyarrow imports pandas at some conversions where it can (0.2 s): a build refuses it."""
+    manifest = lay_out_build(tmp_path / "hf", synthetic_rows(seed=4, count=40), build_rows=10)
+    hub = str(tmp_path / "hf" / "hub")
+    outputs = []
+    for refused, out in ((True, tmp_path / "out"), (False, tmp_path / "in-process")):
+        command = ["--manifest", str(manifest), "--out", str(out), "-q", "--workers", workers]
+        if refused:
+            done = subprocess.run(
+                [sys.executable, "-c", PANDAS_AFTER, hub, *command],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            )
+            # transformers, which probes for pandas at its import, was imported
+            assert json.loads(done.stdout.splitlines()[-1]) == [0, False, True], done.stderr
+        else:
+            # the same build in this process, where pandas may be imported
+            import pandas  # noqa: F401
+
+            monkeypatch.setattr(cli, "_hub", lambda args, manifest: Hub(Path(hub), offline=True))
+            assert cli_main(command) == 0
+        outputs.append(sorted(p.read_bytes() for p in out.glob("*.parquet")))
+    assert outputs[0] == outputs[1]
+
+
 @pytest.mark.parametrize("also", [None, "a bad shard"])
 def test_a_refused_template_is_named_first_whatever_the_workers(tmp_path, also):
     """The build's own refusal, before the workers' and the source's: as with no workers."""

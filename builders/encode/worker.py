@@ -34,13 +34,11 @@ encoding to finish, and it exits quietly when the channel ends (the build finish
 from __future__ import annotations
 
 import hashlib
-import importlib.abc
 import itertools
 import json
 import queue
 import signal
 import subprocess
-import sys
 import threading
 import traceback
 from contextlib import suppress
@@ -67,6 +65,7 @@ from builders.inputs.layout import conversations
 from builders.inputs.source import Source
 from builders.limits import Limits
 from builders.manifest import DatasetPin
+from builders.runtime import no_pandas
 
 # the task a worker finds in its queue once it has chosen its engine
 CHOSEN = (None, None)
@@ -223,6 +222,7 @@ def serve(fd: int) -> None:
     then does each task the build sends until the channel ends; the engine asked for loads once
     its first answer is sent (or it waits for a task), as the load holds the GIL in stretches.
     """
+    no_pandas.refuse()
     channel = Connection(fd)
     tasks: queue.SimpleQueue = queue.SimpleQueue()
     try:
@@ -312,11 +312,8 @@ def serve(fd: int) -> None:
 
 
 def _import_renderer() -> None:
-    """Import what every chat format renders with (transformers), then refuse pandas."""
+    """Import what every chat format renders with (transformers); again: nothing."""
     import builders.formats.render  # noqa: F401
-
-    if not any(isinstance(finder, _NoPandas) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _NoPandas())
 
 
 def _next_task(tasks: queue.SimpleQueue, choosing: engines.Choosing | None):
@@ -324,18 +321,6 @@ def _next_task(tasks: queue.SimpleQueue, choosing: engines.Choosing | None):
     if choosing is not None and tasks.empty():
         choosing.start()
     return tasks.get()
-
-
-class _NoPandas(importlib.abc.MetaPathFinder):
-    """Refuses pandas, which a worker never uses.
-
-    pyarrow imports it at its first array if it can (0.2 s of a worker's start).
-    """
-
-    def find_spec(self, name, path, target=None):
-        if name == "pandas" or name.startswith("pandas."):
-            raise ModuleNotFoundError("a tokenizing worker does not use pandas", name=name)
-        return None
 
 
 def _int64(values: np.ndarray) -> pa.Array:
