@@ -623,3 +623,23 @@ def test_tool_counts_of_a_row(tmp_path):
     openai, flat = read(write(tmp_path, "x.jsonl", rows_as_users_store_them()[1:3]), tools="tools")
     assert tool_counts(openai) == (1, 1, 0, 1)
     assert tool_counts(flat) == (1, 2, 0, 2)
+
+
+@pytest.mark.parametrize("name", ["x.parquet", "x.jsonl", "x.json"])
+def test_rows_read_by_place_are_those_of_the_whole_block(tmp_path, name):
+    """Converting only some rows of a block changes none of them, nor where a refusal points."""
+    path = write(tmp_path, name, rows_as_users_store_them())
+    pin = DatasetPin(repo="o/d", revision="0" * 40, files=path.name, tools="tools")
+    source = Source([(pin, [(path.name, path)])])
+    whole = {row["index"]: row for row in read(path, tools="tools")}
+    assert any(row["layout_error"] for row in whole.values())
+    picked = np.array([source.num_rows - 1, 0, 2, 2, source.num_rows // 2, 1])
+    got = conversations(source.take(picked))
+    assert got == [whole[int(i)] for i in picked]
+    for row in got:
+        outcome(row, name)
+    for group in range(source.num_groups):
+        first, count = source.group_rows(group)
+        places = np.arange(count)[::-2]
+        rows = conversations(source.read_group(group, places))
+        assert rows == [whole[first + int(p)] for p in places]

@@ -223,12 +223,20 @@ class Stream:
                 # outrun: another stretch as long
                 start, end, eager = end, min(n, 2 * end - start), end
 
-    def _read(self, group: int) -> pa.Table:
+    def _read(self, group: int, start: int, end: int) -> pa.Table:
+        """Group ``group``'s rows at positions [start, end) (a sample's group: all of them)."""
         table = self._decoded.pop(group, None)
         if table is None:
-            table = self.source.read_group(group)
+            table = self.source.read_group(group, self._wanted(group, start, end)[0])
             self.stats.row_groups_decoded += 1
         return table
+
+    def _wanted(self, group: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """The places in ``group`` of its rows at positions [start, end), and the positions."""
+        first, count = self.source.group_rows(group)
+        positions = self.position[first : first + count]
+        rows = np.flatnonzero((positions >= start) & (positions < end))
+        return rows, positions[rows]
 
     def _pass(
         self, start: int, end: int, eager: int, spill: Path
@@ -302,10 +310,17 @@ class Stream:
         with ThreadPoolExecutor(max_workers=READ_THREADS) as readers:
             # decoded groups wait for the encoder: at most READ_AHEAD of them at once
             queue = iter(groups)
-            pending = {readers.submit(self._read, group) for group in islice(queue, READ_AHEAD)}
+            start, end, _ = bounds
+
+            def submit(count: int) -> set[Future]:
+                return {
+                    readers.submit(self._read, group, start, end) for group in islice(queue, count)
+                }
+
+            pending = submit(READ_AHEAD)
             while pending:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                pending |= {readers.submit(self._read, group) for group in islice(queue, len(done))}
+                pending |= submit(len(done))
                 for future in done:
                     self._take_apart(future.result(), bounds, encoded, held)
                 yield
@@ -323,12 +338,10 @@ class Stream:
             if group in self._decoded:
                 self._take_apart(self._decoded.pop(group), bounds, encoded, held)
             else:
-                first, count = self.source.group_rows(group)
-                positions = self.position[first : first + count]
-                rows = np.flatnonzero((positions >= start) & (positions < end))
+                rows, positions = self._wanted(group, start, end)
                 # the sample's groups are decoded already, in the worker that sampled them
                 self.stats.row_groups_decoded += not self.encoding.keeps(group)
-                self.encoding.submit_group(group, rows, positions[rows], eager, encoded, held.add)
+                self.encoding.submit_group(group, rows, positions, eager, encoded, held.add)
             yield
         self.encoding.wait_all(encoded)
 

@@ -67,6 +67,8 @@ class ParquetFile:
         self.columns = [c for c in (*layout.row_fields, "source") if c in schema.names]
         self.structs = _structs(schema, layout)
         md = metadata.metadata
+        # the footer, parsed once: each read's own file handle reuses it
+        self.metadata = md
         self.block_rows = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
         self.message_bytes = sum(
             md.row_group(g).column(c).total_uncompressed_size
@@ -75,17 +77,23 @@ class ParquetFile:
             if md.row_group(g).column(c).path_in_schema.split(".")[0] == layout.messages
         )
 
-    def read(self, block: int) -> pa.Table:
+    def read(self, block: int, rows: np.ndarray | None = None) -> pa.Table:
+        """Block ``block``'s rows ``rows`` (None: all), in that order, as ``ROW_SCHEMA``.
+
+        The whole row group is decoded and checked; only those rows are converted.
+        """
         try:
             # a file handle of its own: reads of one ParquetFile from several threads are not
             # safe; no threads of its own: the caller decodes several blocks at once (nested
             # threads cost twice the CPU)
-            table = pq.ParquetFile(self.path).read_row_group(
+            table = pq.ParquetFile(self.path, metadata=self.metadata).read_row_group(
                 block, columns=self.columns, use_threads=False
             )
             table.validate(full=True)
         except (pa.ArrowException, OSError) as err:
             raise PinnedInputError(f"{self.name}: cannot read row group {block}: {err}") from err
+        if rows is not None:
+            table = table.take(pa.array(rows, pa.int64()))
         return _parquet_rows(table, self.layout, self.structs)
 
 
@@ -265,7 +273,10 @@ class _JsonFile:
         self.path, self.name, self.layout = path, name, layout
         self.message_bytes = path.stat().st_size
 
-    def _rows(self, texts: list[bytes]) -> pa.Table:
+    def _rows(self, texts: list[bytes], rows: np.ndarray | None) -> pa.Table:
+        """The rows ``rows`` of a block's ``texts`` (None: all), in that order."""
+        if rows is not None:
+            texts = [texts[row] for row in rows.tolist()]
         return rows_table([self._row(text) for text in texts])
 
     def _row(self, data: bytes) -> dict:
@@ -325,11 +336,12 @@ class JsonLinesFile(_JsonFile):
         else:
             self.block_start[-1] = at + len(data)
 
-    def read(self, block: int) -> pa.Table:
+    def read(self, block: int, rows: np.ndarray | None = None) -> pa.Table:
         with open(self.path, "rb") as file:
             file.seek(self.block_start[block])
             data = file.read(self.block_start[block + 1] - self.block_start[block])
-        return self._rows([line for line in data.split(b"\n") if line and not line.isspace()])
+        lines = [line for line in data.split(b"\n") if line and not line.isspace()]
+        return self._rows(lines, rows)
 
 
 class JsonListFile(_JsonFile):
@@ -351,14 +363,15 @@ class JsonListFile(_JsonFile):
         self.first = [*self.first, rows] if rows else []
         self.block_rows = [b - a for a, b in itertools.pairwise(self.first)]
 
-    def read(self, block: int) -> pa.Table:
+    def read(self, block: int, rows: np.ndarray | None = None) -> pa.Table:
         first, end = self.first[block], self.first[block + 1]
         start = int(self.bounds[first])
         with open(self.path, "rb") as file:
             file.seek(start)
             data = file.read(int(self.bounds[end]) - start)
         cuts = [int(b) - start for b in self.bounds[first : end + 1]]
-        return self._rows([data[a + 1 : b].strip() or b"" for a, b in itertools.pairwise(cuts)])
+        texts = [data[a + 1 : b].strip() or b"" for a, b in itertools.pairwise(cuts)]
+        return self._rows(texts, rows)
 
 
 def _top_level_commas(path: Path, name: str) -> np.ndarray:

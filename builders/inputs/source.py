@@ -112,14 +112,20 @@ class Source:
             - 1
         )
 
-    def read_group(self, group: int) -> pa.Table:
-        """Every row of block ``group``, decoded."""
+    def read_group(self, group: int, rows: np.ndarray | None = None) -> pa.Table:
+        """Block ``group``'s rows ``rows`` (places in the block; None: all), in that order.
+
+        The whole block is decoded; only those rows are converted.
+        """
         f = int(self._group_file[group])
-        table = self._readers[f].read(int(self._group_block[group]))
         first, count = self.group_rows(group)
+        if rows is not None:
+            rows = np.asarray(rows, dtype=np.int64)
+        table = self._readers[f].read(int(self._group_block[group]), rows)
+        if rows is None:
+            rows = np.arange(count, dtype=np.int64)
         pin = self.pins[self.files[f].dataset]
-        index = pa.array(np.arange(first, first + count, dtype=np.int64))
-        file_row = first - int(self._file_start[f])
+        index = pa.array(first + rows)
         ids = table.column("id") if pin.id else index.cast(pa.string())
         return pa.table(
             {
@@ -130,14 +136,17 @@ class Source:
                 "tools": table.column("tools"),
                 "string_arguments": table.column("string_arguments"),
                 "layout_error": _located(
-                    table.column("problem"), ids, self.files[f].name, file_row
+                    table.column("problem"),
+                    ids,
+                    self.files[f].name,
+                    first - int(self._file_start[f]) + rows,
                 ),
             }
         )
 
     def read(self, group: int, members: np.ndarray) -> pa.Table:
         """Rows ``members`` (source indices of block ``group``), in that order."""
-        return self.read_group(group).take(pa.array(np.asarray(members) - self._group_start[group]))
+        return self.read_group(group, np.asarray(members) - self._group_start[group])
 
     def take(self, indices) -> pa.Table:
         """The rows at ``indices``, in that order, each block decoded once.
@@ -153,8 +162,11 @@ class Source:
         return table.take(pa.array(np.searchsorted(table.column("index").to_numpy(), indices)))
 
 
-def _located(problems, ids, name: str, first_row: int) -> pa.Array:
-    """Each row's problem, named by its file, its row there and its id (null: none)."""
+def _located(problems, ids, name: str, file_rows: np.ndarray) -> pa.Array:
+    """Each row's problem, named by its file, its row there (``file_rows``) and its id.
+
+    A null problem: none.
+    """
     problems = problems.combine_chunks() if isinstance(problems, pa.ChunkedArray) else problems
     if problems.null_count == len(problems):
         return problems
@@ -162,5 +174,5 @@ def _located(problems, ids, name: str, first_row: int) -> pa.Array:
     for row in np.flatnonzero(problems.is_valid().to_numpy(zero_copy_only=False)).tolist():
         identity = ids[row].as_py()
         named = "" if identity is None else f" (id {identity!r})"
-        out[row] = f"{name} row {first_row + row}{named}: {out[row]}"
+        out[row] = f"{name} row {int(file_rows[row])}{named}: {out[row]}"
     return pa.array(out, pa.string())
