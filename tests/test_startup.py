@@ -121,6 +121,35 @@ def test_workers_start_without_threads_and_one_refused_leaves_none(monkeypatch):
     assert all(one[0].poll() is not None for one in made if one is not None)
 
 
+@pytest.mark.parametrize(
+    "fault", [WorkerError("a tokenizing worker process could not start: EAGAIN"), ValueError("x")]
+)
+def test_a_start_that_fails_in_a_thread_leaves_none_running(monkeypatch, fault):
+    """Started from threads, one failed start ends every worker started; a fault is raised."""
+    calls, running, start, lock = [], [], spawn.start, threading.Lock()
+
+    def third_fails():
+        with lock:
+            calls.append(None)
+            third = len(calls) == 3
+        if third:
+            raise fault
+        one = start()
+        running.append(one)
+        return one
+
+    monkeypatch.setattr(spawn, "start", third_fails)
+    if isinstance(fault, WorkerError):
+        # the pool starts its own, and says why it cannot
+        with spawn.early(6) as started:
+            assert started == [] and spawn.taken(6) == []
+    else:
+        with pytest.raises(ValueError), spawn.early(6):
+            pass
+    assert len(calls) == 6 and len(running) == 5
+    assert all(process.poll() is not None for process, _ in running)
+
+
 def test_a_build_with_workers_takes_those_the_command_started(tmp_path, monkeypatch):
     manifest = lay_out_build(tmp_path / "hf", synthetic_rows(seed=4, count=40), build_rows=10)
     started = []

@@ -108,15 +108,16 @@ def _start_into(started: list[Started], count: int) -> None:
     Each start waits for its interpreter's exec, so they go ``STARTING_AT_ONCE`` at a time, from
     threads (where the system has none to give, from this one); a stop waits until all have
     started. The pool then starts them itself where the system refused one, and says why it
-    cannot where the build did before.
+    cannot where the build did before; any other fault is raised once all are ended.
     """
-    outcomes: list[Started | WorkerError | None] = [None] * count
+    outcomes: list[Started | Exception | None] = [None] * count
 
     def start_every(first: int) -> None:
         for k in range(first, count, STARTING_AT_ONCE):
             try:
                 outcomes[k] = start()
-            except WorkerError as err:
+            except Exception as err:
+                # kept, so that every thread is joined and every worker started is known
                 outcomes[k] = err
 
     with stopping.deferred():
@@ -132,10 +133,14 @@ def _start_into(started: list[Started], count: int) -> None:
         start_every(0)
         for helper in helpers:
             helper.join()
-        started.extend(o for o in outcomes if o is not None and not isinstance(o, WorkerError))
+        started.extend(o for o in outcomes if o is not None and not isinstance(o, Exception))
         if len(started) < count:
             while started:
                 stop(started.pop())
+        # a fault other than the system's refusal is raised, once every worker is ended
+        for fault in outcomes:
+            if isinstance(fault, Exception) and not isinstance(fault, WorkerError):
+                raise fault
 
 
 def taken(count: int) -> list[Started]:
