@@ -287,8 +287,9 @@ def test_tool_conversations_with_call_ids_are_rendered_fresh_and_give_the_same_r
     together = shared.encode(rows(cases)) + shared.encode(rows(cases))
     assert shared.format._kept
     monkeypatch.setattr(turns, "SHAPES_KEPT_CHARS", 0)
-    fresh = model_encoder(real_models.qwen3()).encode(rows(cases))
-    assert not model_encoder(real_models.qwen3()).format._kept
+    keeping_none = model_encoder(real_models.qwen3())
+    fresh = keeping_none.encode(rows(cases))
+    assert not keeping_none.format._kept
     for a, b in zip(together, fresh + fresh, strict=True):
         assert (a.ids.tolist(), a.mask.tolist(), a.ends_with_answer) == (
             b.ids.tolist(),
@@ -333,7 +334,9 @@ def test_the_injection_check_refuses_exactly_the_fields_that_hold_a_forbidden_st
     injection = Injection(forbidden)
     rng = random.Random(29)
     refused = 0
-    for messages, tools in tool_conversations(29, 300, strings=bool(rng.getrandbits(1))):
+    # arguments as objects (their keys and nested values planted too), and as JSON text
+    conversations = tool_conversations(29, 150, strings=False)
+    for messages, tools in conversations + tool_conversations(30, 150, strings=True):
         tools = json.loads(json.dumps(tools))
         for _ in range(rng.randint(0, 2)):
             # (not a role: the refusal names it)
