@@ -583,8 +583,8 @@ def test_align_takes_the_first_assignment_in_the_order_of_each_markers_prints():
     from builders.errors import ConversationError
     from builders.formats.turns import Run, _marker, _prints, align
 
-    # the order data/ROWS.md gives (steps 2 and 6: the whole run, then trimmed earliest and
-    # longest first, then as tojson escapes it, then nothing), written out for the reference
+    # the order data/ROWS.md gives (turns step 2, tool calls step 3: the whole run, then
+    # trimmed earliest and longest first, then as tojson escapes it, then nothing), written out
     assert list(_prints(Run(0, " ab "))) == [" ab ", " ab", "ab ", "ab", ""]
     assert list(_prints(Run(0, "b\n"))) == ["b\n", "b", "b\\n", ""]
     assert list(_prints(Run(0, "ab"))) == ["ab", ""]
