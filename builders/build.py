@@ -343,7 +343,7 @@ def _write_rows(
             # rows hashed and counted a row group at a time, as the writer stacks them
             _count_rows(writer.write(row), figures, stats)
             progress.update(1)
-        _count_rows(writer.write_last(), figures, stats)
+        _count_rows(writer.hand_over(), figures, stats)
     reporter.info(
         f"{figures.rows} rows from {len(stats.sources)} conversations ({stats.windows_skipped} "
         f"windows skipped: {manifest.row_tokens}-token stretches of the stream, cut as rows are, "

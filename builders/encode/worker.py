@@ -324,7 +324,7 @@ def _next_task(tasks: queue.SimpleQueue, choosing: engines.Choosing | None):
 
 
 def _int64(values: np.ndarray) -> pa.Array:
-    """``values`` as an Arrow int64 array, made from its buffer (``pa.array`` imports pandas)."""
+    """``values`` as an Arrow int64 array, made from its buffer (``pa.array`` looks for pandas)."""
     data = np.ascontiguousarray(values, dtype=np.int64)
     return pa.Array.from_buffers(pa.int64(), len(data), [None, pa.py_buffer(data)])
 

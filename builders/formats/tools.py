@@ -86,7 +86,12 @@ def _strings(value, where: str) -> Iterator[tuple[str, str]]:
 
 
 def _tool_strings(messages: list[dict], tools: list | None) -> str:
-    """Every string (keys too) of the tools and the messages' calls and tool fields, NUL-joined."""
+    """Every string (keys too) of the tools and the messages' calls and tool fields, NUL-joined.
+
+    A superset of ``tool_fields``' strings, searched at once; only a hit walks ``tool_fields`` to
+    name the field. The two walks must find the same strings: tests/test_tools.py checks that
+    the one search refuses exactly what each field's own search does.
+    """
     found: list[str] = []
     if tools:
         _all_strings(tools, found)

@@ -117,14 +117,14 @@ class RowWriter:
         """Add ``row``; the row group it completes (handed to the writer's thread), if any."""
         self._pending.append(row)
         if len(self._pending) == ROW_GROUP_ROWS:
-            return self.write_last()
+            return self.hand_over()
         return None
 
-    def write_last(self) -> RowGroup | None:
-        """Hand the rows not yet written to the writer's thread as a row group, if any.
+    def hand_over(self) -> RowGroup | None:
+        """Hand the rows not yet written to the writer's thread as a row group; return it, if any.
 
-        That is the last row group (``close`` does it too); it is returned, as ``write`` returns
-        each full one.
+        ``write`` does it for each full group; after the last row, the caller does it to have the
+        last group (``close`` does it too).
         """
         if not self._pending:
             return None
@@ -141,7 +141,7 @@ class RowWriter:
         Raise the first write error, if any.
         """
         try:
-            self.write_last()
+            self.hand_over()
             while self._flushing:
                 self._flushing.popleft().result()
             self._thread.shutdown(wait=True)

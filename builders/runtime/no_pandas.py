@@ -2,8 +2,9 @@
 
 pyarrow imports pandas, where it can, at its first conversions between Arrow, numpy and Python:
 0.2 to 0.5 s of CPU (holding the GIL) and tens of MB in each process. ``refuse`` keeps pandas
-findable, so probes such as transformers' at its import still see it installed, and makes
-importing it an ImportError, which pyarrow takes as pandas being absent.
+findable (a spec, so that probes such as transformers' ``find_spec`` at its import go on as they
+would; one that asks for its version reads the installed metadata), and makes importing it an
+ImportError, which pyarrow takes as pandas being absent.
 """
 
 from __future__ import annotations
