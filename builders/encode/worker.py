@@ -273,8 +273,8 @@ def serve(fd: int) -> None:
                 later = None
                 if "group" in header:
                     source = source or _source(*datasets)
-                    group = _decoded_group(source, header, kept)
-                    table, later = _group_rows(group, table, header["eager"])
+                    rows = _wanted_rows(source, header, table, kept)
+                    table, later = _group_rows(rows, table, header["eager"])
                 results = encode_rows(
                     encoder,
                     conversations(table.drop_columns(["position"])),
@@ -418,29 +418,36 @@ def batch_message(table: pa.Table, positions: np.ndarray) -> pa.Buffer:
     return _ipc(table.append_column("position", pa.array(positions, pa.int64())))
 
 
-def _decoded_group(source: Source, header: dict, kept: dict[int, pa.Table]) -> pa.Table:
-    """The row group a task names, decoded, or as ``kept`` holds it; kept if the task says so."""
+def _wanted_rows(source: Source, header: dict, wanted: pa.Table, kept: dict) -> pa.Table:
+    """The ``wanted`` rows of the row group a task names, decoded, in ``wanted``'s order.
+
+    Only they are decoded to the layout, unless the task keeps the group (the plan's sample) for
+    its next task of it; a kept group is taken from ``kept``.
+    """
     number = header["group"]
     if list(source.group_rows(number)) != header["bounds"]:
         raise RuntimeError(
             f"row group {number}: the worker reads rows {source.group_rows(number)}, the build "
             f"{header['bounds']}"
         )
+    rows = wanted.column("row").to_numpy()
     group = kept.pop(number, None)
     if group is None:
+        if not header["keep"]:
+            return source.read_group(number, rows)
         group = source.read_group(number)
     if header["keep"]:
         kept[number] = group
-    return group
+    return group.take(pa.array(rows))
 
 
-def _group_rows(group: pa.Table, wanted: pa.Table, eager: int) -> tuple[pa.Table, pa.Table]:
-    """The wanted rows of a decoded row ``group``, with their ``position``.
+def _group_rows(rows: pa.Table, wanted: pa.Table, eager: int) -> tuple[pa.Table, pa.Table]:
+    """A task's decoded ``rows`` (one for each of ``wanted``), with their ``position``.
 
     Those before ``eager`` in stream order (to encode), and the others (to send back).
     """
     positions = wanted.column("position").to_numpy()
-    rows = group.take(wanted.column("row")).append_column("position", wanted.column("position"))
+    rows = rows.append_column("position", wanted.column("position"))
     now = np.flatnonzero(positions < eager)
     now = now[np.argsort(positions[now], kind="stable")]
     return rows.take(pa.array(now)), rows.filter(pa.array(positions >= eager))
