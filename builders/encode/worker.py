@@ -54,6 +54,7 @@ from builders import errors
 from builders.contract import Contract
 from builders.encode import engines, spawn
 from builders.encode.encoder import ConversationEncoder, EncodedConversation
+from builders.encode.share import Share
 from builders.errors import (
     BuildError,
     RefusedConversation,
@@ -84,6 +85,8 @@ class Worker:
         # the engine it chose (``Choice.as_dict``), once it said so
         self.choice: dict | None = None
         self.in_flight = 0  # batches sent, not yet returned
+        # held rows it put on disk (its answers to the groups it keeps)
+        self.spilled = 0
 
     def send_tokenizer(self, path: Path, sha256: str) -> None:
         """Have the worker parse the pinned ``tokenizer.json`` at ``path``.
@@ -112,34 +115,36 @@ class Worker:
         bounds: tuple[int, int],
         rows: np.ndarray,
         positions: np.ndarray,
-        eager: int,
-        keep: bool = False,
+        share: dict | None = None,
     ) -> None:
         """Row group ``group`` to decode in the worker.
 
         ``bounds`` is its first source index and rows, which the worker's reading must match. The
-        worker takes its ``rows`` (in the group) at ``positions``; those before ``eager`` are
-        encoded, the others sent back as they are. With ``keep``, it keeps the group decoded for
-        its next task of the same group.
+        worker takes its ``rows`` (in the group) at ``positions``. With a pass's ``share`` (its
+        bounds, ``builders.encode.share``) it keeps them until asked for (``send_wanted``) and
+        answers with how many it spilled; without (the plan's sample), it encodes them all, sends
+        them back, and keeps the group decoded for its next task of the same group.
         """
         self._send_task(
-            {"group": group, "bounds": list(bounds), "eager": eager, "keep": keep},
+            {"group": group, "bounds": list(bounds), "share": share},
             _ipc(pa.table({"row": _int64(rows), "position": _int64(positions)})),
         )
 
-    def receive(self) -> tuple[list[tuple[int, object]], pa.Table | None]:
+    def send_wanted(self, positions: np.ndarray) -> None:
+        """Have the worker send its kept conversations at ``positions`` (ascending)."""
+        self._send_task({"wanted": True}, _ipc(pa.table({"position": _int64(positions)})))
+
+    def receive(self) -> list[tuple[int, object]]:
         """The next message.
 
-        For a task, each position's EncodedConversation or RefusedConversation, and for a group the
-        rows held back (with their ``position``); nothing for ``ready``. A worker that died raises
-        WorkerError; one that failed, the user's error it met, or RuntimeError (a fault in the
-        builder).
+        For a task, each position's EncodedConversation or RefusedConversation (none for a group
+        kept); nothing for ``ready``. A worker that died raises WorkerError; one that failed, the
+        user's error it met, or RuntimeError (a fault in the builder).
         """
         try:
             header = json.loads(self.channel.recv_bytes())
             if "batch" in header:
                 results = _read(self.channel.recv_bytes())
-                later = _read(self.channel.recv_bytes()) if header["later"] else None
         except (EOFError, OSError):
             raise self._died() from None
         if "failed" in header:
@@ -157,13 +162,16 @@ class Worker:
             )
         if "ready" in header:
             self.started = True
-            return [], None
+            return []
         if "engine" in header:
             self.choice = header["engine"]
-            return [], None
+            return []
         self.in_flight -= 1
+        if "kept" in header:
+            self.spilled += header["spilled"]
+            return []
         failed = [(error[0], RefusedConversation(*error[1:])) for error in header["errors"]]
-        return _conversations(results) + failed, later
+        return _conversations(results) + failed
 
     def stop(self) -> None:
         """Close the channel, end the process and reap it.
@@ -255,10 +263,15 @@ def serve(fd: int) -> None:
         return
     try:
         channel.send_bytes(json.dumps({"ready": True}).encode("utf-8"))
-        # opened at the first group
-        source = None
-        # row groups decoded for the plan's sample, kept for the pass
-        kept: dict[int, pa.Table] = {}
+        doing = _Tasks(datasets)
+
+        def encode(rows: pa.Table) -> list[tuple[int, object]]:
+            return encode_rows(
+                encoder,
+                conversations(rows.drop_columns(["position"])),
+                rows.column("position").to_numpy(),
+            )
+
         while (task := _next_task(tasks, choosing)) is not None:
             header, body = task
             try:
@@ -269,46 +282,68 @@ def serve(fd: int) -> None:
                 if header is None:
                     # CHOSEN: no task
                     continue
-                table = _read(body)
-                later = None
-                if "group" in header:
-                    source = source or _source(*datasets)
-                    rows = _wanted_rows(source, header, table, kept)
-                    table, later = _group_rows(rows, table, header["eager"])
-                results = encode_rows(
-                    encoder,
-                    conversations(table.drop_columns(["position"])),
-                    table.column("position").to_numpy(),
-                )
+                answer = doing.task(header, _read(body), encode)
                 # its cross-checks passed before it is sent
                 encoder.engine.finish()
             except Exception as err:
                 _fail(channel, err)
                 return
-            failed = [
-                (position, item.index, item.id, item.reason)
-                for position, item in results
-                if isinstance(item, RefusedConversation)
-            ]
-            channel.send_bytes(
-                json.dumps(
-                    {"batch": len(results), "errors": failed, "later": later is not None}
-                ).encode("utf-8")
-            )
-            channel.send_bytes(
-                _ipc(
-                    _conversations_table(
-                        [(p, c) for p, c in results if isinstance(c, EncodedConversation)]
-                    )
-                )
-            )
-            if later is not None:
-                channel.send_bytes(_ipc(later))
+            if isinstance(answer, dict):
+                channel.send_bytes(json.dumps(answer).encode("utf-8"))
+            else:
+                _send_results(channel, answer)
             if choosing is not None:
                 choosing.start()
     except OSError:
         # the build is gone
         return
+
+
+class _Tasks:
+    """What a worker does with each task, and what it keeps from one task to the next."""
+
+    def __init__(self, datasets: tuple[list, int]):
+        self.datasets = datasets
+        # opened at the first group
+        self.source: Source | None = None
+        # row groups decoded for the plan's sample, kept for the pass
+        self.kept: dict[int, pa.Table] = {}
+        # what it keeps of the pass, until the build asks for it
+        self.share: Share | None = None
+
+    def task(self, header: dict, table: pa.Table, encode) -> list[tuple[int, object]] | dict:
+        """A task's conversations; for a group kept, the answer that says so."""
+        if "wanted" in header:
+            return self.share.taken(table.column("position").to_numpy(), encode)
+        if "group" not in header:
+            return encode(table)
+        self.source = self.source or _source(*self.datasets)
+        rows = _wanted_rows(self.source, header, table, self.kept).append_column(
+            "position", table.column("position")
+        )
+        bounds = header["share"]
+        if bounds is None:
+            return encode(rows)
+        if self.share is None or self.share.start != bounds["start"]:
+            self.share = Share(bounds)
+        spilled = self.share.held.spilled
+        self.share.add(rows, encode)
+        return {"kept": True, "spilled": self.share.held.spilled - spilled}
+
+
+def _send_results(channel: Connection, results: list[tuple[int, object]]) -> None:
+    """A task's conversations: a header naming the refused ones, then the encoded as Arrow IPC."""
+    failed = [
+        (position, item.index, item.id, item.reason)
+        for position, item in results
+        if isinstance(item, RefusedConversation)
+    ]
+    channel.send_bytes(json.dumps({"batch": len(results), "errors": failed}).encode("utf-8"))
+    channel.send_bytes(
+        _ipc(
+            _conversations_table([(p, c) for p, c in results if isinstance(c, EncodedConversation)])
+        )
+    )
 
 
 def _import_renderer() -> None:
@@ -431,26 +466,16 @@ def _wanted_rows(source: Source, header: dict, wanted: pa.Table, kept: dict) -> 
             f"{header['bounds']}"
         )
     rows = wanted.column("row").to_numpy()
+    # the plan's sample's groups are kept
+    keep = header["share"] is None
     group = kept.pop(number, None)
     if group is None:
-        if not header["keep"]:
+        if not keep:
             return source.read_group(number, rows)
         group = source.read_group(number)
-    if header["keep"]:
+    if keep:
         kept[number] = group
     return group.take(pa.array(rows))
-
-
-def _group_rows(rows: pa.Table, wanted: pa.Table, eager: int) -> tuple[pa.Table, pa.Table]:
-    """A task's decoded ``rows`` (one for each of ``wanted``), with their ``position``.
-
-    Those before ``eager`` in stream order (to encode), and the others (to send back).
-    """
-    positions = wanted.column("position").to_numpy()
-    rows = rows.append_column("position", wanted.column("position"))
-    now = np.flatnonzero(positions < eager)
-    now = now[np.argsort(positions[now], kind="stable")]
-    return rows.take(pa.array(now)), rows.filter(pa.array(positions >= eager))
 
 
 def encode_rows(
