@@ -111,6 +111,56 @@ def test_a_short_estimate_makes_another_pass_and_changes_nothing(
     assert reading["passes"] >= 2 and reading["horizon"] < 0.6 * len(ROWS)
 
 
+@pytest.mark.parametrize(
+    "constants",
+    [
+        {"MEMORY_ROWS_BYTES": 1, "ENCODE_BATCH": 16},
+        # outrun: later passes with nothing eager, their held rows spilled
+        {"MEMORY_ROWS_BYTES": 1, "ENCODE_BATCH": 16, "HORIZON_MARGIN": 0.5, "EAGER_SHARE": 0.3},
+    ],
+)
+def test_workers_keep_their_rows_spilled_and_send_them_in_order(
+    laid_out, plain, tmp_path, monkeypatch, constants
+):
+    """Three workers keep their rows, most on disk; each conversation comes back once.
+
+    The rows and the reading's figures are those of this process with the same bounds; the build
+    sends the workers only row numbers and positions, and receives only encoded conversations,
+    each position once: no held row travels to this process.
+    """
+    from builders.encode import worker
+
+    here = build_with(laid_out, tmp_path / "here", monkeypatch, 1, **constants)
+    sent, received = [], []
+    real_ipc, real_read = worker._ipc, worker._read
+
+    def ipc(table):
+        sent.append(table.column_names)
+        return real_ipc(table)
+
+    def read(data):
+        table = real_read(data)
+        received.append(table)
+        return table
+
+    monkeypatch.setattr(worker, "_ipc", ipc)
+    monkeypatch.setattr(worker, "_read", read)
+    data, reading, stats = build_with(laid_out, tmp_path / "there", monkeypatch, 3, **constants)
+    assert data == plain[0] == here[0] and stats == here[2]
+    assert reading == here[1] and reading["rows_spilled"] > 400
+    if "HORIZON_MARGIN" in constants:
+        assert reading["passes"] >= 2
+    assert {tuple(names) for names in sent} == {("row", "position"), ("position",)}
+    conversation_columns = set(worker._conversations_table([]).column_names)
+    assert all(set(t.column_names) == conversation_columns for t in received)
+    positions = [p for t in received for p in t.column("position").to_pylist()]
+    # the sample's (the first 10 rows of 8 groups, at positions 64 * k + row), then each
+    # position of the passes, once
+    sampled = stream.SAMPLE_GROUPS * 10
+    assert len(positions) == len(set(positions)) + sampled
+    assert set(range(stats["conversations_consumed"])) <= set(positions)
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("constants", [{}, {"MEMORY_ROWS_BYTES": 1}, {"EAGER_SHARE": 0.0}])
 def test_the_first_bad_conversation_in_stream_order_is_the_one_reported(
