@@ -13,8 +13,11 @@ depends on the tokens, so it is known only at the end. The stream plans for it:
   order;
 - the conversations surely consumed (before ``EAGER_SHARE`` of the estimate) are encoded as soon
   as their row group is decoded, in whatever order, while the other groups decode; the rest are
-  encoded in stream order, in batches, only as far as the rows need (with workers, the batches
-  that keep them busy are handed out ahead: ``encoding.ahead``);
+  encoded in stream order, in batches, only as far as the rows need;
+- with workers, each decodes its own row groups and keeps its rows of the pass, encoded or held
+  (``builders.encode.share``); the stream then asks the workers for them in stream order, a
+  stretch at a time, ``ASKED_AHEAD`` stretches ahead, so this process holds only what is in
+  flight (the same bounds, over all workers together);
 - a build that outruns the horizon (the estimate was short) makes another pass for the next
   stretch of the permutation, decoding the groups again; the report counts the passes.
 

@@ -9,20 +9,25 @@ the channel:
 - build → worker: where the pinned ``tokenizer.json`` lies and its sha256 (the worker reads,
   checks and parses it while the build checks its other inputs), the start-up message (contract,
   the engine ``--engine`` asks for, the chat format's inputs and the source's files), then tasks,
-  each a JSON header and an Arrow IPC stream: ``{}`` and source rows with a ``position`` column
-  (their stream positions), or ``{"group": G, "eager": E, "keep": K}`` and the rows of source
-  row group G the pass wants (``row`` in the group, ``position``): the worker decodes the group
-  itself (or takes the one it kept), encodes the rows before position E and sends the others back
-  undecoded-to-Python (Arrow) for the build to hold; with K (the plan's sample) it keeps the group
-  decoded for its next task of it. Closing the channel ends the worker.
+  each a JSON header and an Arrow IPC stream:
+  ``{"group": G, "bounds": B, "share": S}`` and the rows of source row group G the pass wants
+  (``row`` in the group, ``position``): the worker decodes the group itself (or takes the one it
+  kept). With S, the pass's bounds (``builders.encode.share``), it keeps them: those before the
+  eager bound encoded at once, the others decoded, in memory or spilled to the build's spill
+  folder; without (the plan's sample), it encodes them all, answers with them, and keeps the group
+  decoded for its next task of it. ``{"wanted": true}`` and ``position``s (ascending, all of
+  them its own): it sends those conversations it keeps, encoding held ones then.
+  ``{}`` and source rows with a ``position`` column: it encodes those rows. Closing the channel
+  ends the worker.
 - worker → build: a JSON header for each message: ``ready`` once it can encode (with the
   reference engine, while the engine asked for loads beside it from its first answer on:
   ``engines.Choosing``); ``engine``
   once it has chosen (``builders.encode.engines.choose``: the same probes in every worker), and
-  encodes with that from then on; for each task ``batch`` (with the conversations the contract
-  cannot encode, by position and message), followed by an Arrow IPC stream of the encoded
-  conversations and, for a group, one of the rows held back; or ``failed`` with the reason (and,
-  for an error the user can cause, its class), after which it exits.
+  encodes with that from then on; for a group it keeps, ``kept`` (with how many of its rows it
+  spilled); for any other task ``batch`` (with the conversations the contract cannot encode, by
+  position and message), followed by an Arrow IPC stream of the encoded conversations; or
+  ``failed`` with the reason (and, for an error the user can cause, its class), after which it
+  exits. Source rows never travel back to the build.
 
 A guarded engine's cross-check runs in the worker, on its own samples, and a batch is sent only
 once its comparisons passed: the build never re-encodes anything.
