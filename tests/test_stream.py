@@ -298,6 +298,42 @@ def test_workers_encode_as_this_process_does(tmp_path):
             assert theirs.mask.dtype == mine.mask.dtype and np.array_equal(theirs.mask, mine.mask)
 
 
+def test_a_pool_s_stream_is_this_process_s(tmp_path):
+    """A pool's conversations and refusals are those of this process, through the stream.
+
+    Each field of every conversation of the source, dtypes included; the source's sources are
+    text or missing, and one conversation the contract cannot encode is left out, at its place.
+    """
+    from builders.build import prepared
+    from builders.runtime.progress import Reporter
+    from builders.runtime.timings import Timings
+
+    rows = [{**row, "source": "s" if k % 2 else None} for k, row in enumerate(ROWS[:60])]
+    rows[7] = {**rows[7], "messages": rows[7]["messages"] + [{"role": "function", "content": "x"}]}
+    manifest = load_manifest(lay_out_build(tmp_path / "hf", rows, row_tokens=256, build_rows=10))
+    hub = Hub(tmp_path / "hf" / "hub", offline=True)
+
+    def encoded(workers: int) -> tuple[list, list]:
+        with prepared(
+            manifest, hub, Reporter.silent(), workers, "tokenizers", Timings(), whole_source=True
+        ) as inputs:
+            inputs.stream.spill_into(tmp_path)
+            out = [c for run in inputs.stream for c in run]
+            return out, [r.as_dict() for r in inputs.stream.refused]
+
+    (here, here_refused), (there, there_refused) = encoded(1), encoded(2)
+    assert len(here_refused) == 1 and "role 'function'" in here_refused[0]["reason"]
+    assert there_refused == here_refused and here_refused[0]["source_index"] == 7
+    assert len(there) == len(here) == len(rows) - 1
+    fields = ("index", "id", "source", "ends_with_answer", "left_out", "cross_checked")
+    for mine, theirs in zip(here, there, strict=True):
+        assert [getattr(theirs, f) for f in fields] == [getattr(mine, f) for f in fields]
+        assert theirs.tool_counts == mine.tool_counts
+        assert theirs.ids.dtype == mine.ids.dtype and np.array_equal(theirs.ids, mine.ids)
+        assert theirs.mask.dtype == mine.mask.dtype and np.array_equal(theirs.mask, mine.mask)
+    assert {c.source for c in there} == {"s", None}
+
+
 def test_a_format_that_json_cannot_carry_is_refused_before_workers_start():
     """Template variables whose JSON form differs.
 
