@@ -352,3 +352,32 @@ def test_a_format_that_json_cannot_carry_is_refused_before_workers_start():
     spec = dataclasses.replace(enc.spec, template_vars={"table": {1: "one"}})
     with pytest.raises(UsageError, match="build with --workers 1"):
         start_up_message(spec, enc.contract)
+
+
+def test_held_rows_come_back_a_piece_at_a_time_in_order(tmp_path):
+    """Rows held in memory come back in pieces of consecutive positions, then each bucket.
+
+    Each row once, with its own position; the pieces and buckets in order of position.
+    """
+    import pyarrow as pa
+
+    from builders.encode.held import MEMORY_PIECES, Held
+
+    first, memory_end, bucket = 100, 180, 25
+    held = Held(first, memory_end, bucket, tmp_path)
+    positions = np.random.default_rng(0).permutation(np.arange(first, 260))
+    for part in np.array_split(positions, 3):
+        held.add(pa.table({"twice": pa.array(2 * part)}), part)
+    assert held.spilled == 260 - memory_end
+    parts = list(held.in_order())
+    ranges = [(p.min(), p.max()) for _, p in parts]
+    # a piece of 10 positions in memory at a time, then the buckets of 25
+    expected = [(s, s + 9) for s in range(first, memory_end, 10)] + [
+        (s, min(259, s + 24)) for s in range(memory_end, 260, bucket)
+    ]
+    assert len([r for r in ranges if r[1] < memory_end]) == MEMORY_PIECES
+    assert ranges == expected
+    for table, at in parts:
+        assert table.column("twice").to_pylist() == (2 * at).tolist()
+    assert sorted(np.concatenate([p for _, p in parts]).tolist()) == list(range(first, 260))
+    assert not list(tmp_path.iterdir())

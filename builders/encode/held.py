@@ -6,6 +6,7 @@ The stream's own (``builders.encode.stream``, in this process) and each worker's
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,31 +15,34 @@ import pyarrow as pa
 
 from builders.errors import OutputError
 
+# pieces of the rows held in memory, joined one at a time as they are wanted
+MEMORY_PIECES = 8
+
 
 class Held:
-    """Decoded rows waiting for their turn.
+    """Decoded rows waiting for their turn, at positions from ``first``.
 
-    They wait in memory before ``memory_end``, on disk after it, in buckets of ``bucket``
-    positions: Arrow IPC files ``NAME-KEY.arrow`` in ``spill``.
+    They wait in memory before ``memory_end``, in ``MEMORY_PIECES`` pieces of consecutive
+    positions, and on disk after it, in buckets of ``bucket`` positions: Arrow IPC files
+    ``NAME-KEY.arrow`` in ``spill``.
     """
 
-    def __init__(self, memory_end: int, bucket: int, spill: Path, name: str = "bucket"):
-        self.memory_end, self.bucket, self.spill, self.name = memory_end, bucket, spill, name
-        self.tables: list[pa.Table] = []
-        self.positions: list[np.ndarray] = []
+    def __init__(self, first: int, memory_end: int, bucket: int, spill: Path, name: str = "bucket"):
+        self.first, self.memory_end, self.bucket = first, memory_end, bucket
+        self.spill, self.name = spill, name
+        # positions of each piece in memory
+        self.piece = max(1, math.ceil((memory_end - first) / MEMORY_PIECES))
+        # each piece's tables and their positions, as they were added
+        self.pieces: dict[int, list[tuple[pa.Table, np.ndarray]]] = {}
         self.writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
         self.spilled = 0
 
     def add(self, table: pa.Table, positions: np.ndarray) -> None:
         near = positions < self.memory_end
-        if near.all():
-            # no copy of the rows
-            self.tables.append(table)
-            self.positions.append(positions)
-            return
         if near.any():
-            self.tables.append(table.filter(near))
-            self.positions.append(positions[near])
+            self._keep(table if near.all() else table.filter(near), positions[near])
+        if near.all():
+            return
         far, far_positions = table.filter(~near), positions[~near]
         keys = (far_positions - self.memory_end) // self.bucket
         for key in np.unique(keys).tolist():
@@ -56,20 +60,31 @@ class Held:
                 ) from err
             self.spilled += part.num_rows
 
+    def _keep(self, table: pa.Table, positions: np.ndarray) -> None:
+        """Keep rows in memory, each in its piece (a copy of them where they span pieces)."""
+        keys = (positions - self.first) // self.piece
+        distinct = np.unique(keys).tolist()
+        for key in distinct:
+            self.pieces.setdefault(key, []).append(
+                (table, positions)
+                if len(distinct) == 1
+                else (table.filter(keys == key), positions[keys == key])
+            )
+
     def in_order(self) -> Iterator[tuple[pa.Table, np.ndarray]]:
         """The held rows as tables, each of one piece, with their positions.
 
-        Memory first (a stretch of positions), then each bucket (each read only when the one before
-        is done with, so one is in memory at a time); the rows of each in no particular order. One
-        piece, because taking rows of a table of many pieces in another order costs more than
-        joining them, and a take of all of them at once would hold them twice.
+        Each piece in memory, then each bucket on disk, in order of their positions (each made
+        or read only when the one before is done with); the rows of each in no particular order.
+        One piece, because taking rows of a table of many pieces in another order costs more than
+        joining them; a piece at a time, because joining them all at once held them twice.
         """
-        if self.tables:
-            tables, positions = self.tables, self.positions
-            self.tables, self.positions = [], []
-            table = pa.concat_tables(tables).combine_chunks()
-            del tables
-            yield table, np.concatenate(positions)
+        for key in sorted(self.pieces):
+            parts = self.pieces.pop(key)
+            table = pa.concat_tables([t for t, _ in parts]).combine_chunks()
+            positions = np.concatenate([p for _, p in parts])
+            del parts
+            yield table, positions
             del table, positions
         for key in sorted(self.writers):
             self.writers.pop(key).close()

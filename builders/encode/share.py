@@ -33,6 +33,7 @@ class Share:
         self.start, self.eager = bounds["start"], bounds["eager"]
         self.encoded: dict[int, object] = {}
         self.held = Held(
+            self.eager,
             bounds["memory_end"],
             bounds["bucket"],
             Path(bounds["spill"]),

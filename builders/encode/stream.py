@@ -270,7 +270,7 @@ class Stream:
             }
             yield from self._asked(groups, (start, end), share)
             return
-        held = Held(eager + in_memory // 2, in_memory // 2, spill)
+        held = Held(eager, eager + in_memory // 2, in_memory // 2, spill)
         encoded: dict[int, EncodedConversation | RefusedConversation] = {}
         position = start
         # after each row group decoded: the prefix encoded so far
