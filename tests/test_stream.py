@@ -381,3 +381,27 @@ def test_held_rows_come_back_a_piece_at_a_time_in_order(tmp_path):
         assert table.column("twice").to_pylist() == (2 * at).tolist()
     assert sorted(np.concatenate([p for _, p in parts]).tolist()) == list(range(first, 260))
     assert not list(tmp_path.iterdir())
+
+
+def test_a_full_disk_in_a_worker_s_spill_fails_the_build_clearly(laid_out, tmp_path, monkeypatch):
+    """A worker that cannot write its held rows: exit 6 naming the file, nothing left."""
+    from builders.errors import OutputError
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import errno, os, sys\n"
+        "if any('builders.encode.worker' in a for a in sys.orig_argv):\n"
+        "    import pyarrow.ipc\n"
+        "    def full(*args, **kwargs):\n"
+        "        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n"
+        "    pyarrow.ipc.new_file = full\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    out = tmp_path / "out"
+    with pytest.raises(
+        OutputError, match=r"\.spill/held-[0-9]+-0-[0-9]+\.arrow: cannot write .*space"
+    ):
+        build_with(laid_out, out, monkeypatch, 2, MEMORY_ROWS_BYTES=1, ENCODE_BATCH=16)
+    assert OutputError.exit_code == 6
+    assert not list(out.iterdir())
