@@ -222,7 +222,8 @@ class Stream:
         with (
             nullcontext(self.spill)
             if self.spill is not None
-            else tempfile.TemporaryDirectory(prefix="fixed-sft-spill-")
+            # a worker may still be writing there when an error ends the stream
+            else tempfile.TemporaryDirectory(prefix="fixed-sft-spill-", ignore_cleanup_errors=True)
         ) as spill:
             while start < n:
                 yield from self._pass(start, end, eager, Path(spill))
