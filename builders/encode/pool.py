@@ -279,10 +279,6 @@ class Pool(InProcess):
         for k in np.unique(holders).tolist():
             self._when_room(encoded, self.workers[k]).send_wanted(positions[holders == k])
 
-    def rows_spilled(self) -> int:
-        """The held rows the workers put on disk, so far."""
-        return sum(worker.spilled for worker in self.workers)
-
     def keeps(self, group: int) -> bool:
         """Whether a worker holds ``group`` decoded (``sample``), for its next task."""
         return group in self.kept

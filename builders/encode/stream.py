@@ -301,19 +301,20 @@ class Stream:
 
         Then ask them for positions [start, end) in stream order, a stretch of ``ENCODE_BATCH``
         for each worker at a time, ``ASKED_AHEAD`` stretches ahead of the one taken: this process
-        holds only the answers in flight.
+        holds only the answers in flight. A worker does its tasks in the order they were sent, so
+        it has kept its groups before it is asked for their rows.
         """
         start, end = bounds
         encoded: dict[int, EncodedConversation | RefusedConversation] = {}
-        spilled = self.encoding.rows_spilled()
         for group in groups:
             rows, positions = self._wanted(group, start, end)
             # the sample's groups are decoded already, in the worker that sampled them
             self.stats.row_groups_decoded += not self.encoding.keeps(group)
             self.encoding.keep_group(group, rows, positions, share, encoded)
-        # every group kept: what was spilled is known
-        self.encoding.wait_all(encoded)
-        self.stats.rows_spilled += self.encoding.rows_spilled() - spilled
+        # the workers spill every position from the memory bound on, as this process does
+        self.stats.rows_spilled += max(0, end - share["memory_end"])
+        # each worker answers after its groups: asked for now, a worker done with its groups
+        # sends while the others decode
         of_group = self.source.group_of(self.order[start:end])
         stretch = ENCODE_BATCH * self.encoding.count
         asked: deque[tuple[int, int]] = deque()

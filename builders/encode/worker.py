@@ -23,11 +23,11 @@ the channel:
   reference engine, while the engine asked for loads beside it from its first answer on:
   ``engines.Choosing``); ``engine``
   once it has chosen (``builders.encode.engines.choose``: the same probes in every worker), and
-  encodes with that from then on; for a group it keeps, ``kept`` (with how many of its rows it
-  spilled); for any other task ``batch`` (with the conversations the contract cannot encode, by
-  position and message), followed by an Arrow IPC stream of the encoded conversations; or
-  ``failed`` with the reason (and, for an error the user can cause, its class), after which it
-  exits. Source rows never travel back to the build.
+  encodes with that from then on; for a group it keeps, ``kept``; for any other task ``batch``
+  (with the conversations the contract cannot encode, by position and message), followed by an
+  Arrow IPC stream of the encoded conversations; or ``failed`` with the reason (and, for an error
+  the user can cause, its class), after which it exits. Source rows never travel back to the
+  build.
 
 A guarded engine's cross-check runs in the worker, on its own samples, and a batch is sent only
 once its comparisons passed: the build never re-encodes anything.
@@ -90,8 +90,6 @@ class Worker:
         # the engine it chose (``Choice.as_dict``), once it said so
         self.choice: dict | None = None
         self.in_flight = 0  # batches sent, not yet returned
-        # held rows it put on disk (its answers to the groups it keeps)
-        self.spilled = 0
 
     def send_tokenizer(self, path: Path, sha256: str) -> None:
         """Have the worker parse the pinned ``tokenizer.json`` at ``path``.
@@ -127,7 +125,7 @@ class Worker:
         ``bounds`` is its first source index and rows, which the worker's reading must match. The
         worker takes its ``rows`` (in the group) at ``positions``. With a pass's ``share`` (its
         bounds, ``builders.encode.share``) it keeps them until asked for (``send_wanted``) and
-        answers with how many it spilled; without (the plan's sample), it encodes them all, sends
+        answers that it has; without (the plan's sample), it encodes them all, sends
         them back, and keeps the group decoded for its next task of the same group.
         """
         self._send_task(
@@ -173,7 +171,6 @@ class Worker:
             return []
         self.in_flight -= 1
         if "kept" in header:
-            self.spilled += header["spilled"]
             return []
         failed = [(error[0], RefusedConversation(*error[1:])) for error in header["errors"]]
         return _conversations(results) + failed
@@ -331,9 +328,8 @@ class _Tasks:
             return encode(rows)
         if self.share is None or self.share.start != bounds["start"]:
             self.share = Share(bounds)
-        spilled = self.share.held.spilled
         self.share.add(rows, encode)
-        return {"kept": True, "spilled": self.share.held.spilled - spilled}
+        return {"kept": True}
 
 
 def _send_results(channel: Connection, results: list[tuple[int, object]]) -> None:
