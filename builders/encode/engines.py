@@ -59,6 +59,10 @@ class Engine:
     def finish(self) -> None:
         """Wait for the pending cross-checks; raise the first disagreement."""
 
+    def unguarded(self) -> Engine:
+        """The engine that encodes, without a guard's cross-checks (this one, unguarded)."""
+        return self
+
 
 class TokenizersEngine(Engine):
     """The reference: ``tokenizers.Tokenizer.encode_batch_fast``.
@@ -117,6 +121,9 @@ class Guarded(Engine):
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
         return self.fast.encode(texts)
+
+    def unguarded(self) -> Engine:
+        return self.fast
 
     def cross_check(
         self, texts: list[str], ids: list[np.ndarray], indices: list[int]
