@@ -222,7 +222,7 @@ def prepared(
                 f"{manifest.loss_mask} chat format"
             )
             reference = ConversationEncoder(pinned.tokenizer, pinned.spec, manifest.contract)
-            # in this process, the engine is chosen while the build plans
+            # in this process, the engine is chosen while the sample decodes; the plan waits for it
             encoding.begin(reference)
             reporter.info("sampling conversations to plan the stream")
             stream.plan(_sample_encoder(encoding, reference))
@@ -245,7 +245,7 @@ def _sample_encoder(
     """What encodes the plan's sample in this process: the chosen engine, unguarded.
 
     Only the sample's lengths count, and the first batch waits for the choice anyway: fastokens
-    encodes the sample for a fraction of the reference's CPU (about 0.4 s of a build's). With
+    encodes the sample for a fraction of the reference's CPU (about 0.5 s of a build's). With
     workers, they encode it, and ``reference`` is not used.
     """
     if encoding.decodes_groups:
