@@ -402,6 +402,51 @@ def test_a_failed_build_ends_its_workers_before_it_removes_its_spill_folder(tmp_
     assert not list(out.iterdir())
 
 
+def test_a_plan_that_stops_ends_its_workers_before_it_removes_its_spill_folder(
+    tmp_path, monkeypatch
+):
+    """A plan's temporary spill folder, too, outlives its workers, and the stop is reported.
+
+    The stream stops at a refused conversation; the plan then asks the workers which engine they
+    chose, and they end with the plan, before its spill folder is removed.
+    """
+    import tempfile
+
+    import builders.encode.pool as pool_module
+    from builders.rows.order import permutation
+    from builders.runtime.progress import Reporter
+    from builders.views.plan import plan
+
+    rows = synthetic_rows(seed=5, count=200)
+    # early in the stream (lay_out_build's seed 3)
+    bad = int(permutation(3, len(rows))[5])
+    narrator = {"role": "narrator", "content": "x"}
+    rows[bad] = {**rows[bad], "messages": [*rows[bad]["messages"], narrator]}
+    hf_home = tmp_path / "hf"
+    manifest = load_manifest(lay_out_build(hf_home, rows, build_rows=60, row_group_rows=5))
+    monkeypatch.setattr(stream_module, "MEMORY_ROWS_BYTES", 1)
+    monkeypatch.setattr(stream_module, "ENCODE_BATCH", 16)
+    workers, removed = [], []
+    real_enter, real_cleanup = pool_module.Pool.__enter__, tempfile.TemporaryDirectory.cleanup
+
+    def enter(self):
+        real_enter(self)
+        workers.extend(self.workers)
+        return self
+
+    def cleanup(self):
+        if Path(self.name).name.startswith("fixed-sft-spill-"):
+            removed.append([w.process.returncode for w in workers])
+        real_cleanup(self)
+
+    monkeypatch.setattr(pool_module.Pool, "__enter__", enter)
+    monkeypatch.setattr(tempfile.TemporaryDirectory, "cleanup", cleanup)
+    result = plan(manifest, Hub(hf_home / "hub", offline=True), Reporter.silent(), workers=2)
+    assert f"source row {bad} " in result.stops and not result.ok
+    (codes,) = removed
+    assert len(codes) == 2 and None not in codes, codes
+
+
 @pytest.mark.parametrize("copies", [2, 1000])
 def test_the_same_dataset_twice_in_a_mixture_is_refused(tmp_path, copies):
     """An identical pin (the same files of a repo at a revision) twice: exit 2, both named."""
