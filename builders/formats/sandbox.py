@@ -198,7 +198,16 @@ def _widths(text, spec: re.Pattern) -> int:
 
 
 class _CodeGenerator(CodeGenerator):
-    """Jinja's code generator, with ``~`` and every block's buffer bounded."""
+    """Jinja's code generator, with ``~`` and every block's buffer bounded.
+
+    A dict's item read as an attribute, and a printed string, are written in place of the
+    environment's calls that return them.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # the names the printed values being written are held in (innermost last)
+        self._printing: list[str] = []
 
     def buffer(self, frame) -> None:
         frame.buffer = self.temporary_identifier()
@@ -218,6 +227,41 @@ class _CodeGenerator(CodeGenerator):
             self.visit(arg, frame)
             self.write(", ")
         self.write("))")
+
+    @optimizeconst
+    def visit_Getattr(self, node, frame) -> None:
+        # a dict's item, where a dict has no attribute of that name, read in place: what
+        # ``BoundedSandbox.getattr`` returns for it (anything else goes to it)
+        if self.environment.is_async or node.attr in _DICT_ATTRIBUTES:
+            super().visit_Getattr(node, frame)
+            return
+        held, attr = self.temporary_identifier(), repr(node.attr)
+        self.write(f"({held}[{attr}] if type({held} := ")
+        self.visit(node.node, frame)
+        self.write(f") is dict and {attr} in {held} else environment.getattr({held}, {attr}))")
+
+    def _output_child_pre(self, node, frame, finalize) -> None:
+        # a printed string is its own text (``str(finalize(text))`` is ``text``): it is printed
+        # without the calls
+        if not self._plain_output(frame, finalize):
+            super()._output_child_pre(node, frame, finalize)
+            return
+        self._printing.append(self.temporary_identifier())
+        self.write(f"({self._printing[-1]} if type({self._printing[-1]} := ")
+
+    def _output_child_post(self, node, frame, finalize) -> None:
+        if not self._plain_output(frame, finalize):
+            super()._output_child_post(node, frame, finalize)
+            return
+        held = self._printing.pop()
+        self.write(f") is str else str({finalize.src}{held})))")
+
+    @staticmethod
+    def _plain_output(frame, finalize) -> bool:
+        """Whether printed values go through ``str(environment.finalize(value))`` alone."""
+        return finalize.src == "environment.finalize(" and not (
+            frame.eval_ctx.volatile or frame.eval_ctx.autoescape
+        )
 
 
 class _Buffer(list):
@@ -259,7 +303,7 @@ class _NoOtherTemplates(jinja2.BaseLoader):
 class BoundedSandbox(ImmutableSandboxedEnvironment):
     """transformers' template sandbox, refusing values beyond ``render_chars``.
 
-    ``begin()`` starts a render's count; ``printed(texts)`` counts what it prints. It counts one
+    ``begin()`` starts a render's count; ``print_into`` counts what it prints. It counts one
     render at a time: a renderer is not shared between threads.
     """
 
@@ -288,16 +332,19 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         """Start counting a new render."""
         self.built = 0
 
-    def printed(self, texts):
-        """``texts``, the pieces a render prints, refused once they pass render_chars in all."""
-        size, limit = 0, self.render_chars
+    def print_into(self, blocks: list, texts) -> None:
+        """Append ``texts``, the pieces a render prints, to ``blocks``.
+
+        Refused once they pass render_chars in all.
+        """
+        size, limit, append = 0, self.render_chars, blocks.append
         for text in texts:
             size += len(text)
             if size > limit:
                 raise RenderLimitError(
                     f"the render prints more than limits.render_chars ({limit:,}) characters"
                 )
-            yield text
+            append(text)
 
     def spend(self, size: int) -> None:
         """Count ``size`` characters built by the render."""

@@ -86,7 +86,7 @@ class TurnsFormat(ChatFormat):
         self.tool_prompts = self._tool_prompts()
         added = [t.content for t in tokenizer.get_added_tokens_decoder().values()]
         self.injection = tool_calls.Injection([*added, *self.stops, *self.prompts])
-        # placeholder renders by their conversation and tools (``_shapes``), and their size
+        # placeholder renders by their conversation and tools (``_renders``), and their size
         self._kept: dict[str, str] = {}
         self._kept_chars = 0
 
@@ -184,8 +184,7 @@ class TurnsFormat(ChatFormat):
                 tools.append(row_tools)
                 placeheld.append(self._placeholders(messages))
                 untrained.append(skipped)
-        rendered = self._render(rows, conversations, tools)
-        shapes = self._shapes(rows, [p[0] for p in placeheld], tools)
+        rendered, shapes = self._renders(rows, conversations, [p[0] for p in placeheld], tools)
         marks = []
         for row, messages, text, shape, (_, runs), skipped in zip(
             rows, conversations, rendered, shapes, placeheld, untrained, strict=True
@@ -247,8 +246,14 @@ class TurnsFormat(ChatFormat):
                         ) from err
             raise
 
-    def _shapes(self, rows: list[dict], held: list[list[dict]], tools) -> list[str]:
-        """The placeholder renders of ``held``, each distinct one rendered once while it is kept.
+    def _renders(
+        self, rows: list[dict], conversations: list[list[dict]], held: list[list[dict]], tools
+    ) -> tuple[list[str], list[str]]:
+        """Each conversation's render, and the placeholder render of ``held``, in one call.
+
+        One call rebuilds each tool list once for both renders (``render._ToolCopies``); the
+        placeholder renders come after every real one, so a failing render is found in the order
+        it was before. Each distinct placeholder render is rendered once while it is kept.
 
         A placeholder conversation holds markers where the texts were, so conversations of one
         structure share it. Its render is a function of it and its tools (the variables are the
@@ -269,11 +274,12 @@ class TurnsFormat(ChatFormat):
             if key not in shapes:
                 fresh.setdefault(key, k)
         made = self._render(
-            [rows[k] for k in fresh.values()],
-            [held[k] for k in fresh.values()],
-            [tools[k] for k in fresh.values()],
+            [*rows, *(rows[k] for k in fresh.values())],
+            [*conversations, *(held[k] for k in fresh.values())],
+            [*tools, *(tools[k] for k in fresh.values())],
         )
-        for key, text in zip(fresh, made, strict=True):
+        rendered = made[: len(rows)]
+        for key, text in zip(fresh, made[len(rows) :], strict=True):
             shapes[key] = text
             if type(key) is not str:
                 continue
@@ -284,7 +290,7 @@ class TurnsFormat(ChatFormat):
             if size <= SHAPES_KEPT_CHARS:
                 self._kept[key] = text
                 self._kept_chars += size
-        return [shapes[key] for key in keys]
+        return rendered, [shapes[key] for key in keys]
 
     def _placeholders(self, messages: list[dict]) -> tuple[list[dict], list[Run]]:
         """``messages`` with every text replaced by its placeholder.
