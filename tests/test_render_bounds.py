@@ -204,7 +204,8 @@ INLINE_TEMPLATE = (
     "{{ 1 }}{{ 2.5 }}{{ none }}{{ [m.role, 3] }}{{ {'k': m.role} }}{{ true }}{{ m }}"
     "{% endfor %}"
     "{% for item in tree recursive %}{{ item.name }}({{ loop(item.children) }}){% endfor %}"
-    "{% for t in tools or [] %}{{ t.function.name }}{{ t.function.parameters|tojson }}{% endfor %}"
+    "{% for t in tools or [] %}{{ t.function.name }}{{ t.function.parameters|tojson }}"
+    "{{ t|tojson }}{{ t|tojson(indent=2) }}{{ t|tojson }}{% endfor %}"
     "{{ d.items is number }}{{ d.x }}"
 )
 
@@ -229,6 +230,12 @@ def test_the_sandboxs_own_code_renders_as_transformers_does():
         chats, {"tree": tree, "d": d}, tools=[tools] * len(chats)
     )
     assert rendered == expected
+    # a tool printed by tojson is measured before it is printed, as every value is
+    wide = [{"name": "w" * 60}]
+    with pytest.raises(RenderLimitError, match="the filter 'tojson' would make"):
+        ChatRenderer("{% for t in tools %}{{ t|tojson }}{% endfor %}", render_chars=100).render(
+            HI, wide
+        )
 
 
 def test_template_data_is_rebuilt_as_transformers_rebuilds_it():

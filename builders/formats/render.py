@@ -104,7 +104,7 @@ class ChatRenderer:
         ``tools`` holds each conversation's tool list (None: no tools for any); no documents.
         """
         kwargs = _plain_template_data(variables or {})
-        copies = _ToolCopies()
+        copies = _ToolCopies(self.environment())
         return [
             self._generate([], chat, copies.of(chat_tools), add_generation_prompt, kwargs)
             for chat, chat_tools in zip(conversations, _each(tools, conversations), strict=True)
@@ -123,7 +123,7 @@ class ChatRenderer:
         transformers' ``_render_with_assistant_indices``).
         """
         kwargs = _plain_template_data(variables or {})
-        copies = _ToolCopies()
+        copies = _ToolCopies(self.environment())
         rendered, spans = [], []
         for chat, chat_tools in zip(conversations, _each(tools, conversations), strict=True):
             blocks, indices = [], []
@@ -175,11 +175,14 @@ class _ToolCopies:
 
     transformers rebuilds the tools once for every conversation of a call too; a list held by
     several conversations (a conversation and its placeholder one) is rebuilt once. Kept by
-    ``id`` while the call holds every list, so no id is reused.
+    ``id`` while the call holds every list, so no id is reused. The sandbox holds each rebuilt
+    tool (``BoundedSandbox.hold``): it is measured, and printed by ``tojson``, once.
     """
 
-    def __init__(self):
+    def __init__(self, sandbox):
         self._copies: dict[int, list] = {}
+        self._sandbox = sandbox
+        sandbox.hold((), fresh=True)
 
     def of(self, tools: list | None) -> list | None:
         if tools is None:
@@ -187,6 +190,8 @@ class _ToolCopies:
         copy = self._copies.get(id(tools))
         if copy is None:
             copy = self._copies[id(tools)] = _plain(tools)
+            if type(copy) is list:
+                self._sandbox.hold(copy)
         return copy
 
 

@@ -326,11 +326,35 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         # (type, attribute) -> whether Jinja's sandbox allows it, for the types it decides by
         # type; the attributes are names in the template, so this stays as small as it is
         self._allowed: dict[tuple[type, str], bool] = {}
+        # plain data a renderer rebuilt and holds (``hold``): id -> [the value, its text_size
+        # and its plain ``tojson`` text, each None until first asked for]
+        self._held: dict[int, list] = {}
         self.begin()
 
     def begin(self) -> None:
         """Start counting a new render."""
         self.built = 0
+
+    def hold(self, values, fresh: bool = False) -> None:
+        """Measure each of ``values`` once, and print its plain ``tojson`` once.
+
+        They are plain data a renderer rebuilt for its renders (a tool list's tools), which
+        nothing changes (the sandbox is immutable); each is held, so its id is never reused.
+        ``fresh``: forget those held before.
+        """
+        if fresh:
+            self._held = {}
+        for value in values:
+            self._held[id(value)] = [value, None, None]
+
+    def size_of(self, value) -> int:
+        """``text_size(value, render_chars)``, measured once for a held value."""
+        held = self._held.get(id(value))
+        if held is None:
+            return text_size(value, self.render_chars)
+        if held[1] is None:
+            held[1] = text_size(value, self.render_chars)
+        return held[1]
 
     def print_into(self, blocks: list, texts) -> None:
         """Append ``texts``, the pieces a render prints, to ``blocks``.
@@ -446,6 +470,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     def _bounded(self, name: str, function):
         """Filter ``name``, refused beyond render_chars before and after it runs."""
         size, what = _FILTER_SIZES.get(name), f"the filter {name!r}"
+        if name == "tojson":
+            function = self._printed_once(function)
 
         def bounded(*args, **kwargs):
             if size is not None:
@@ -455,6 +481,21 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         bounded.__dict__.update(getattr(function, "__dict__", {}))
         bounded.__wrapped__ = function
         return bounded
+
+    def _printed_once(self, tojson):
+        """``tojson``, its text of a held value (with no options) made once."""
+
+        def printed(value, *args, **kwargs):
+            held = None if args or kwargs else self._held.get(id(value))
+            if held is None:
+                return tojson(value, *args, **kwargs)
+            if held[2] is None:
+                held[2] = tojson(value)
+            return held[2]
+
+        printed.__dict__.update(getattr(tojson, "__dict__", {}))
+        printed.__wrapped__ = tojson
+        return printed
 
 
 def _sized(size, env: BoundedSandbox, args: tuple, kwargs: dict) -> int:
@@ -619,7 +660,7 @@ def _tojson(env, args, kwargs) -> int:
     value, *rest = args
     indent = kwargs.get("indent", rest[1] if len(rest) > 1 else None)
     step = len(indent) if isinstance(indent, str) else _number(indent)
-    return text_size(value, env.render_chars) * (2 + step)
+    return env.size_of(value) * (2 + step)
 
 
 def _sequence_filler(position: int, keyword: str):
