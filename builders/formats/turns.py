@@ -484,20 +484,10 @@ def align(text: str, shape: str, runs: list[Run], messages) -> list[tuple[int, i
             min(len(text), len(pieces[0])),
         )
         _refuse(text, at, markers[0] if markers else None, messages, runs)
+    found = _first_path(text, pieces, markers, runs)
+    if found is not None:
+        return found
     n = len(markers)
-    # the search's first path, every run printed whole, is the common one: it is followed
-    # without the search's stack, which starts afresh where it does not reproduce ``text``
-    position, spans = len(pieces[0]), []
-    for i, m in enumerate(markers):
-        printed = runs[m].text
-        after = position + len(printed)
-        if not (text.startswith(printed, position) and text.startswith(pieces[i + 1], after)):
-            break
-        spans.append((position, after))
-        position = after + len(pieces[i + 1])
-    else:
-        if position == len(text):
-            return [(start, end, m) for m, (start, end) in zip(markers, spans, strict=True)]
 
     def state(i: int, position: int):
         return i, position, iter(_prints(runs[markers[i]])) if i < n else iter(())
@@ -531,6 +521,37 @@ def align(text: str, shape: str, runs: list[Run], messages) -> list[tuple[int, i
                 spans.pop()
     at, i = furthest
     _refuse(text, at, markers[min(i, n - 1)] if n else None, messages, runs)
+
+
+def _first_path(text: str, pieces: list[str], markers: list[int], runs: list[Run]):
+    """The search's first path through ``text``, or None where it does not reproduce it.
+
+    Each marker's first print (``_prints``, most often the run whole) that ``text`` and the
+    markup after it follow: the assignment ``align``'s search tries first, without its stack.
+    """
+    position, found = len(pieces[0]), []
+    for i, m in enumerate(markers):
+        following = pieces[i + 1]
+        printed = runs[m].text
+        if not (
+            text.startswith(printed, position)
+            and text.startswith(following, position + len(printed))
+        ):
+            printed = next(
+                (
+                    p
+                    for p in itertools.islice(_prints(runs[m]), 1, None)
+                    if text.startswith(p, position)
+                    and text.startswith(following, position + len(p))
+                ),
+                None,
+            )
+            if printed is None:
+                return None
+        if printed:
+            found.append((position, position + len(printed), m))
+        position += len(printed) + len(following)
+    return found if position == len(text) else None
 
 
 def _prints(marked: Run):
