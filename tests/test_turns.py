@@ -691,3 +691,25 @@ def test_explain_on_a_turns_manifest_searches_the_readings_that_apply(fixture_ca
         c.mask_rule == "structure" and c.final == "eos" and c.prefill == "after-prefill"
         for c in found.matches + [c for c, _ in found.ratio_matches]
     )
+
+
+def test_a_header_is_the_longest_prompt_that_occurs_at_its_first_occurrence():
+    """``_first_longest`` against a search of every prompt's every occurrence."""
+    from builders.formats.turns import _first_longest, _longest_first
+
+    rng = random.Random(17)
+    for _ in range(2000):
+        prompts = _longest_first(
+            ["".join(rng.choice("ab<") for _ in range(rng.randint(1, 4))) for _ in range(4)]
+        )
+        region = "".join(rng.choice("ab<x") for _ in range(rng.randint(0, 12)))
+        occurrences = [
+            (-len(g), at, g)
+            for g in prompts
+            for at in range(len(region))
+            if region.startswith(g, at)
+        ]
+        expected = min(occurrences, default=None)
+        assert _first_longest(region, prompts) == (
+            None if expected is None else (expected[1], expected[2])
+        )

@@ -420,16 +420,7 @@ class TurnsFormat(ChatFormat):
             at = bisect.bisect_right(ends, end)
             start = max(previous, ends[at - 1]) if at else previous
             region = text[start:end]
-            # the longest prompt that occurs, at its first occurrence
-            # (among prompts as long: the earliest)
-            found = next(
-                (
-                    min((region.find(g), g) for g in prompts if len(g) == size and g in region)
-                    for size in sorted({len(g) for g in prompts}, reverse=True)
-                    if any(len(g) == size and g in region for g in prompts)
-                ),
-                None,
-            )
+            found = _first_longest(region, prompts)
             if found is None:
                 what = "closing markup and generation prompts after a tool result"
                 raise ConversationError(
@@ -462,6 +453,21 @@ class TurnsFormat(ChatFormat):
         return char_spans(text, lengths)
 
 
+def _first_longest(region: str, prompts: tuple[str, ...]) -> tuple[int, str] | None:
+    """The longest of ``prompts`` that occurs in ``region``, and where it first does.
+
+    Among prompts as long, the earliest (then the least). ``prompts`` are longest first.
+    """
+    found = None
+    for prompt in prompts:
+        if found is not None and len(prompt) < len(found[1]):
+            break
+        at = region.find(prompt)
+        if at >= 0 and (found is None or (at, prompt) < found):
+            found = (at, prompt)
+    return found
+
+
 def _calls_have_ids(messages: list[dict]) -> bool:
     return any(call.get("id") is not None for m in messages for call in m.get("tool_calls") or ())
 
@@ -476,8 +482,7 @@ def align(text: str, shape: str, runs: list[Run], messages) -> list[tuple[int, i
     ``(start, end, marker)``; when no assignment reproduces ``text``, raises ConversationError at
     the furthest character any assignment reached.
     """
-    pieces = _MARKER.split(shape)
-    markers = [_marker_number(m) for m in _MARKER.findall(shape)]
+    pieces, markers = _marked(shape)
     if not text.startswith(pieces[0]):
         at = next(
             (k for k, (a, b) in enumerate(zip(text, pieces[0], strict=False)) if a != b),
@@ -585,7 +590,7 @@ def _check_calls(shape: str, found, runs: list[Run], spans: dict) -> None:
     fields = {n: r for n, r in enumerate(runs) if r.field is not None}
     if not fields:
         return
-    shown = {_marker_number(m) for m in _MARKER.findall(shape)}
+    shown = set(_marked(shape)[1])
     for n, run in fields.items():
         if n not in shown:
             raise ConversationError(
@@ -620,6 +625,15 @@ def _refuse(text: str, at: int, marker, messages, runs: list[Run]):
 
 def _longest_first(prompts: list[str]) -> tuple[str, ...]:
     return tuple(sorted(set(prompts), key=lambda p: (-len(p), prompts.index(p))))
+
+
+@functools.lru_cache(maxsize=2)
+def _marked(shape: str) -> tuple[list[str], list[int]]:
+    """A placeholder render's markup between its markers, and its markers' numbers, in order.
+
+    Kept for the last renders: ``align`` and the completeness check both read them.
+    """
+    return _MARKER.split(shape), [_marker_number(m) for m in _MARKER.findall(shape)]
 
 
 @functools.lru_cache(maxsize=4096)
