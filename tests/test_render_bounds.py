@@ -191,12 +191,14 @@ def test_the_bounded_sandbox_reads_attributes_as_jinjas_sandbox_does():
 
 
 # the code the sandbox writes in place of the environment's calls (a dict's item read as an
-# attribute, a printed string) inside every kind of block: macros, call blocks, recursive and
-# filtered loops, filter and set blocks; printed values of every type
+# attribute, a printed string), and string methods called, inside every kind of block: macros,
+# call blocks, recursive and filtered loops, filter and set blocks; printed values of every type
 INLINE_TEMPLATE = (
     "{% macro show(m, sep='|') %}{{ m.role }}{{ sep }}{{ m.content }}{{ m.gone }}{% endmacro %}"
     "{% macro wrap() %}[{{ caller() }}]{% endmacro %}"
     "{% for m in messages if m.role != 'system' %}{{ show(m) }}"
+    "{{ m.content.split(' ')[0]|upper }}{{ m.content.startswith('W') }}{{ m.role.center(12, '*') }}"
+    "{{ '{}!'.format(m.role) }}{{ m.role.count('s', 1) }}"
     "{% call wrap() %}{{ m.role|upper }}{{ m.items is defined }}{{ m.keys()|list }}{% endcall %}"
     "{% filter upper %}{{ m.content[:5] }}{% endfilter %}"
     "{% set block %}{{ m.content|length }}{{ m.tool_calls }}{% endset %}{{ block }}"

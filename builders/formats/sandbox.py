@@ -460,7 +460,18 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
             size = _call_size(__obj, args, kwargs, __self.render_chars)
             if size > __self.render_chars:
                 __self.refuse_beyond(size, _call_name(__obj))
-        value = super().call(__context, __obj, *args, **kwargs)
+        if (
+            type(__obj) is BuiltinMethodType
+            and type(__obj.__self__) is str
+            and __obj.__name__ not in _WRAPPED
+        ):
+            # a string's method (``content.startswith(...)``): what Jinja's checks and its
+            # context's call come to for it, the call with the loop's and block's names left out
+            kwargs.pop("_block_vars", None)
+            kwargs.pop("_loop_vars", None)
+            value = __obj(*args, **kwargs)
+        else:
+            value = super().call(__context, __obj, *args, **kwargs)
         if type(value) is str and len(value) <= __self.render_chars:
             # the common case (a macro's text, a string method's), first
             __self.spend(len(value))
