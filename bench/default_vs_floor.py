@@ -21,13 +21,17 @@ build's), measured in the same run; with ``--baseline``, the medians (seconds, m
 GC, the build's peak RSS) and this tree's over each baseline's. The share of the CPUs other
 processes used in the 2 s before each build is printed (``busy_before``): on a shared machine
 only the ratios within one run say anything.
-Inputs are laid out in --cache (default /tmp/bc, full scale; bench/scale_inputs.py).
+Inputs are laid out in --cache (default /tmp/bc, full scale; bench/scale_inputs.py) and shared;
+each run writes its manifest and builds in a folder of its own there, removed at its end, so that
+runs sharing a cache do not rewrite each other's manifest or outputs.
 """
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -81,9 +85,18 @@ def main() -> None:
     hf = args.cache / "hf"
     started = time.perf_counter()
     facts = lay_out(hf, (shared_dir() / PINNED_TEMPLATE).read_bytes(), args.scale)
-    manifest = args.cache / "bench.yaml"
-    manifest.write_text(manifest_text(facts, "bench", args.rows))
     print(f"laid out in {time.perf_counter() - started:.0f} s", flush=True)
+    own = Path(tempfile.mkdtemp(prefix="default_vs_floor-", dir=args.cache))
+    try:
+        measure(args, hf, own, facts)
+    finally:
+        shutil.rmtree(own, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, hf: Path, own: Path, facts: dict) -> None:
+    """The builds and the floor, with the manifest and outputs in this run's own folder."""
+    manifest = own / "bench.yaml"
+    manifest.write_text(manifest_text(facts, "bench", args.rows))
     trees = {"this": REPO, **{tree.resolve().name: tree.resolve() for tree in args.baseline}}
     if len(trees) != 1 + len(args.baseline):
         raise SystemExit("each --baseline needs a folder name of its own (not 'this')")
@@ -91,7 +104,7 @@ def main() -> None:
     for _ in range(args.repeats):
         for workers in args.workers:
             for name, tree in trees.items():
-                out = args.cache / "out" / f"{name}-{workers}"
+                out = own / "out" / f"{name}-{workers}"
                 runs[workers, name].append(
                     build(manifest, out, hf, "fastokens", workers, tree=tree)
                 )

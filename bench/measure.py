@@ -40,8 +40,26 @@ def peak_rss_mib():
 CLI = (
     PEAK_RSS
     + """
-import gc, json, resource, sys, time
+import gc, json, os, resource, sys, threading, time
 sys.argv = ["generate_fixed_sft.py", *sys.argv[1:]]
+# each child process's own peak RSS: the last VmHWM read of it (a child started by vfork shares
+# this process's memory until its exec, and its ru_maxrss keeps this process's peak from then)
+children_peak = {}
+def watch_children():
+    while True:
+        for task in os.listdir("/proc/self/task"):
+            try:
+                pids = open(f"/proc/self/task/{task}/children").read().split()
+            except OSError:
+                continue
+            for pid in pids:
+                try:
+                    status = open(f"/proc/{pid}/status").read()
+                    children_peak[pid] = int(status.split("VmHWM:")[1].split()[0]) / 1024
+                except (OSError, IndexError):
+                    pass
+        time.sleep(0.2)
+threading.Thread(target=watch_children, daemon=True).start()
 # the CPU the garbage collector's full passes take, in the thread that runs them
 collected = {"passes": 0, "seconds": 0.0, "started": 0.0}
 def count_pass(phase, info):
@@ -64,7 +82,7 @@ print(json.dumps({"exit": code, "seconds": elapsed,
                   "workers_cpu_s": children.ru_utime + children.ru_stime,
                   "main_peak_rss_mib": peak_rss_mib(),
                   "gc_full_passes": collected["passes"], "gc_full_s": collected["seconds"],
-                  "worker_peak_rss_mib": children.ru_maxrss / 1024}))
+                  "worker_peak_rss_mib": max(children_peak.values(), default=0)}))
 """
 )
 

@@ -109,7 +109,7 @@ def test_a_normalizing_tokenizer_on_decomposed_text(tmp_path):
         )
 
 
-class _Wrong:
+class _Wrong(engines.Engine):
     """A fast engine that gets one conversation's tokens wrong."""
 
     name, version = "wrong", "0"
@@ -387,3 +387,25 @@ def test_this_process_chooses_its_engine_once_its_encoder_is_made(monkeypatch, h
     manifest = load_manifest(MANIFESTS / f"{SELF_CONTAINED}.yaml")
     result = build(manifest, tmp_path / "out", hub, card=False, workers=1)
     assert result.verified and order == ["encoder", "choice"]
+
+
+def test_this_process_plans_with_the_chosen_engine_unguarded(monkeypatch, hub, tmp_path):
+    """The plan's sample is encoded by fastokens, not the reference, with the same estimate.
+
+    Only the sample's lengths count; the estimate is the one the reference's lengths give.
+    """
+    from builders.encode.stream import Stream
+
+    real_plan, planned = Stream.plan, []
+
+    def plan(self, encoder):
+        real_plan(self, encoder)
+        planned.append((type(encoder.engine), self.stats.estimated_conversations))
+
+    monkeypatch.setattr(Stream, "plan", plan)
+    manifest = load_manifest(MANIFESTS / f"{SELF_CONTAINED}.yaml")
+    for engine in ("fastokens", "tokenizers"):
+        build(manifest, tmp_path / engine, hub, card=False, workers=1, engine=engine)
+    (fast, fast_estimate), (reference, reference_estimate) = planned
+    assert fast is engines.FastokensEngine and reference is engines.TokenizersEngine
+    assert fast_estimate == reference_estimate

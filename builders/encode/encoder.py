@@ -68,7 +68,8 @@ class ConversationEncoder:
         if contract.encode == "add-special":
             # refuses a post-processor that adds different tokens, before any work
             self.vocab.post_processor_wrap()
-        self._values = self.class_values(contract)
+        # each code's mask value under the encoder's own contract (``Contract.table``)
+        self._mask_values = contract.table(self.class_values(contract))[0]
 
     @property
     def spec(self) -> FormatSpec:
@@ -157,8 +158,10 @@ class ConversationEncoder:
         if coded is None:
             return None
         ids, codes = coded
-        values, _ = contract.table(
-            self._values if contract == self.contract else self.class_values(contract)
+        values = (
+            self._mask_values
+            if contract is self.contract
+            else contract.table(self.class_values(contract))[0]
         )
         return ids, values[codes], annotated.ends_with_answer
 

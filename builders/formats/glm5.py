@@ -122,12 +122,15 @@ class Glm5Format(ChatFormat):
         Where the template fails, the rows are rendered a row at a time to find the error.
         """
         conversations, tools, layouts = [], [], []
-        for row in rows:
-            with located(row):
+        try:
+            for row in rows:
                 messages, untrained = split_step_loss_mask(row["messages"])
                 conversations.append(normalize_messages(messages))
                 tools.append(row_tools(row))
                 layouts.append(glm5.layout(conversations[-1], untrained, tools[-1]))
+        except ConversationError:
+            with located(row):
+                raise
         try:
             rendered = self.renderer.render_all(conversations, tools=tools)
         except jinja2.TemplateError:
@@ -136,8 +139,9 @@ class Glm5Format(ChatFormat):
                     self.layout(*split_step_loss_mask(row["messages"]), row_tool_list)
             raise
         for row, text, lay in zip(rows, rendered, layouts, strict=True):
-            with located(row):
-                _same(text, lay.text)
+            if text != lay.text:
+                with located(row):
+                    _same(text, lay.text)
         return layouts
 
     def placements(self, layouts: list[glm5.Layout], ids: list[np.ndarray]) -> list[glm5.Placement]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -62,19 +61,24 @@ STOP_AFTER = 4
 CLASSES = 5
 
 
-class Part(NamedTuple):
-    text: str
-    token_class: int
-    message_text: bool  # a message's own text (False: the template's markup)
-    piece: int  # the piece it belongs to: 0 is the prefix, then one per message
-    calls: bool = False  # an answer's tool calls
+# a part's kind: the template's markup, a message's own text, an answer's tool calls (markup too)
+MARKUP, OWN, CALLS = 0, 1, 2
 
 
-@dataclass(frozen=True)
-class Layout:
-    """The rendered conversation as pieces of parts."""
+class Layout(NamedTuple):
+    """The rendered conversation as pieces of parts, a column for each field of a part.
 
-    parts: tuple[Part, ...]
+    A part is a run of the text with one token class and kind; each piece is one or more of them.
+    """
+
+    # each part's text
+    texts: list[str]
+    # each part's token class
+    classes: list[int]
+    # each part's kind (MARKUP, OWN, CALLS)
+    kinds: list[int]
+    # the piece each part belongs to: 0 is the prefix, then one per message
+    pieces: list[int]
     # the parts joined: what the chat template must render
     text: str
     # each message's role
@@ -84,9 +88,17 @@ class Layout:
     # the last piece is a trained answer: the EOS after it is its stop token
     ends_with_answer: bool
 
-    @property
-    def pieces(self) -> int:
-        return self.parts[-1].piece + 1
+
+# an answer's parts' classes, trained or not; with its reasoning shown, and without
+_ANSWER_CLASSES = {
+    (True, True): (ROLE, PREFILL_THINK, ANSWER, ANSWER, ANSWER),
+    (True, False): (ROLE, PREFILL_THINK, ANSWER),
+    (False, True): (OTHER,) * 5,
+    (False, False): (OTHER,) * 3,
+}
+_ANSWER_KINDS = {True: (MARKUP, MARKUP, OWN, MARKUP, OWN), False: (MARKUP, MARKUP, OWN)}
+_TOOL_CLASSES = {True: (OTHER,) * 4, False: (OTHER,) * 3}
+_TOOL_KINDS = {True: (MARKUP, MARKUP, OWN, MARKUP), False: (MARKUP, OWN, MARKUP)}
 
 
 def layout(
@@ -99,47 +111,59 @@ def layout(
     tools) make a system block after the prefix.
     """
     last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
-    parts = [Part(PREFIX, OTHER, False, 0)]
+    texts, classes, kinds, pieces = [PREFIX], [OTHER], [MARKUP], [0]
     if tools:
         listed = "".join(_tojson(tool) + "\n" for tool in tools)
-        parts.append(Part(TOOLS_HEAD + listed + TOOLS_TAIL, OTHER, False, 0))
+        texts.append(TOOLS_HEAD + listed + TOOLS_TAIL)
+        classes.append(OTHER)
+        kinds.append(MARKUP)
+        pieces.append(0)
     answers = []
+    roles = []
     for i, message in enumerate(messages):
-        role, piece = message["role"], i + 1
+        role = message["role"]
+        roles.append(role)
         if role == "assistant":
-            parts += _answer(message, i > last_user, i not in untrained, piece)
+            trained = i not in untrained
+            shown = _answer(message, i > last_user)
+            texts += shown
+            classes += _ANSWER_CLASSES[trained, len(shown) == 5]
+            kinds += _ANSWER_KINDS[len(shown) == 5]
             if message.get("tool_calls"):
-                parts.append(
-                    Part(
-                        _calls(message["tool_calls"], i), parts[-1].token_class, False, piece, True
-                    )
-                )
-            if i not in untrained:
-                answers.append(piece)
+                texts.append(_calls(message["tool_calls"], i))
+                classes.append(classes[-1])
+                kinds.append(CALLS)
+            if trained:
+                answers.append(i + 1)
         elif role == "tool":
-            if i == 0 or messages[i - 1]["role"] != "tool":
-                parts.append(Part(ROLE_TOKENS["tool"], OTHER, False, piece))
-            parts += (
-                Part("<tool_response>", OTHER, False, piece),
-                Part(message["content"], OTHER, True, piece),
-                Part("</tool_response>", OTHER, False, piece),
-            )
+            opens = i == 0 or messages[i - 1]["role"] != "tool"
+            if opens:
+                texts.append(ROLE_TOKENS["tool"])
+            texts += ("<tool_response>", message["content"], "</tool_response>")
+            classes += _TOOL_CLASSES[opens]
+            kinds += _TOOL_KINDS[opens]
         else:
-            parts += (
-                Part(ROLE_TOKENS[role], OTHER, False, piece),
-                Part(message["content"], OTHER, True, piece),
-            )
+            texts += (ROLE_TOKENS[role], message["content"])
+            classes += (OTHER, OTHER)
+            kinds += (MARKUP, OWN)
+        pieces += [i + 1] * (len(texts) - len(pieces))
     return Layout(
-        tuple(parts),
-        "".join(p.text for p in parts),
-        tuple(m["role"] for m in messages),
+        texts,
+        classes,
+        kinds,
+        pieces,
+        "".join(texts),
+        tuple(roles),
         tuple(answers),
         bool(answers) and answers[-1] == len(messages),
     )
 
 
-def _answer(message: dict, show_reasoning: bool, trained: bool, piece: int) -> tuple[Part, ...]:
-    """An assistant piece as the GLM-4.7-Flash template renders it."""
+def _answer(message: dict, show_reasoning: bool) -> tuple[str, ...]:
+    """An assistant piece's parts' texts as the GLM-4.7-Flash template renders it.
+
+    Five parts with its reasoning shown, else three.
+    """
     content = message["content"]
     reasoning = message.get("reasoning_content")
     if not isinstance(reasoning, str):
@@ -149,20 +173,15 @@ def _answer(message: dict, show_reasoning: bool, trained: bool, piece: int) -> t
                 content.split(THINK_CLOSE)[0].rstrip("\n").split(THINK_OPEN)[-1].lstrip("\n")
             )
             content = content.split(THINK_CLOSE)[-1].lstrip("\n")
-    role, prefill, answer = (ROLE, PREFILL_THINK, ANSWER) if trained else (OTHER, OTHER, OTHER)
     if show_reasoning and reasoning:
         return (
-            Part(ROLE_TOKENS["assistant"], role, False, piece),
-            Part(THINK_OPEN, prefill, False, piece),
-            Part(reasoning.strip(), answer, True, piece),
-            Part(THINK_CLOSE, answer, False, piece),
-            Part(content.strip(), answer, True, piece),
+            ROLE_TOKENS["assistant"],
+            THINK_OPEN,
+            reasoning.strip(),
+            THINK_CLOSE,
+            content.strip(),
         )
-    return (
-        Part(ROLE_TOKENS["assistant"], role, False, piece),
-        Part(THINK_CLOSE, prefill, False, piece),
-        Part(content.strip(), answer, True, piece),
-    )
+    return (ROLE_TOKENS["assistant"], THINK_CLOSE, content.strip())
 
 
 def _calls(calls: list[dict], position: int) -> str:
@@ -216,18 +235,17 @@ def place(
     """
     if not layouts:
         return []
-    texts, part_class, part_text, part_piece, part_calls = zip(
-        *(part for lay in layouts for part in lay.parts), strict=True
-    )
-    lengths = np.fromiter(map(measure, texts), np.int64, len(texts))
+    parts = [len(lay.texts) for lay in layouts]
+    total, chain = sum(parts), itertools.chain.from_iterable
+    lengths = np.fromiter(map(measure, chain(lay.texts for lay in layouts)), np.int64, total)
     # pieces numbered across the batch
-    piece_base = np.cumsum([0] + [lay.pieces for lay in layouts])
-    part_piece = np.array(part_piece, dtype=np.int64) + np.repeat(
-        piece_base[:-1], [len(lay.parts) for lay in layouts]
+    piece_base = np.cumsum([0] + [lay.pieces[-1] + 1 for lay in layouts])
+    part_piece = np.fromiter(chain(lay.pieces for lay in layouts), np.int64, total) + np.repeat(
+        piece_base[:-1], parts
     )
-    part_class = np.array(part_class, dtype=np.uint8)
-    part_text = np.array(part_text, dtype=bool)
-    part_calls = np.array(part_calls, dtype=bool)
+    part_class = np.fromiter(chain(lay.classes for lay in layouts), np.uint8, total)
+    kinds = np.fromiter(chain(lay.kinds for lay in layouts), np.uint8, total)
+    part_text, part_calls = kinds == OWN, kinds == CALLS
     part_end = np.cumsum(lengths)
     piece_end = np.zeros(piece_base[-1], dtype=np.int64)
     np.maximum.at(piece_end, part_piece, part_end)
