@@ -37,6 +37,7 @@ RULES = [
     ("guard cross-check", "engines.py", r"check|cross_check|_compare|finish"),
     ("source decode (and spill)", "source.py", r".*"),
     ("source decode (and spill)", "stream.py", r"_read|_bucket|add|in_order|_in_order"),
+    ("source decode (and spill)", "held.py", r".*"),
     ("rendering and encoding", "encode.py", r".*"),
     ("rendering and encoding", "chat.py", r".*"),
     # the glm5 layout and placement (builders/ and builders/formats/)

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import builders.encode.held as held_module
 import builders.encode.stream as stream_module
 from builders.build import build
 from builders.cli import main as cli_main
@@ -325,8 +326,8 @@ def test_spilled_rows_wait_beside_the_output_and_stale_spills_are_removed(tmp_pa
         read_back.append(path.parent)
         return real_bucket(path)
 
-    real_bucket = stream_module._bucket
-    monkeypatch.setattr(stream_module, "_bucket", bucket)
+    real_bucket = held_module._bucket
+    monkeypatch.setattr(held_module, "_bucket", bucket)
     monkeypatch.setattr(stream_module, "MEMORY_ROWS_BYTES", 1)
     monkeypatch.setattr(stream_module, "ENCODE_BATCH", 16)
     build(manifest, out, Hub(hf_home / "hub", offline=True), card=False, workers=1)

@@ -111,6 +111,56 @@ def test_a_short_estimate_makes_another_pass_and_changes_nothing(
     assert reading["passes"] >= 2 and reading["horizon"] < 0.6 * len(ROWS)
 
 
+@pytest.mark.parametrize(
+    "constants",
+    [
+        {"MEMORY_ROWS_BYTES": 1, "ENCODE_BATCH": 16},
+        # outrun: later passes with nothing eager, their held rows spilled
+        {"MEMORY_ROWS_BYTES": 1, "ENCODE_BATCH": 16, "HORIZON_MARGIN": 0.5, "EAGER_SHARE": 0.3},
+    ],
+)
+def test_workers_keep_their_rows_spilled_and_send_them_in_order(
+    laid_out, plain, tmp_path, monkeypatch, constants
+):
+    """Three workers keep their rows, most on disk; each conversation comes back once.
+
+    The rows and the reading's figures are those of this process with the same bounds; the build
+    sends the workers only row numbers and positions, and receives only encoded conversations,
+    each position once: no held row travels to this process.
+    """
+    from builders.encode import worker
+
+    here = build_with(laid_out, tmp_path / "here", monkeypatch, 1, **constants)
+    sent, received = [], []
+    real_ipc, real_read = worker._ipc, worker._read
+
+    def ipc(table):
+        sent.append(table.column_names)
+        return real_ipc(table)
+
+    def read(data):
+        table = real_read(data)
+        received.append(table)
+        return table
+
+    monkeypatch.setattr(worker, "_ipc", ipc)
+    monkeypatch.setattr(worker, "_read", read)
+    data, reading, stats = build_with(laid_out, tmp_path / "there", monkeypatch, 3, **constants)
+    assert data == plain[0] == here[0] and stats == here[2]
+    assert reading == here[1] and reading["rows_spilled"] > 400
+    if "HORIZON_MARGIN" in constants:
+        assert reading["passes"] >= 2
+    assert {tuple(names) for names in sent} == {("row", "position"), ("position",)}
+    conversation_columns = set(worker._conversations_table([]).column_names)
+    assert all(set(t.column_names) == conversation_columns for t in received)
+    positions = [p for t in received for p in t.column("position").to_pylist()]
+    # the sample's (the first 10 rows of 8 groups, at positions 64 * k + row), then each
+    # position of the passes, once
+    sampled = stream.SAMPLE_GROUPS * 10
+    assert len(positions) == len(set(positions)) + sampled
+    assert set(range(stats["conversations_consumed"])) <= set(positions)
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("constants", [{}, {"MEMORY_ROWS_BYTES": 1}, {"EAGER_SHARE": 0.0}])
 def test_the_first_bad_conversation_in_stream_order_is_the_one_reported(
@@ -248,6 +298,42 @@ def test_workers_encode_as_this_process_does(tmp_path):
             assert theirs.mask.dtype == mine.mask.dtype and np.array_equal(theirs.mask, mine.mask)
 
 
+def test_a_pool_s_stream_is_this_process_s(tmp_path):
+    """A pool's conversations and refusals are those of this process, through the stream.
+
+    Each field of every conversation of the source, dtypes included; the source's sources are
+    text or missing, and one conversation the contract cannot encode is left out, at its place.
+    """
+    from builders.build import prepared
+    from builders.runtime.progress import Reporter
+    from builders.runtime.timings import Timings
+
+    rows = [{**row, "source": "s" if k % 2 else None} for k, row in enumerate(ROWS[:60])]
+    rows[7] = {**rows[7], "messages": rows[7]["messages"] + [{"role": "function", "content": "x"}]}
+    manifest = load_manifest(lay_out_build(tmp_path / "hf", rows, row_tokens=256, build_rows=10))
+    hub = Hub(tmp_path / "hf" / "hub", offline=True)
+
+    def encoded(workers: int) -> tuple[list, list]:
+        with prepared(
+            manifest, hub, Reporter.silent(), workers, "tokenizers", Timings(), whole_source=True
+        ) as inputs:
+            inputs.stream.spill_into(tmp_path)
+            out = [c for run in inputs.stream for c in run]
+            return out, [r.as_dict() for r in inputs.stream.refused]
+
+    (here, here_refused), (there, there_refused) = encoded(1), encoded(2)
+    assert len(here_refused) == 1 and "role 'function'" in here_refused[0]["reason"]
+    assert there_refused == here_refused and here_refused[0]["source_index"] == 7
+    assert len(there) == len(here) == len(rows) - 1
+    fields = ("index", "id", "source", "ends_with_answer", "left_out", "cross_checked")
+    for mine, theirs in zip(here, there, strict=True):
+        assert [getattr(theirs, f) for f in fields] == [getattr(mine, f) for f in fields]
+        assert theirs.tool_counts == mine.tool_counts
+        assert theirs.ids.dtype == mine.ids.dtype and np.array_equal(theirs.ids, mine.ids)
+        assert theirs.mask.dtype == mine.mask.dtype and np.array_equal(theirs.mask, mine.mask)
+    assert {c.source for c in there} == {"s", None}
+
+
 def test_a_format_that_json_cannot_carry_is_refused_before_workers_start():
     """Template variables whose JSON form differs.
 
@@ -266,3 +352,56 @@ def test_a_format_that_json_cannot_carry_is_refused_before_workers_start():
     spec = dataclasses.replace(enc.spec, template_vars={"table": {1: "one"}})
     with pytest.raises(UsageError, match="build with --workers 1"):
         start_up_message(spec, enc.contract)
+
+
+def test_held_rows_come_back_a_piece_at_a_time_in_order(tmp_path):
+    """Rows held in memory come back in pieces of consecutive positions, then each bucket.
+
+    Each row once, with its own position; the pieces and buckets in order of position.
+    """
+    import pyarrow as pa
+
+    from builders.encode.held import MEMORY_PIECES, Held
+
+    first, memory_end, bucket = 100, 180, 25
+    held = Held(first, memory_end, bucket, tmp_path)
+    positions = np.random.default_rng(0).permutation(np.arange(first, 260))
+    for part in np.array_split(positions, 3):
+        held.add(pa.table({"twice": pa.array(2 * part)}), part)
+    assert held.spilled == 260 - memory_end
+    parts = list(held.in_order())
+    ranges = [(p.min(), p.max()) for _, p in parts]
+    # a piece of 10 positions in memory at a time, then the buckets of 25
+    expected = [(s, s + 9) for s in range(first, memory_end, 10)] + [
+        (s, min(259, s + 24)) for s in range(memory_end, 260, bucket)
+    ]
+    assert len([r for r in ranges if r[1] < memory_end]) == MEMORY_PIECES
+    assert ranges == expected
+    for table, at in parts:
+        assert table.column("twice").to_pylist() == (2 * at).tolist()
+    assert sorted(np.concatenate([p for _, p in parts]).tolist()) == list(range(first, 260))
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_full_disk_in_a_worker_s_spill_fails_the_build_clearly(laid_out, tmp_path, monkeypatch):
+    """A worker that cannot write its held rows: exit 6 naming the file, nothing left."""
+    from builders.errors import OutputError
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import errno, os, sys\n"
+        "if any('builders.encode.worker' in a for a in sys.orig_argv):\n"
+        "    import pyarrow.ipc\n"
+        "    def full(*args, **kwargs):\n"
+        "        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n"
+        "    pyarrow.ipc.new_file = full\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    out = tmp_path / "out"
+    with pytest.raises(
+        OutputError, match=r"\.spill/held-[0-9]+-0-[0-9]+\.arrow: cannot write .*space"
+    ):
+        build_with(laid_out, out, monkeypatch, 2, MEMORY_ROWS_BYTES=1, ENCODE_BATCH=16)
+    assert OutputError.exit_code == 6
+    assert not list(out.iterdir())

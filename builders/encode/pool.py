@@ -5,9 +5,10 @@ the error that names it) at its position; the stream takes them back in order. E
 (``builders.encode.worker``) holds its own copy of the tokenizer, template, contract and engine and
 runs the same ``ConversationEncoder``, so the rows do not depend on the number of workers. A pool's
 workers also choose the engine (its probes), decode the source's row groups themselves
-(``submit_group``) and cross-check their own samples: what scales with the source runs in them, and
-the main process only orders, cuts and writes. At most ``2 × workers`` tasks are in flight: memory
-stays bounded.
+(``keep_group``), keep their rows of a pass until the stream asks for them in order (``ask``:
+``builders.encode.share``) and cross-check their own samples: what scales with the source runs in
+them, and the main process only orders, cuts and writes, holding no more than the answers in
+flight. At most ``2 × workers`` tasks are in flight: memory stays bounded.
 
 Start-up, where a pool's workers wait for nothing the build does not need to give them: their
 interpreters start (and import) before the command imports the build (``spawn.early``); each
@@ -31,7 +32,6 @@ reaped as the pool closes, on any way out (an error, Ctrl-C or SIGTERM). Nothing
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -62,10 +62,9 @@ class Encoding(Protocol):
     It is ``InProcess`` or ``Pool``.
     """
 
-    # the workers decode the source's row groups themselves (``submit_group``)
+    # the workers decode the source's row groups themselves and keep their rows of each pass
+    # (``keep_group``) until the stream asks for them (``ask``)
     decodes_groups: bool
-    # batches handed out before the stream takes the oldest
-    ahead: int
 
     def load(self, tokenizer_file: Path, sha256: str) -> None: ...
     def start(
@@ -75,7 +74,6 @@ class Encoding(Protocol):
     def settle(self) -> engines.Choice: ...
     def finish(self) -> None: ...
     def submit(self, table: pa.Table, positions: np.ndarray, encoded: Encoded) -> None: ...
-    def ready(self, encoded: Encoded, position: int) -> bool: ...
     def take(
         self, encoded: Encoded, position: int
     ) -> EncodedConversation | RefusedConversation: ...
@@ -90,9 +88,6 @@ class InProcess:
 
     # the stream decodes the source here
     decodes_groups = False
-    # batches the stream hands out before it takes the oldest:
-    # none, each is encoded as it is handed out
-    ahead = 0
 
     def __enter__(self):
         self._chooser = ThreadPoolExecutor(1, thread_name_prefix="engine-choice")
@@ -148,9 +143,6 @@ class InProcess:
             self.encoder = self._reference.with_engine(self.settle().engine)
         return self.encoder
 
-    def ready(self, encoded: Encoded, position: int) -> bool:
-        return position in encoded
-
     def take(self, encoded: Encoded, position: int) -> EncodedConversation | RefusedConversation:
         """The conversation at ``position``, or why the contract refused it."""
         return encoded.pop(position)
@@ -164,19 +156,18 @@ class Pool(InProcess):
     opened its inputs; ``start`` tells them what to encode with.
     """
 
-    # the stream hands row groups to the workers (``submit_group``)
+    # the stream hands row groups to the workers (``keep_group``)
     decodes_groups = True
 
     def __init__(self, workers: int):
+        # every worker busy with two tasks while the build takes the oldest answers
         self.count, self.depth = workers, 2 * workers
-        # every worker busy with two batches while the build takes the oldest
-        self.ahead = self.depth
         self.workers: list[Worker] = []
         self.source: Source | None = None
-        # takes the rows a group sends back
-        self.hold: Callable[[pa.Table, np.ndarray], None] | None = None
         # the sample's row groups, each kept decoded by the worker that encoded its sample
         self.kept: dict[int, Worker] = {}
+        # each row group's worker in the pass (its place in ``workers``; -1: none)
+        self.holder = np.zeros(0, dtype=np.int64)
 
     def __enter__(self):
         try:
@@ -213,6 +204,7 @@ class Pool(InProcess):
         ``source`` whose row groups it decodes.
         """
         self.source = source
+        self.holder = np.full(0 if source is None else source.num_groups, -1, dtype=np.int64)
         for worker in self.workers:
             worker.send_start_up(pinned.spec, contract, engine, source)
 
@@ -225,7 +217,6 @@ class Pool(InProcess):
         Answers to tasks still on their way are not wanted. A worker that could not start, or a
         refused ``--engine``, raises here.
         """
-        self.hold = None
         while not all(worker.choice is not None for worker in self.workers):
             self._collect({}, block=True)
         chosen = {json.dumps(worker.choice, sort_keys=True) for worker in self.workers}
@@ -246,13 +237,13 @@ class Pool(InProcess):
         """Have the workers encode the first ``rows`` rows of each of ``groups``.
 
         The stream's plan; handed out at once, ready or not, and taken by ``sampled``. Each worker
-        keeps the groups it decoded for the pass (``submit_group`` hands them to it again).
+        keeps the groups it decoded for the pass (``keep_group`` hands them to it again).
         """
         for k, group in enumerate(groups):
             first, count = self.source.group_rows(group)
             worker = self.workers[k % self.count]
             taken = np.arange(min(rows, count), dtype=np.int64)
-            worker.send_group(group, (first, count), taken, k * rows + taken, k * rows + rows, True)
+            worker.send_group(group, (first, count), taken, k * rows + taken)
             self.kept[group] = worker
 
     def sampled(self) -> list[EncodedConversation | RefusedConversation]:
@@ -261,41 +252,41 @@ class Pool(InProcess):
         self.wait_all(encoded)
         return list(encoded.values())
 
-    def submit_group(
+    def keep_group(
         self,
         group: int,
         rows: np.ndarray,
         positions: np.ndarray,
-        eager: int,
+        share: dict,
         encoded: Encoded,
-        hold: Callable[[pa.Table, np.ndarray], None],
     ) -> None:
-        """Have a worker decode row group ``group`` and encode rows of it.
+        """Have a worker decode row group ``group`` and keep its ``rows`` at ``positions``.
 
-        It encodes its ``rows`` at ``positions`` before ``eager`` and sends back the others, which
-        go to ``hold`` (rows, positions).
+        It keeps them as its ``share`` of the pass says (``builders.encode.share``) until the
+        stream asks for them (``ask``).
         """
-        self.hold = hold
         kept = self.kept.pop(group, None)
         worker = self._least_busy(encoded) if kept is None else self._when_room(encoded, kept)
-        worker.send_group(group, self.source.group_rows(group), rows, positions, eager)
+        worker.send_group(group, self.source.group_rows(group), rows, positions, share)
+        self.holder[group] = self.workers.index(worker)
+
+    def ask(self, positions: np.ndarray, groups: np.ndarray, encoded: Encoded) -> None:
+        """Have each worker holding some of ``positions`` (ascending) send them.
+
+        ``groups`` is each one's row group; the answers land in ``encoded``.
+        """
+        holders = self.holder[groups]
+        for k in np.unique(holders).tolist():
+            self._when_room(encoded, self.workers[k]).send_wanted(positions[holders == k])
 
     def keeps(self, group: int) -> bool:
         """Whether a worker holds ``group`` decoded (``sample``), for its next task."""
         return group in self.kept
 
     def wait_all(self, encoded: Encoded) -> None:
-        """Take every answer still on its way.
-
-        Then each group's held-back rows are held.
-        """
+        """Take every answer still on its way."""
         while any(worker.in_flight for worker in self.workers):
             self._collect(encoded, block=True)
-
-    def ready(self, encoded: Encoded, position: int) -> bool:
-        if position not in encoded:
-            self._collect(encoded, block=False)
-        return position in encoded
 
     def take(self, encoded: Encoded, position: int) -> EncodedConversation | RefusedConversation:
         while position not in encoded:
@@ -311,10 +302,7 @@ class Pool(InProcess):
         """
         by_channel = {worker.channel: worker for worker in self.workers}
         for channel in wait(list(by_channel), timeout=None if block else 0):
-            batch, later = by_channel[channel].receive()
-            encoded.update(batch)
-            if later is not None and self.hold is not None:
-                self.hold(later.drop_columns(["position"]), later.column("position").to_numpy())
+            encoded.update(by_channel[channel].receive())
 
     def _least_busy(self, encoded: Encoded) -> Worker:
         return self._when_room(encoded, None)

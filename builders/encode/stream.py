@@ -13,8 +13,11 @@ depends on the tokens, so it is known only at the end. The stream plans for it:
   order;
 - the conversations surely consumed (before ``EAGER_SHARE`` of the estimate) are encoded as soon
   as their row group is decoded, in whatever order, while the other groups decode; the rest are
-  encoded in stream order, in batches, only as far as the rows need (with workers, the batches
-  that keep them busy are handed out ahead: ``encoding.ahead``);
+  encoded in stream order, in batches, only as far as the rows need;
+- with workers, each decodes its own row groups and keeps its rows of the pass, encoded or held
+  (``builders.encode.share``); the stream then asks the workers for them in stream order, a
+  stretch at a time, ``ASKED_AHEAD`` stretches ahead, so this process holds only what is in
+  flight (the same bounds, over all workers together);
 - a build that outruns the horizon (the estimate was short) makes another pass for the next
   stretch of the permutation, decoding the groups again; the report counts the passes.
 
@@ -42,6 +45,7 @@ import numpy as np
 import pyarrow as pa
 
 from builders.encode.encoder import EncodedConversation
+from builders.encode.held import Held
 from builders.encode.pool import Encoding, encode_rows
 from builders.errors import RefusedConversation, SourceDataError
 from builders.inputs.layout import conversations
@@ -59,6 +63,8 @@ SAMPLE_GROUPS, SAMPLE_ROWS = 8, 64
 # decoded rows held in memory; the rest of a pass waits on disk
 MEMORY_ROWS_BYTES = 320 << 20
 ENCODE_BATCH = 256  # conversations encoded together
+# with workers: stretches of the stream asked for before the oldest is taken
+ASKED_AHEAD = 2
 
 
 @dataclass
@@ -216,7 +222,8 @@ class Stream:
         with (
             nullcontext(self.spill)
             if self.spill is not None
-            else tempfile.TemporaryDirectory(prefix="fixed-sft-spill-")
+            # a worker may still be writing there when an error ends the stream
+            else tempfile.TemporaryDirectory(prefix="fixed-sft-spill-", ignore_cleanup_errors=True)
         ) as spill:
             while start < n:
                 yield from self._pass(start, end, eager, Path(spill))
@@ -254,41 +261,75 @@ class Stream:
             2 * ENCODE_BATCH, int(MEMORY_ROWS_BYTES / max(1.0, self.source.bytes_per_row()))
         )
         eager = min(eager, end, start + in_memory // 2)
-        held = _Held(eager + in_memory // 2, in_memory // 2, spill)
+        if self.encoding.decodes_groups:
+            share = {
+                "start": start,
+                "eager": eager,
+                "memory_end": eager + in_memory // 2,
+                "bucket": in_memory // 2,
+                "spill": str(spill),
+            }
+            yield from self._asked(groups, (start, end), share)
+            return
+        held = Held(eager, eager + in_memory // 2, in_memory // 2, spill)
         encoded: dict[int, EncodedConversation | RefusedConversation] = {}
-        position, last_eager = start, eager
-        bounds = start, end, eager
-        feed = (
-            self._hand_out(groups, bounds, encoded, held)
-            if self.encoding.decodes_groups
-            else self._decode(groups, bounds, encoded, held)
-        )
-        # after each row group handed out: the prefix encoded so far
-        for _ in feed:
-            while position < last_eager and self.encoding.ready(encoded, position):
+        position = start
+        # after each row group decoded: the prefix encoded so far
+        for _ in self._decode(groups, (start, end, eager), encoded, held):
+            while position < eager and position in encoded:
                 yield self.encoding.take(encoded, position)
                 position += 1
         self._decoded.clear()
         self.stats.rows_spilled += held.spilled
-        yield from self._taken(encoded, position, last_eager)
-        position = last_eager
-        # the sizes of the held batches handed out and not yet taken, in order
-        submitted: deque[int] = deque()
+        yield from self._taken(encoded, position, eager)
+        position = eager
         # held rows are the positions from eager to end, in order
         for table, positions in held.in_order():
             order = np.argsort(positions, kind="stable")
             for first in range(0, table.num_rows, ENCODE_BATCH):
                 batch = order[first : first + ENCODE_BATCH]
                 self.encoding.submit(table.take(pa.array(batch)), positions[batch], encoded)
-                submitted.append(len(batch))
-                # the oldest batch, while the later ones encode
-                while len(submitted) > self.encoding.ahead:
-                    size = submitted.popleft()
-                    yield from self._taken(encoded, position, position + size)
-                    position += size
+                yield from self._taken(encoded, position, position + len(batch))
+                position += len(batch)
             # before the next bucket is read
             del table, positions, order
-        yield from self._taken(encoded, position, position + sum(submitted))
+
+    def _asked(
+        self, groups: list[int], bounds: tuple[int, int], share: dict
+    ) -> Iterator[EncodedConversation | RefusedConversation]:
+        """Have the workers decode the groups, each its own, and keep their rows (``share``).
+
+        Then ask them for positions [start, end) in stream order, a stretch of ``ENCODE_BATCH``
+        for each worker at a time, ``ASKED_AHEAD`` stretches ahead of the one taken: this process
+        holds only the answers in flight. A worker does its tasks in the order they were sent, so
+        it has kept its groups before it is asked for their rows.
+        """
+        start, end = bounds
+        encoded: dict[int, EncodedConversation | RefusedConversation] = {}
+        for group in groups:
+            rows, positions = self._wanted(group, start, end)
+            # the sample's groups are decoded already, in the worker that sampled them
+            self.stats.row_groups_decoded += not self.encoding.keeps(group)
+            self.encoding.keep_group(group, rows, positions, share, encoded)
+        # the workers spill every position from the memory bound on, as this process does
+        self.stats.rows_spilled += max(0, end - share["memory_end"])
+        # each worker answers after its groups: asked for now, a worker done with its groups
+        # sends while the others decode
+        of_group = self.source.group_of(self.order[start:end])
+        stretch = ENCODE_BATCH * self.encoding.count
+        asked: deque[tuple[int, int]] = deque()
+        for first in range(start, end, stretch):
+            last = min(end, first + stretch)
+            self.encoding.ask(
+                np.arange(first, last, dtype=np.int64),
+                of_group[first - start : last - start],
+                encoded,
+            )
+            asked.append((first, last))
+            while len(asked) > ASKED_AHEAD:
+                yield from self._taken(encoded, *asked.popleft())
+        while asked:
+            yield from self._taken(encoded, *asked.popleft())
 
     def _taken(
         self, encoded: dict, start: int, end: int
@@ -301,7 +342,7 @@ class Stream:
             yield self.encoding.take(encoded, position)
 
     def _decode(
-        self, groups: list[int], bounds: tuple[int, int, int], encoded: dict, held: _Held
+        self, groups: list[int], bounds: tuple[int, int, int], encoded: dict, held: Held
     ) -> Iterator[None]:
         """Decode the groups here and take each apart.
 
@@ -325,28 +366,8 @@ class Stream:
                     self._take_apart(future.result(), bounds, encoded, held)
                 yield
 
-    def _hand_out(
-        self, groups: list[int], bounds: tuple[int, int, int], encoded: dict, held: _Held
-    ) -> Iterator[None]:
-        """Have the workers decode the groups, each its own.
-
-        They encode their rows before ``eager`` and send back the rest, which ``held`` keeps; the
-        sample's groups, decoded already, are taken apart here.
-        """
-        start, end, eager = bounds
-        for group in groups:
-            if group in self._decoded:
-                self._take_apart(self._decoded.pop(group), bounds, encoded, held)
-            else:
-                rows, positions = self._wanted(group, start, end)
-                # the sample's groups are decoded already, in the worker that sampled them
-                self.stats.row_groups_decoded += not self.encoding.keeps(group)
-                self.encoding.submit_group(group, rows, positions, eager, encoded, held.add)
-            yield
-        self.encoding.wait_all(encoded)
-
     def _take_apart(
-        self, table: pa.Table, bounds: tuple[int, int, int], encoded: dict, held: _Held
+        self, table: pa.Table, bounds: tuple[int, int, int], encoded: dict, held: Held
     ) -> None:
         """Hand a decoded group's rows on.
 
@@ -365,68 +386,3 @@ class Stream:
 def _in_order(table: pa.Table, positions: np.ndarray) -> tuple[pa.Table, np.ndarray]:
     order = np.argsort(positions, kind="stable")
     return table.take(pa.array(order)), positions[order]
-
-
-class _Held:
-    """Decoded rows waiting for their turn.
-
-    They wait in memory before ``memory_end``, on disk in buckets after it.
-    """
-
-    def __init__(self, memory_end: int, bucket: int, spill: Path):
-        self.memory_end, self.bucket, self.spill = memory_end, bucket, spill
-        self.tables: list[pa.Table] = []
-        self.positions: list[np.ndarray] = []
-        self.writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
-        self.spilled = 0
-
-    def add(self, table: pa.Table, positions: np.ndarray) -> None:
-        near = positions < self.memory_end
-        if near.all():
-            # no copy of the rows
-            self.tables.append(table)
-            self.positions.append(positions)
-            return
-        if near.any():
-            self.tables.append(table.filter(near))
-            self.positions.append(positions[near])
-        if not near.all():
-            far, far_positions = table.filter(~near), positions[~near]
-            keys = (far_positions - self.memory_end) // self.bucket
-            for key in np.unique(keys).tolist():
-                part = far.filter(keys == key).append_column(
-                    "position", pa.array(far_positions[keys == key])
-                )
-                if key not in self.writers:
-                    self.writers[key] = pa.ipc.new_file(
-                        self.spill / f"bucket-{key}.arrow", part.schema
-                    )
-                self.writers[key].write_table(part)
-                self.spilled += part.num_rows
-
-    def in_order(self) -> Iterator[tuple[pa.Table, np.ndarray]]:
-        """The held rows as tables, each of one piece, with their positions.
-
-        Memory first (a stretch of positions), then each bucket (each read only when the one before
-        is done with, so one is in memory at a time); the rows of each in no particular order. One
-        piece, because taking rows of a table of many pieces in another order costs more than
-        joining them, and a take of all of them at once would hold them twice.
-        """
-        if self.tables:
-            tables, positions = self.tables, self.positions
-            self.tables, self.positions = [], []
-            table = pa.concat_tables(tables).combine_chunks()
-            del tables
-            yield table, np.concatenate(positions)
-            del table, positions
-        for key in sorted(self.writers):
-            self.writers.pop(key).close()
-            yield _bucket(self.spill / f"bucket-{key}.arrow")
-            pa.default_memory_pool().release_unused()
-
-
-def _bucket(path: Path) -> tuple[pa.Table, np.ndarray]:
-    with pa.OSFile(str(path)) as source:
-        part = pa.ipc.open_file(source).read_all()
-    path.unlink()
-    return part.drop_columns(["position"]).combine_chunks(), part.column("position").to_numpy()

@@ -9,20 +9,25 @@ the channel:
 - build → worker: where the pinned ``tokenizer.json`` lies and its sha256 (the worker reads,
   checks and parses it while the build checks its other inputs), the start-up message (contract,
   the engine ``--engine`` asks for, the chat format's inputs and the source's files), then tasks,
-  each a JSON header and an Arrow IPC stream: ``{}`` and source rows with a ``position`` column
-  (their stream positions), or ``{"group": G, "eager": E, "keep": K}`` and the rows of source
-  row group G the pass wants (``row`` in the group, ``position``): the worker decodes the group
-  itself (or takes the one it kept), encodes the rows before position E and sends the others back
-  undecoded-to-Python (Arrow) for the build to hold; with K (the plan's sample) it keeps the group
-  decoded for its next task of it. Closing the channel ends the worker.
+  each a JSON header and an Arrow IPC stream:
+  ``{"group": G, "bounds": B, "share": S}`` and the rows of source row group G the pass wants
+  (``row`` in the group, ``position``): the worker decodes the group itself (or takes the one it
+  kept). With S, the pass's bounds (``builders.encode.share``), it keeps them: those before the
+  eager bound encoded at once, the others decoded, in memory or spilled to the build's spill
+  folder; without (the plan's sample), it encodes them all, answers with them, and keeps the group
+  decoded for its next task of it. ``{"wanted": true}`` and ``position``s (ascending, all of
+  them its own): it sends those conversations it keeps, encoding held ones then.
+  ``{}`` and source rows with a ``position`` column: it encodes those rows. Closing the channel
+  ends the worker.
 - worker → build: a JSON header for each message: ``ready`` once it can encode (with the
   reference engine, while the engine asked for loads beside it from its first answer on:
   ``engines.Choosing``); ``engine``
   once it has chosen (``builders.encode.engines.choose``: the same probes in every worker), and
-  encodes with that from then on; for each task ``batch`` (with the conversations the contract
-  cannot encode, by position and message), followed by an Arrow IPC stream of the encoded
-  conversations and, for a group, one of the rows held back; or ``failed`` with the reason (and,
-  for an error the user can cause, its class), after which it exits.
+  encodes with that from then on; for a group it keeps, ``kept``; for any other task ``batch``
+  (with the conversations the contract cannot encode, by position and message), followed by an
+  Arrow IPC stream of the encoded conversations; or ``failed`` with the reason (and, for an error
+  the user can cause, its class), after which it exits. Source rows never travel back to the
+  build.
 
 A guarded engine's cross-check runs in the worker, on its own samples, and a batch is sent only
 once its comparisons passed: the build never re-encodes anything.
@@ -54,6 +59,7 @@ from builders import errors
 from builders.contract import Contract
 from builders.encode import engines, spawn
 from builders.encode.encoder import ConversationEncoder, EncodedConversation
+from builders.encode.share import Share
 from builders.errors import (
     BuildError,
     RefusedConversation,
@@ -112,34 +118,36 @@ class Worker:
         bounds: tuple[int, int],
         rows: np.ndarray,
         positions: np.ndarray,
-        eager: int,
-        keep: bool = False,
+        share: dict | None = None,
     ) -> None:
         """Row group ``group`` to decode in the worker.
 
         ``bounds`` is its first source index and rows, which the worker's reading must match. The
-        worker takes its ``rows`` (in the group) at ``positions``; those before ``eager`` are
-        encoded, the others sent back as they are. With ``keep``, it keeps the group decoded for
-        its next task of the same group.
+        worker takes its ``rows`` (in the group) at ``positions``. With a pass's ``share`` (its
+        bounds, ``builders.encode.share``) it keeps them until asked for (``send_wanted``) and
+        answers that it has; without (the plan's sample), it encodes them all, sends
+        them back, and keeps the group decoded for its next task of the same group.
         """
         self._send_task(
-            {"group": group, "bounds": list(bounds), "eager": eager, "keep": keep},
+            {"group": group, "bounds": list(bounds), "share": share},
             _ipc(pa.table({"row": _int64(rows), "position": _int64(positions)})),
         )
 
-    def receive(self) -> tuple[list[tuple[int, object]], pa.Table | None]:
+    def send_wanted(self, positions: np.ndarray) -> None:
+        """Have the worker send its kept conversations at ``positions`` (ascending)."""
+        self._send_task({"wanted": True}, _ipc(pa.table({"position": _int64(positions)})))
+
+    def receive(self) -> list[tuple[int, object]]:
         """The next message.
 
-        For a task, each position's EncodedConversation or RefusedConversation, and for a group the
-        rows held back (with their ``position``); nothing for ``ready``. A worker that died raises
-        WorkerError; one that failed, the user's error it met, or RuntimeError (a fault in the
-        builder).
+        For a task, each position's EncodedConversation or RefusedConversation (none for a group
+        kept); nothing for ``ready``. A worker that died raises WorkerError; one that failed, the
+        user's error it met, or RuntimeError (a fault in the builder).
         """
         try:
             header = json.loads(self.channel.recv_bytes())
             if "batch" in header:
                 results = _read(self.channel.recv_bytes())
-                later = _read(self.channel.recv_bytes()) if header["later"] else None
         except (EOFError, OSError):
             raise self._died() from None
         if "failed" in header:
@@ -157,13 +165,15 @@ class Worker:
             )
         if "ready" in header:
             self.started = True
-            return [], None
+            return []
         if "engine" in header:
             self.choice = header["engine"]
-            return [], None
+            return []
         self.in_flight -= 1
+        if "kept" in header:
+            return []
         failed = [(error[0], RefusedConversation(*error[1:])) for error in header["errors"]]
-        return _conversations(results) + failed, later
+        return _conversations(results) + failed
 
     def stop(self) -> None:
         """Close the channel, end the process and reap it.
@@ -255,10 +265,15 @@ def serve(fd: int) -> None:
         return
     try:
         channel.send_bytes(json.dumps({"ready": True}).encode("utf-8"))
-        # opened at the first group
-        source = None
-        # row groups decoded for the plan's sample, kept for the pass
-        kept: dict[int, pa.Table] = {}
+        doing = _Tasks(datasets)
+
+        def encode(rows: pa.Table) -> list[tuple[int, object]]:
+            return encode_rows(
+                encoder,
+                conversations(rows.drop_columns(["position"])),
+                rows.column("position").to_numpy(),
+            )
+
         while (task := _next_task(tasks, choosing)) is not None:
             header, body = task
             try:
@@ -269,46 +284,67 @@ def serve(fd: int) -> None:
                 if header is None:
                     # CHOSEN: no task
                     continue
-                table = _read(body)
-                later = None
-                if "group" in header:
-                    source = source or _source(*datasets)
-                    rows = _wanted_rows(source, header, table, kept)
-                    table, later = _group_rows(rows, table, header["eager"])
-                results = encode_rows(
-                    encoder,
-                    conversations(table.drop_columns(["position"])),
-                    table.column("position").to_numpy(),
-                )
+                answer = doing.task(header, _read(body), encode)
                 # its cross-checks passed before it is sent
                 encoder.engine.finish()
             except Exception as err:
                 _fail(channel, err)
                 return
-            failed = [
-                (position, item.index, item.id, item.reason)
-                for position, item in results
-                if isinstance(item, RefusedConversation)
-            ]
-            channel.send_bytes(
-                json.dumps(
-                    {"batch": len(results), "errors": failed, "later": later is not None}
-                ).encode("utf-8")
-            )
-            channel.send_bytes(
-                _ipc(
-                    _conversations_table(
-                        [(p, c) for p, c in results if isinstance(c, EncodedConversation)]
-                    )
-                )
-            )
-            if later is not None:
-                channel.send_bytes(_ipc(later))
+            if isinstance(answer, dict):
+                channel.send_bytes(json.dumps(answer).encode("utf-8"))
+            else:
+                _send_results(channel, answer)
             if choosing is not None:
                 choosing.start()
     except OSError:
         # the build is gone
         return
+
+
+class _Tasks:
+    """What a worker does with each task, and what it keeps from one task to the next."""
+
+    def __init__(self, datasets: tuple[list, int]):
+        self.datasets = datasets
+        # opened at the first group
+        self.source: Source | None = None
+        # row groups decoded for the plan's sample, kept for the pass
+        self.kept: dict[int, pa.Table] = {}
+        # what it keeps of the pass, until the build asks for it
+        self.share: Share | None = None
+
+    def task(self, header: dict, table: pa.Table, encode) -> list[tuple[int, object]] | dict:
+        """A task's conversations; for a group kept, the answer that says so."""
+        if "wanted" in header:
+            return self.share.taken(table.column("position").to_numpy(), encode)
+        if "group" not in header:
+            return encode(table)
+        self.source = self.source or _source(*self.datasets)
+        rows = _wanted_rows(self.source, header, table, self.kept).append_column(
+            "position", table.column("position")
+        )
+        bounds = header["share"]
+        if bounds is None:
+            return encode(rows)
+        if self.share is None or self.share.start != bounds["start"]:
+            self.share = Share(bounds)
+        self.share.add(rows, encode)
+        return {"kept": True}
+
+
+def _send_results(channel: Connection, results: list[tuple[int, object]]) -> None:
+    """A task's conversations: a header naming the refused ones, then the encoded as Arrow IPC."""
+    failed = [
+        (position, item.index, item.id, item.reason)
+        for position, item in results
+        if isinstance(item, RefusedConversation)
+    ]
+    channel.send_bytes(json.dumps({"batch": len(results), "errors": failed}).encode("utf-8"))
+    channel.send_bytes(
+        _ipc(
+            _conversations_table([(p, c) for p, c in results if isinstance(c, EncodedConversation)])
+        )
+    )
 
 
 def _import_renderer() -> None:
@@ -431,26 +467,16 @@ def _wanted_rows(source: Source, header: dict, wanted: pa.Table, kept: dict) -> 
             f"{header['bounds']}"
         )
     rows = wanted.column("row").to_numpy()
+    # the plan's sample's groups are kept
+    keep = header["share"] is None
     group = kept.pop(number, None)
     if group is None:
-        if not header["keep"]:
+        if not keep:
             return source.read_group(number, rows)
         group = source.read_group(number)
-    if header["keep"]:
+    if keep:
         kept[number] = group
     return group.take(pa.array(rows))
-
-
-def _group_rows(rows: pa.Table, wanted: pa.Table, eager: int) -> tuple[pa.Table, pa.Table]:
-    """A task's decoded ``rows`` (one for each of ``wanted``), with their ``position``.
-
-    Those before ``eager`` in stream order (to encode), and the others (to send back).
-    """
-    positions = wanted.column("position").to_numpy()
-    rows = rows.append_column("position", wanted.column("position"))
-    now = np.flatnonzero(positions < eager)
-    now = now[np.argsort(positions[now], kind="stable")]
-    return rows.take(pa.array(now)), rows.filter(pa.array(positions >= eager))
 
 
 def encode_rows(
