@@ -170,6 +170,12 @@ def against_option(parser) -> None:
         "order (CPU seconds, best of 3, one process), not the builds",
     )
     parser.add_argument(
+        "--workers",
+        default="1",
+        help="--workers of every build (default 1: one process; a count or auto); results of "
+        "another than 1 go to a file of their own (NAME.workers-N.json)",
+    )
+    parser.add_argument(
         "--rounds",
         type=int,
         default=1,

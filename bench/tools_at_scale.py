@@ -19,9 +19,9 @@ generator's short texts: the most structure per token); arguments stored as JSON
 tools as a JSON-string column, read under ``dataset.tools`` and ``arguments: object``: every row's
 calls are parsed, checked for injected markup, marked and aligned for the completeness check, and
 answers after tool results are found by the tool probe. Each build runs in a fresh process as users
-run it (fastokens engine, one worker, no card); the share of CPU time other processes used in the 2
-seconds before each is recorded. Targets: the tool build within 1.5x the ``turns`` build's time, at
-most 1.5 GiB RSS.
+run it (fastokens engine, one process unless ``--workers`` says, no card); the share of CPU time
+other processes used in the 2 seconds before each is recorded. Targets: the tool build within
+1.5x the ``turns`` build's time, at most 1.5 GiB RSS.
 
 Writes bench/tools_at_scale.json for a full-scale run, bench/.cache/tools_at_scale.smoke.json
 otherwise (``tools_at_scale.dense`` for ``--dense`` runs).
@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "tests"))
-from turns_at_scale import one_process_builds, turns_manifest, turns_tokenizer  # noqa: E402
+from turns_at_scale import builds_of, turns_manifest, turns_tokenizer, with_workers  # noqa: E402
 
 from builders.fixture.hf_cache import put_snapshot  # noqa: E402
 from measure import against_option, compared, scale_options, write_results  # noqa: E402
@@ -158,7 +158,8 @@ def main() -> None:
         snapshot = hf_home / "hub" / "models--bench--glm-scale-tokenizer" / "snapshots"
         pool = word_pool((snapshot / facts["tokenizer_revision"] / "tokenizer.json").read_text())
     tools.write_text(tools_manifest(turns.read_text(), tool_source(hf_home, args.scale, pool)))
-    measured = one_process_builds(args, {"turns": turns, "tools": tools}, hf_home, started, "tc")
+    measured = builds_of(args, {"turns": turns, "tools": tools}, hf_home, started, "tc")
+    results = with_workers(args, results)
     if args.annotate:
         results = results.with_name(results.name.replace(".json", ".annotate.json"))
     summary = {

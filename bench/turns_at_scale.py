@@ -15,9 +15,9 @@ GLM-4.7-Flash template; the ``turns`` build renders the same source with Qwen3's
 copy, fetched by tests/real_models.py) over the same BPE with Qwen's ``<|im_start|>`` and
 ``<|im_end|>`` added, eos ``<|endoftext|>``, stop ``<|im_end|>`` and ``<|endoftext|>``, prefills
 ``{}`` and ``{enable_thinking: false}``. Each build runs in a fresh process as users run it
-(fastokens engine, one worker, no card); the share of CPU time other processes used in the 2 seconds
-before each is recorded. Targets (issue 29, item 4): ``turns`` within 1.3x glm5's time, at most
-1.5 GiB RSS.
+(fastokens engine, one process unless ``--workers`` says, no card); the share of CPU time other
+processes used in the 2 seconds before each is recorded. Targets (issue 29, item 4): ``turns``
+within 1.3x glm5's time, at most 1.5 GiB RSS.
 
 Writes bench/turns_at_scale.json for a full-scale run, bench/.cache/turns_at_scale.smoke.json
 otherwise.
@@ -81,8 +81,8 @@ def turns_manifest(glm5_manifest: str, tokenizer: dict) -> str:
     )
 
 
-def one_process_builds(args, builds: dict, hf_home: Path, started: float, tag: str) -> dict:
-    """Each of ``builds`` (name -> manifest) in one process with fastokens, alternately by builder.
+def builds_of(args, builds: dict, hf_home: Path, started: float, tag: str) -> dict:
+    """Each of ``builds`` (name -> manifest), fastokens, ``--workers``, alternately by builder.
 
     First says how long the inputs took to lay out (since ``started``); outputs go to
     ``OUT/NAME-TAG`` in the inputs' folder.
@@ -96,10 +96,22 @@ def one_process_builds(args, builds: dict, hf_home: Path, started: float, tag: s
         args,
         builds,
         lambda name, manifest, tree: build(
-            manifest, args.cache / "out" / f"{name}-{tag}", hf_home, "fastokens", "1", tree=tree
+            manifest,
+            args.cache / "out" / f"{name}-{tag}",
+            hf_home,
+            "fastokens",
+            args.workers,
+            tree=tree,
         ),
         hf_home,
     )
+
+
+def with_workers(args, results: Path) -> Path:
+    """Where results go: ``--workers`` other than 1 to a file of their own."""
+    if args.workers == "1":
+        return results
+    return results.with_name(results.name.replace(".json", f".workers-{args.workers}.json"))
 
 
 def main() -> None:
@@ -113,7 +125,8 @@ def main() -> None:
     glm5.write_text(manifest_text(facts, "bench", args.rows))
     turns = args.cache / "bench-turns.yaml"
     turns.write_text(turns_manifest(glm5.read_text(), turns_tokenizer(hf_home, facts)))
-    measured = one_process_builds(args, {"glm5": glm5, "turns": turns}, hf_home, started, "vs")
+    measured = builds_of(args, {"glm5": glm5, "turns": turns}, hf_home, started, "vs")
+    results = with_workers(args, results)
     if args.annotate:
         results = results.with_name(results.name.replace(".json", ".annotate.json"))
     summary = {

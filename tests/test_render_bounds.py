@@ -190,6 +190,56 @@ def test_the_bounded_sandbox_reads_attributes_as_jinjas_sandbox_does():
         assert ChatRenderer(f"{{{{ {call} }}}}|").render(HI) == "|"
 
 
+# the code the sandbox writes in place of the environment's calls (a dict's item read as an
+# attribute, a printed string), and string methods called, inside every kind of block: macros,
+# call blocks, recursive and filtered loops, filter and set blocks; printed values of every type
+INLINE_TEMPLATE = (
+    "{% macro show(m, sep='|') %}{{ m.role }}{{ sep }}{{ m.content }}{{ m.gone }}{% endmacro %}"
+    "{% macro wrap() %}[{{ caller() }}]{% endmacro %}"
+    "{% for m in messages if m.role != 'system' %}{{ show(m) }}"
+    "{{ m.content.split(' ')[0]|upper }}{{ m.content.startswith('W') }}{{ m.role.center(12, '*') }}"
+    "{{ '{}!'.format(m.role) }}{{ m.role.count('s', 1) }}"
+    "{% call wrap() %}{{ m.role|upper }}{{ m.items is defined }}{{ m.keys()|list }}{% endcall %}"
+    "{% filter upper %}{{ m.content[:5] }}{% endfilter %}"
+    "{% set block %}{{ m.content|length }}{{ m.tool_calls }}{% endset %}{{ block }}"
+    "{{ (m.tool_calls or [{}])[0].function.name if m.tool_calls else m.role }}"
+    "{{ 1 }}{{ 2.5 }}{{ none }}{{ [m.role, 3] }}{{ {'k': m.role} }}{{ true }}{{ m }}"
+    "{% endfor %}"
+    "{% for item in tree recursive %}{{ item.name }}({{ loop(item.children) }}){% endfor %}"
+    "{% for t in tools or [] %}{{ t.function.name }}{{ t.function.parameters|tojson }}"
+    "{{ t|tojson }}{{ t|tojson(indent=2) }}{{ t|tojson }}{% endfor %}"
+    "{{ d.items is number }}{{ d.x }}"
+)
+
+
+def test_the_sandboxs_own_code_renders_as_transformers_does():
+    """Items read as attributes and printed values, in every kind of block, as Jinja renders them.
+
+    The same tool list given to several conversations is rebuilt once, as transformers does.
+    """
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    chats = [normalize_messages(m) for m in conversations()]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"a": [1, None]}}}]
+    tree = [{"name": "a", "children": [{"name": "b", "children": []}]}, {"name": "c"}]
+    # a dict's key named as one of its methods is the method
+    d = {"items": 1, "x": 2}
+    expected, _ = render_jinja_template(
+        chats, tools=tools, chat_template=INLINE_TEMPLATE, tree=tree, d=d
+    )
+    assert "|" in expected[0] and "[USER" in expected[0] and expected[0].endswith("False2")
+    rendered = ChatRenderer(INLINE_TEMPLATE).render_all(
+        chats, {"tree": tree, "d": d}, tools=[tools] * len(chats)
+    )
+    assert rendered == expected
+    # a tool printed by tojson is measured before it is printed, as every value is
+    wide = [{"name": "w" * 60}]
+    with pytest.raises(RenderLimitError, match="the filter 'tojson' would make"):
+        ChatRenderer("{% for t in tools %}{{ t|tojson }}{% endfor %}", render_chars=100).render(
+            HI, wide
+        )
+
+
 def test_template_data_is_rebuilt_as_transformers_rebuilds_it():
     """Plain JSON copied, anything else (a str subclass, a numpy scalar, a tuple) as it does."""
     import enum

@@ -577,10 +577,12 @@ def test_token_classes_follow_their_characters_token_by_token():
 def test_align_takes_the_first_assignment_in_the_order_of_each_markers_prints():
     """``align`` against every combination of the markers' prints, tried in order.
 
-    Renders where each run is printed whole, trimmed or dropped, between markup that makes
-    several assignments fit, so the whole-run path fails part-way and the search backtracks.
+    Renders where each run is printed whole, trimmed or dropped (a call field whole or escaped),
+    between markup that makes several assignments fit, so the first path fails part-way and the
+    search backtracks.
     """
     from builders.errors import ConversationError
+    from builders.formats.tools import CallField
     from builders.formats.turns import Run, _marker, _prints, align
 
     # the order data/ROWS.md gives (turns step 2, tool calls step 3: the whole run, then
@@ -591,7 +593,10 @@ def test_align_takes_the_first_assignment_in_the_order_of_each_markers_prints():
     rng = random.Random(29)
     found = 0
     for _ in range(400):
-        runs = [Run(k, rng.choice(["a", " a", "a ", " ab ", "b\n", "ab"])) for k in range(4)]
+        runs = [Run(k, rng.choice(["a", " a", "a ", " ab ", "b\n", "ab"])) for k in range(3)]
+        # a call field: printed as it is, or as tojson escapes it
+        field = rng.choice(["a", "b\t", 'q"'])
+        runs.append(Run(3, field, CallField(3, 0, "argument value", field)))
         order = [rng.randrange(len(runs)) for _ in range(rng.randint(1, 4))]
         pieces = [rng.choice(["", " ", "a", "<m>", "b"]) for _ in range(len(order) + 1)]
         shape = pieces[0] + "".join(_marker(m) + p for m, p in zip(order, pieces[1:], strict=True))
@@ -686,3 +691,25 @@ def test_explain_on_a_turns_manifest_searches_the_readings_that_apply(fixture_ca
         c.mask_rule == "structure" and c.final == "eos" and c.prefill == "after-prefill"
         for c in found.matches + [c for c, _ in found.ratio_matches]
     )
+
+
+def test_a_header_is_the_longest_prompt_that_occurs_at_its_first_occurrence():
+    """``_first_longest`` against a search of every prompt's every occurrence."""
+    from builders.formats.turns import _first_longest, _longest_first
+
+    rng = random.Random(17)
+    for _ in range(2000):
+        prompts = _longest_first(
+            ["".join(rng.choice("ab<") for _ in range(rng.randint(1, 4))) for _ in range(4)]
+        )
+        region = "".join(rng.choice("ab<x") for _ in range(rng.randint(0, 12)))
+        occurrences = [
+            (-len(g), at, g)
+            for g in prompts
+            for at in range(len(region))
+            if region.startswith(g, at)
+        ]
+        expected = min(occurrences, default=None)
+        assert _first_longest(region, prompts) == (
+            None if expected is None else (expected[1], expected[2])
+        )

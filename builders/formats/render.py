@@ -38,15 +38,19 @@ def _plain(value):
     """``_plain_template_data(value)``: its JSON types copied here, anything else by it.
 
     The template sees data rebuilt out of plain JSON types (transformers' step); dicts, lists
-    and exact scalars, all of a source's data, are rebuilt here without its per-value checks.
+    and exact scalars, all of a source's data, are rebuilt here without its per-value checks (a
+    string, the common leaf, is kept without a call).
     """
     kind = type(value)
+    if kind is dict:
+        return {
+            key if type(key) is str else _plain(key): item if type(item) is str else _plain(item)
+            for key, item in value.items()
+        }
+    if kind is list:
+        return [item if type(item) is str else _plain(item) for item in value]
     if kind is str or value is None or kind is int or kind is float or kind is bool:
         return value
-    if kind is dict:
-        return {_plain(key): _plain(item) for key, item in value.items()}
-    if kind is list:
-        return [_plain(item) for item in value]
     return _plain_template_data(value)
 
 
@@ -100,8 +104,9 @@ class ChatRenderer:
         ``tools`` holds each conversation's tool list (None: no tools for any); no documents.
         """
         kwargs = _plain_template_data(variables or {})
+        copies = _ToolCopies(self.environment())
         return [
-            self._generate([], chat, chat_tools, add_generation_prompt, kwargs)
+            self._generate([], chat, copies.of(chat_tools), add_generation_prompt, kwargs)
             for chat, chat_tools in zip(conversations, _each(tools, conversations), strict=True)
         ]
 
@@ -118,11 +123,12 @@ class ChatRenderer:
         transformers' ``_render_with_assistant_indices``).
         """
         kwargs = _plain_template_data(variables or {})
+        copies = _ToolCopies(self.environment())
         rendered, spans = [], []
         for chat, chat_tools in zip(conversations, _each(tools, conversations), strict=True):
             blocks, indices = [], []
             with self.environment().activate_tracker(blocks, indices):
-                rendered.append(self._generate(blocks, chat, chat_tools, False, kwargs))
+                rendered.append(self._generate(blocks, chat, copies.of(chat_tools), False, kwargs))
             spans.append(indices)
         return rendered, spans
 
@@ -134,27 +140,59 @@ class ChatRenderer:
         add_generation_prompt: bool,
         variables: dict,
     ) -> str:
-        """One conversation's render, its pieces counted into ``blocks`` as they are printed."""
+        """One conversation's render, its pieces counted into ``blocks`` as they are printed.
+
+        ``tools`` is already plain data (``_ToolCopies``). The steps of Jinja's
+        ``Template.generate``, its render function's pieces taken as they come.
+        """
         template = self._template()
         sandbox = template.environment
         sandbox.begin()
 
         def generate():
-            # each piece is appended as it is printed: the generation tracker reads blocks meanwhile
-            blocks.extend(
-                sandbox.printed(
-                    template.generate(
-                        messages=_alias_reasoning_fields(_plain(chat)),
-                        tools=_plain(tools),
-                        documents=None,
-                        add_generation_prompt=add_generation_prompt,
-                        **variables,
-                    )
+            context = template.new_context(
+                dict(
+                    messages=_alias_reasoning_fields(_plain(chat)),
+                    tools=tools,
+                    documents=None,
+                    add_generation_prompt=add_generation_prompt,
+                    **variables,
                 )
             )
+            try:
+                # each piece is appended as it is printed: the generation tracker reads blocks
+                # meanwhile
+                sandbox.print_into(blocks, template.root_render_func(context))
+            except Exception:
+                sandbox.handle_exception()
             return "".join(blocks)
 
         return _failing_as_template_errors(generate)
+
+
+class _ToolCopies:
+    """Each distinct tool list of one call, rebuilt once (``_plain``).
+
+    transformers rebuilds the tools once for every conversation of a call too; a list held by
+    several conversations (a conversation and its placeholder one) is rebuilt once. Kept by
+    ``id`` while the call holds every list, so no id is reused. The sandbox holds each rebuilt
+    tool (``BoundedSandbox.hold``): it is measured, and printed by ``tojson``, once.
+    """
+
+    def __init__(self, sandbox):
+        self._copies: dict[int, list] = {}
+        self._sandbox = sandbox
+        sandbox.hold((), fresh=True)
+
+    def of(self, tools: list | None) -> list | None:
+        if tools is None:
+            return None
+        copy = self._copies.get(id(tools))
+        if copy is None:
+            copy = self._copies[id(tools)] = _plain(tools)
+            if type(copy) is list:
+                self._sandbox.hold(copy)
+        return copy
 
 
 def check_template(spec) -> None:

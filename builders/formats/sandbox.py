@@ -198,7 +198,16 @@ def _widths(text, spec: re.Pattern) -> int:
 
 
 class _CodeGenerator(CodeGenerator):
-    """Jinja's code generator, with ``~`` and every block's buffer bounded."""
+    """Jinja's code generator, with ``~`` and every block's buffer bounded.
+
+    A dict's item read as an attribute, and a printed string, are written in place of the
+    environment's calls that return them.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # the names the printed values being written are held in (innermost last)
+        self._printing: list[str] = []
 
     def buffer(self, frame) -> None:
         frame.buffer = self.temporary_identifier()
@@ -218,6 +227,41 @@ class _CodeGenerator(CodeGenerator):
             self.visit(arg, frame)
             self.write(", ")
         self.write("))")
+
+    @optimizeconst
+    def visit_Getattr(self, node, frame) -> None:
+        # a dict's item, where a dict has no attribute of that name, read in place: what
+        # ``BoundedSandbox.getattr`` returns for it (anything else goes to it)
+        if self.environment.is_async or node.attr in _DICT_ATTRIBUTES:
+            super().visit_Getattr(node, frame)
+            return
+        held, attr = self.temporary_identifier(), repr(node.attr)
+        self.write(f"({held}[{attr}] if type({held} := ")
+        self.visit(node.node, frame)
+        self.write(f") is dict and {attr} in {held} else environment.getattr({held}, {attr}))")
+
+    def _output_child_pre(self, node, frame, finalize) -> None:
+        # a printed string is its own text (``str(finalize(text))`` is ``text``): it is printed
+        # without the calls
+        if not self._plain_output(frame, finalize):
+            super()._output_child_pre(node, frame, finalize)
+            return
+        self._printing.append(self.temporary_identifier())
+        self.write(f"({self._printing[-1]} if type({self._printing[-1]} := ")
+
+    def _output_child_post(self, node, frame, finalize) -> None:
+        if not self._plain_output(frame, finalize):
+            super()._output_child_post(node, frame, finalize)
+            return
+        held = self._printing.pop()
+        self.write(f") is str else str({finalize.src}{held})))")
+
+    @staticmethod
+    def _plain_output(frame, finalize) -> bool:
+        """Whether printed values go through ``str(environment.finalize(value))`` alone."""
+        return finalize.src == "environment.finalize(" and not (
+            frame.eval_ctx.volatile or frame.eval_ctx.autoescape
+        )
 
 
 class _Buffer(list):
@@ -259,7 +303,7 @@ class _NoOtherTemplates(jinja2.BaseLoader):
 class BoundedSandbox(ImmutableSandboxedEnvironment):
     """transformers' template sandbox, refusing values beyond ``render_chars``.
 
-    ``begin()`` starts a render's count; ``printed(texts)`` counts what it prints. It counts one
+    ``begin()`` starts a render's count; ``print_into`` counts what it prints. It counts one
     render at a time: a renderer is not shared between threads.
     """
 
@@ -282,22 +326,49 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         # (type, attribute) -> whether Jinja's sandbox allows it, for the types it decides by
         # type; the attributes are names in the template, so this stays as small as it is
         self._allowed: dict[tuple[type, str], bool] = {}
+        # plain data a renderer rebuilt and holds (``hold``): id -> [the value, its text_size
+        # and its plain ``tojson`` text, each None until first asked for]
+        self._held: dict[int, list] = {}
         self.begin()
 
     def begin(self) -> None:
         """Start counting a new render."""
         self.built = 0
 
-    def printed(self, texts):
-        """``texts``, the pieces a render prints, refused once they pass render_chars in all."""
-        size, limit = 0, self.render_chars
+    def hold(self, values, fresh: bool = False) -> None:
+        """Measure each of ``values`` once, and print its plain ``tojson`` once.
+
+        They are plain data a renderer rebuilt for its renders (a tool list's tools), which
+        nothing changes (the sandbox is immutable); each is held, so its id is never reused.
+        ``fresh``: forget those held before.
+        """
+        if fresh:
+            self._held = {}
+        for value in values:
+            self._held[id(value)] = [value, None, None]
+
+    def size_of(self, value) -> int:
+        """``text_size(value, render_chars)``, measured once for a held value."""
+        held = self._held.get(id(value))
+        if held is None:
+            return text_size(value, self.render_chars)
+        if held[1] is None:
+            held[1] = text_size(value, self.render_chars)
+        return held[1]
+
+    def print_into(self, blocks: list, texts) -> None:
+        """Append ``texts``, the pieces a render prints, to ``blocks``.
+
+        Refused once they pass render_chars in all.
+        """
+        size, limit, append = 0, self.render_chars, blocks.append
         for text in texts:
             size += len(text)
             if size > limit:
                 raise RenderLimitError(
                     f"the render prints more than limits.render_chars ({limit:,}) characters"
                 )
-            yield text
+            append(text)
 
     def spend(self, size: int) -> None:
         """Count ``size`` characters built by the render."""
@@ -389,7 +460,18 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
             size = _call_size(__obj, args, kwargs, __self.render_chars)
             if size > __self.render_chars:
                 __self.refuse_beyond(size, _call_name(__obj))
-        value = super().call(__context, __obj, *args, **kwargs)
+        if (
+            type(__obj) is BuiltinMethodType
+            and type(__obj.__self__) is str
+            and __obj.__name__ not in _WRAPPED
+        ):
+            # a string's method (``content.startswith(...)``): what Jinja's checks and its
+            # context's call come to for it, the call with the loop's and block's names left out
+            kwargs.pop("_block_vars", None)
+            kwargs.pop("_loop_vars", None)
+            value = __obj(*args, **kwargs)
+        else:
+            value = super().call(__context, __obj, *args, **kwargs)
         if type(value) is str and len(value) <= __self.render_chars:
             # the common case (a macro's text, a string method's), first
             __self.spend(len(value))
@@ -399,6 +481,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     def _bounded(self, name: str, function):
         """Filter ``name``, refused beyond render_chars before and after it runs."""
         size, what = _FILTER_SIZES.get(name), f"the filter {name!r}"
+        if name == "tojson":
+            function = self._printed_once(function)
 
         def bounded(*args, **kwargs):
             if size is not None:
@@ -408,6 +492,21 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         bounded.__dict__.update(getattr(function, "__dict__", {}))
         bounded.__wrapped__ = function
         return bounded
+
+    def _printed_once(self, tojson):
+        """``tojson``, its text of a held value (with no options) made once."""
+
+        def printed(value, *args, **kwargs):
+            held = None if args or kwargs else self._held.get(id(value))
+            if held is None:
+                return tojson(value, *args, **kwargs)
+            if held[2] is None:
+                held[2] = tojson(value)
+            return held[2]
+
+        printed.__dict__.update(getattr(tojson, "__dict__", {}))
+        printed.__wrapped__ = tojson
+        return printed
 
 
 def _sized(size, env: BoundedSandbox, args: tuple, kwargs: dict) -> int:
@@ -572,7 +671,7 @@ def _tojson(env, args, kwargs) -> int:
     value, *rest = args
     indent = kwargs.get("indent", rest[1] if len(rest) > 1 else None)
     step = len(indent) if isinstance(indent, str) else _number(indent)
-    return text_size(value, env.render_chars) * (2 + step)
+    return env.size_of(value) * (2 + step)
 
 
 def _sequence_filler(position: int, keyword: str):

@@ -86,7 +86,7 @@ class TurnsFormat(ChatFormat):
         self.tool_prompts = self._tool_prompts()
         added = [t.content for t in tokenizer.get_added_tokens_decoder().values()]
         self.injection = tool_calls.Injection([*added, *self.stops, *self.prompts])
-        # placeholder renders by their conversation and tools (``_shapes``), and their size
+        # placeholder renders by their conversation and tools (``_renders``), and their size
         self._kept: dict[str, str] = {}
         self._kept_chars = 0
 
@@ -184,8 +184,7 @@ class TurnsFormat(ChatFormat):
                 tools.append(row_tools)
                 placeheld.append(self._placeholders(messages))
                 untrained.append(skipped)
-        rendered = self._render(rows, conversations, tools)
-        shapes = self._shapes(rows, [p[0] for p in placeheld], tools)
+        rendered, shapes = self._renders(rows, conversations, [p[0] for p in placeheld], tools)
         marks = []
         for row, messages, text, shape, (_, runs), skipped in zip(
             rows, conversations, rendered, shapes, placeheld, untrained, strict=True
@@ -247,8 +246,14 @@ class TurnsFormat(ChatFormat):
                         ) from err
             raise
 
-    def _shapes(self, rows: list[dict], held: list[list[dict]], tools) -> list[str]:
-        """The placeholder renders of ``held``, each distinct one rendered once while it is kept.
+    def _renders(
+        self, rows: list[dict], conversations: list[list[dict]], held: list[list[dict]], tools
+    ) -> tuple[list[str], list[str]]:
+        """Each conversation's render, and the placeholder render of ``held``, in one call.
+
+        One call rebuilds each tool list once for both renders (``render._ToolCopies``); the
+        placeholder renders come after every real one, so a failing render is found in the order
+        it was before. Each distinct placeholder render is rendered once while it is kept.
 
         A placeholder conversation holds markers where the texts were, so conversations of one
         structure share it. Its render is a function of it and its tools (the variables are the
@@ -269,11 +274,12 @@ class TurnsFormat(ChatFormat):
             if key not in shapes:
                 fresh.setdefault(key, k)
         made = self._render(
-            [rows[k] for k in fresh.values()],
-            [held[k] for k in fresh.values()],
-            [tools[k] for k in fresh.values()],
+            [*rows, *(rows[k] for k in fresh.values())],
+            [*conversations, *(held[k] for k in fresh.values())],
+            [*tools, *(tools[k] for k in fresh.values())],
         )
-        for key, text in zip(fresh, made, strict=True):
+        rendered = made[: len(rows)]
+        for key, text in zip(fresh, made[len(rows) :], strict=True):
             shapes[key] = text
             if type(key) is not str:
                 continue
@@ -284,7 +290,7 @@ class TurnsFormat(ChatFormat):
             if size <= SHAPES_KEPT_CHARS:
                 self._kept[key] = text
                 self._kept_chars += size
-        return [shapes[key] for key in keys]
+        return rendered, [shapes[key] for key in keys]
 
     def _placeholders(self, messages: list[dict]) -> tuple[list[dict], list[Run]]:
         """``messages`` with every text replaced by its placeholder.
@@ -414,16 +420,7 @@ class TurnsFormat(ChatFormat):
             at = bisect.bisect_right(ends, end)
             start = max(previous, ends[at - 1]) if at else previous
             region = text[start:end]
-            # the longest prompt that occurs, at its first occurrence
-            # (among prompts as long: the earliest)
-            found = next(
-                (
-                    min((region.find(g), g) for g in prompts if len(g) == size and g in region)
-                    for size in sorted({len(g) for g in prompts}, reverse=True)
-                    if any(len(g) == size and g in region for g in prompts)
-                ),
-                None,
-            )
+            found = _first_longest(region, prompts)
             if found is None:
                 what = "closing markup and generation prompts after a tool result"
                 raise ConversationError(
@@ -456,6 +453,21 @@ class TurnsFormat(ChatFormat):
         return char_spans(text, lengths)
 
 
+def _first_longest(region: str, prompts: tuple[str, ...]) -> tuple[int, str] | None:
+    """The longest of ``prompts`` that occurs in ``region``, and where it first does.
+
+    Among prompts as long, the earliest (then the least). ``prompts`` are longest first.
+    """
+    found = None
+    for prompt in prompts:
+        if found is not None and len(prompt) < len(found[1]):
+            break
+        at = region.find(prompt)
+        if at >= 0 and (found is None or (at, prompt) < found):
+            found = (at, prompt)
+    return found
+
+
 def _calls_have_ids(messages: list[dict]) -> bool:
     return any(call.get("id") is not None for m in messages for call in m.get("tool_calls") or ())
 
@@ -470,28 +482,17 @@ def align(text: str, shape: str, runs: list[Run], messages) -> list[tuple[int, i
     ``(start, end, marker)``; when no assignment reproduces ``text``, raises ConversationError at
     the furthest character any assignment reached.
     """
-    pieces = _MARKER.split(shape)
-    markers = [_marker_number(m) for m in _MARKER.findall(shape)]
+    pieces, markers = _marked(shape)
     if not text.startswith(pieces[0]):
         at = next(
             (k for k, (a, b) in enumerate(zip(text, pieces[0], strict=False)) if a != b),
             min(len(text), len(pieces[0])),
         )
         _refuse(text, at, markers[0] if markers else None, messages, runs)
+    found = _first_path(text, pieces, markers, runs)
+    if found is not None:
+        return found
     n = len(markers)
-    # the search's first path, every run printed whole, is the common one: it is followed
-    # without the search's stack, which starts afresh where it does not reproduce ``text``
-    position, spans = len(pieces[0]), []
-    for i, m in enumerate(markers):
-        printed = runs[m].text
-        after = position + len(printed)
-        if not (text.startswith(printed, position) and text.startswith(pieces[i + 1], after)):
-            break
-        spans.append((position, after))
-        position = after + len(pieces[i + 1])
-    else:
-        if position == len(text):
-            return [(start, end, m) for m, (start, end) in zip(markers, spans, strict=True)]
 
     def state(i: int, position: int):
         return i, position, iter(_prints(runs[markers[i]])) if i < n else iter(())
@@ -527,6 +528,37 @@ def align(text: str, shape: str, runs: list[Run], messages) -> list[tuple[int, i
     _refuse(text, at, markers[min(i, n - 1)] if n else None, messages, runs)
 
 
+def _first_path(text: str, pieces: list[str], markers: list[int], runs: list[Run]):
+    """The search's first path through ``text``, or None where it does not reproduce it.
+
+    Each marker's first print (``_prints``, most often the run whole) that ``text`` and the
+    markup after it follow: the assignment ``align``'s search tries first, without its stack.
+    """
+    position, found = len(pieces[0]), []
+    for i, m in enumerate(markers):
+        following = pieces[i + 1]
+        printed = runs[m].text
+        if not (
+            text.startswith(printed, position)
+            and text.startswith(following, position + len(printed))
+        ):
+            printed = next(
+                (
+                    p
+                    for p in itertools.islice(_prints(runs[m]), 1, None)
+                    if text.startswith(p, position)
+                    and text.startswith(following, position + len(p))
+                ),
+                None,
+            )
+            if printed is None:
+                return None
+        if printed:
+            found.append((position, position + len(printed), m))
+        position += len(printed) + len(following)
+    return found if position == len(text) else None
+
+
 def _prints(marked: Run):
     """The ways a template may print a marker's run.
 
@@ -558,7 +590,7 @@ def _check_calls(shape: str, found, runs: list[Run], spans: dict) -> None:
     fields = {n: r for n, r in enumerate(runs) if r.field is not None}
     if not fields:
         return
-    shown = {_marker_number(m) for m in _MARKER.findall(shape)}
+    shown = set(_marked(shape)[1])
     for n, run in fields.items():
         if n not in shown:
             raise ConversationError(
@@ -593,6 +625,15 @@ def _refuse(text: str, at: int, marker, messages, runs: list[Run]):
 
 def _longest_first(prompts: list[str]) -> tuple[str, ...]:
     return tuple(sorted(set(prompts), key=lambda p: (-len(p), prompts.index(p))))
+
+
+@functools.lru_cache(maxsize=2)
+def _marked(shape: str) -> tuple[list[str], list[int]]:
+    """A placeholder render's markup between its markers, and its markers' numbers, in order.
+
+    Kept for the last renders: ``align`` and the completeness check both read them.
+    """
+    return _MARKER.split(shape), [_marker_number(m) for m in _MARKER.findall(shape)]
 
 
 @functools.lru_cache(maxsize=4096)

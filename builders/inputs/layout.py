@@ -51,6 +51,8 @@ ROW_SCHEMA = pa.schema(
 )
 # the row field a pin that names no tools field expects to find empty, if there at all
 TOOLS_FIELD = "tools"
+# ``json.dumps(value, ensure_ascii=False)``, its encoder made once
+_JSON_TEXT = json.JSONEncoder(ensure_ascii=False).encode
 
 
 @dataclass(frozen=True)
@@ -166,7 +168,7 @@ class Layout:
             "id": identity,
             "source": source,
             "messages": [_held(m) for m in normalized],
-            "tools": None if tools is None else json.dumps(tools, ensure_ascii=False),
+            "tools": None if tools is None else _JSON_TEXT(tools),
             "string_arguments": sum(
                 isinstance((call.get("function") or call).get("arguments"), str)
                 for m in renamed
@@ -251,10 +253,7 @@ def _id(value, field: str) -> str | None:
 
 def _held(message: dict) -> dict:
     """A normalised message as a table holds it."""
-    return {
-        key: json.dumps(value, ensure_ascii=False) if key in JSON_HELD else value
-        for key, value in message.items()
-    }
+    return {key: _JSON_TEXT(value) if key in JSON_HELD else value for key, value in message.items()}
 
 
 def rows_table(rows: list[dict]) -> pa.Table:
