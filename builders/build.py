@@ -83,7 +83,10 @@ def build(
     reporter = Reporter.silent() if reporter is None else reporter
     requested, workers = str(workers), worker_count(workers)
     timings = Timings()
-    with prepared(manifest, hub, reporter, workers, engine, timings) as inputs:
+    with (
+        ExitStack() as after_the_workers,
+        prepared(manifest, hub, reporter, workers, engine, timings) as inputs,
+    ):
         source, encoding, stream = inputs.source, inputs.encoding, inputs.stream
         reference, source_hashes = inputs.reference, inputs.source_hashes
         try:
@@ -93,8 +96,10 @@ def build(
             raise OutputError(
                 f"{out_dir}: cannot write the build output here ({err.strerror or err})"
             ) from err
-        with spill_folder(out_dir, manifest.name) as spill, outputs(out_dir) as files:
-            stream.spill_into(spill)
+        # removed once the workers have ended and are reaped (as ``prepared`` ends), whatever
+        # ends the build: none is still writing its held rows there
+        stream.spill_into(after_the_workers.enter_context(spill_folder(out_dir, manifest.name)))
+        with outputs(out_dir) as files:
             with files.writing(f"{manifest.name}.parquet") as parquet:
                 with timings.stage("build_s"):
                     stats = build_stats(manifest, reference)

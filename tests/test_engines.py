@@ -22,7 +22,7 @@ from builders.fixture.make import FIXTURE_TEMPLATE, tokenizer_json
 from builders.fixture.tokenizer import with_nfc_normalizer
 from builders.inputs.pinned import Hub
 from builders.manifest import load_manifest
-from helpers import MANIFESTS, SELF_CONTAINED, lay_out_build, manifest_names, run_cli
+from helpers import MANIFESTS, SELF_CONTAINED, lay_out_build, manifest_names, run_cli, wait_for
 from reference import reference_rows
 
 DECOMPOSED = [
@@ -298,24 +298,24 @@ def test_workers_choose_the_engine_by_its_probes(fixture_cache, built, tmp_path)
 
 
 def test_a_worker_encodes_with_tokenizers_while_fastokens_loads(tmp_path, monkeypatch):
-    """A worker's batches before its engine is chosen are the reference's.
+    """A pool's workers encode with the reference until fastokens has loaded, then with it.
 
-    Its fastokens load waits for a file the test makes once the first batch is back. Those
-    conversations, and the ones after fastokens took over, are what this process encodes with the
-    guarded engine from the start: the same tokens, masks and cross-checked samples.
+    Their fastokens load waits for a file the test makes once the plan's sample and the stream's
+    first run are back, encoded by the reference; the test then waits until each worker has
+    chosen before it asks for the rest of the stream (held rows, encoded when asked for: by
+    fastokens). Every conversation is what this process encodes with the guarded engine from the
+    start: the same tokens, masks and cross-checked samples.
     """
-    import hashlib
-
-    import pyarrow as pa
-
-    from builders.encode.pool import InProcess, Pool
+    from builders.build import prepared
+    from builders.encode import stream
     from builders.fixture.make import synthetic_rows
-    from builders.inputs.pinned import PinnedTokenizer
-    from helpers import encoder
+    from builders.runtime.progress import Reporter
+    from builders.runtime.timings import Timings
 
-    gate = tmp_path / "fastokens may load"
+    gate, spill = tmp_path / "fastokens may load", tmp_path / "spill"
     site = tmp_path / "site"
     site.mkdir()
+    spill.mkdir()
     (site / "sitecustomize.py").write_text(
         "import os, sys, time\n"
         "if any('builders.encode.worker' in a for a in sys.orig_argv):\n"
@@ -326,41 +326,52 @@ def test_a_worker_encodes_with_tokenizers_while_fastokens_loads(tmp_path, monkey
         "            time.sleep(0.01)\n"
         "        real(self, text)\n"
         "    engines.FastokensEngine.__init__ = gated\n"
+        "    made = engines.Choosing.__init__\n"
+        "    def choosing(self, *args, chosen, **kwargs):\n"
+        "        def told():\n"
+        "            chosen()\n"
+        f"            open(os.path.join({str(tmp_path)!r}, 'chose-%d' % os.getpid()), 'w')\n"
+        "        made(self, *args, chosen=told, **kwargs)\n"
+        "    engines.Choosing.__init__ = choosing\n"
     )
     monkeypatch.setenv("PYTHONPATH", str(site))
-    enc = encoder(FIXTURE_TEMPLATE.read_text(encoding="utf-8"))
-    rows = [{**row, "index": k} for k, row in enumerate(synthetic_rows(seed=3, count=160))]
-    table, positions = pa.Table.from_pylist(rows), np.arange(len(rows))
-    text = enc.tokenizer.to_str()
-    (tmp_path / "tokenizer.json").write_text(text, encoding="utf-8")
-    pinned = PinnedTokenizer(enc.tokenizer, text, enc.spec, tmp_path)
+    # runs of 16, 32 positions asked of 2 workers at a time: the first run comes once positions
+    # up to 96 are asked for, of 213 (with the hard cases); those from 63 on are held until asked
+    monkeypatch.setattr(stream, "ENCODE_BATCH", 16)
+    monkeypatch.setattr(stream, "EAGER_SHARE", 0.3)
+    rows = synthetic_rows(seed=3, count=200)
+    # seed 11: a sample to cross-check (a source index that is a multiple of 64) in the first run
+    manifest = load_manifest(lay_out_build(tmp_path / "hf", rows, seed=11, row_group_rows=10))
+    hub = Hub(tmp_path / "hf" / "hub", offline=True)
 
-    def encoded(encoding, *, before_choice=None) -> tuple[list, str]:
-        waiting = {}
-        with encoding:
-            encoding.load(tmp_path / "tokenizer.json", hashlib.sha256(text.encode()).hexdigest())
-            encoding.start(pinned, enc.contract, "auto", None)
-            encoding.begin(enc)
-            encoding.submit(table.slice(0, 80), positions[:80], waiting)
-            first = [encoding.take(waiting, p) for p in range(80)]
-            if before_choice is not None:
-                before_choice(encoding)
-            name = encoding.settle().name
-            encoding.submit(table.slice(80), positions[80:], waiting)
-            out = first + [encoding.take(waiting, p) for p in range(80, len(rows))]
-            encoding.finish()
-        return out, name
+    def encoded(workers: int, after_the_first_run=None) -> tuple[list, str]:
+        with prepared(
+            manifest, hub, Reporter.silent(), workers, "auto", Timings(), whole_source=True
+        ) as inputs:
+            inputs.stream.spill_into(spill)
+            runs = iter(inputs.stream)
+            out = next(runs)
+            if after_the_first_run is not None:
+                after_the_first_run(inputs.encoding)
+            out += [c for run in runs for c in run]
+            return out, inputs.encoding.settle().name
 
-    def not_chosen_yet(pool):
-        assert pool.workers[0].started and pool.workers[0].choice is None
+    def chosen_after_the_first_run(pool):
+        assert [(w.started, w.choice) for w in pool.workers] == [(True, None)] * 2
+        assert not list(tmp_path.glob("chose-*"))
         gate.touch()
+        assert wait_for(lambda: len(list(tmp_path.glob("chose-*"))) == 2)
 
-    here, here_engine = encoded(InProcess())
-    there, there_engine = encoded(Pool(1), before_choice=not_chosen_yet)
+    here, here_engine = encoded(1)
+    there, there_engine = encoded(2, chosen_after_the_first_run)
     assert here_engine == there_engine == "fastokens"
+    assert len(there) == len(here) == len(rows)
     assert [c.cross_checked for c in there] == [c.cross_checked for c in here]
-    assert sum(c.cross_checked for c in here[:80]) >= 2
+    # of the first run's, encoded by the reference in the workers; and of the rest
+    assert sum(c.cross_checked for c in here[:16]) >= 1
+    assert sum(c.cross_checked for c in here[96:]) >= 1
     for mine, theirs in zip(here, there, strict=True):
+        assert theirs.index == mine.index
         assert np.array_equal(mine.ids, theirs.ids) and np.array_equal(mine.mask, theirs.mask)
 
 

@@ -337,6 +337,116 @@ def test_spilled_rows_wait_beside_the_output_and_stale_spills_are_removed(tmp_pa
     )
 
 
+def test_a_failed_build_ends_its_workers_before_it_removes_its_spill_folder(tmp_path, monkeypatch):
+    """No worker can write a held row after the spill folder is gone.
+
+    A worker waits, for good, before it writes its first held rows to the spill folder (a file it
+    makes says so), and the build fails meanwhile: when the folder is removed, every worker has
+    been ended and reaped, and nothing of the build is left.
+    """
+    import builders.encode.pool as pool_module
+    from builders.runtime import atomic
+
+    hf_home, out, waiting = tmp_path / "hf", tmp_path / "out", tmp_path / "waiting"
+    manifest = load_manifest(
+        lay_out_build(hf_home, synthetic_rows(seed=5, count=200), build_rows=60, row_group_rows=5)
+    )
+    site = tmp_path / "site"
+    site.mkdir()
+    waiting.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, sys, time\n"
+        "if any('builders.encode.worker' in a for a in sys.orig_argv):\n"
+        "    import pyarrow.ipc\n"
+        "    def held_back(*args, **kwargs):\n"
+        f"        open(os.path.join({str(waiting)!r}, str(os.getpid())), 'w').close()\n"
+        "        while True:\n"
+        "            time.sleep(1)\n"
+        "    pyarrow.ipc.new_file = held_back\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.setattr(stream_module, "MEMORY_ROWS_BYTES", 1)
+    monkeypatch.setattr(stream_module, "ENCODE_BATCH", 16)
+    workers, removed = [], []
+    real_enter, real_keep, real_rmtree = (
+        pool_module.Pool.__enter__,
+        pool_module.Pool.keep_group,
+        atomic.shutil.rmtree,
+    )
+
+    def enter(self):
+        real_enter(self)
+        workers.extend(self.workers)
+        return self
+
+    def keep_group(self, group, rows, positions, share, encoded):
+        real_keep(self, group, rows, positions, share, encoded)
+        # the first group with rows its worker holds on disk
+        if (positions >= share["memory_end"]).any():
+            assert wait_for(lambda: any(waiting.iterdir()))
+            raise RuntimeError("the build fails while a worker writes its held rows")
+
+    def rmtree(path, *args, **kwargs):
+        if Path(path).suffix == ".spill":
+            removed.append((Path(path).name, [w.process.returncode for w in workers]))
+        return real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(pool_module.Pool, "__enter__", enter)
+    monkeypatch.setattr(pool_module.Pool, "keep_group", keep_group)
+    monkeypatch.setattr(atomic.shutil, "rmtree", rmtree)
+    with pytest.raises(RuntimeError, match="while a worker writes its held rows"):
+        build(manifest, out, Hub(hf_home / "hub", offline=True), card=False, workers=2)
+    ((name, codes),) = removed
+    assert name == f".custom.{os.getpid()}.spill" and len(codes) == 2
+    assert None not in codes, codes
+    assert not list(out.iterdir())
+
+
+def test_a_plan_that_stops_ends_its_workers_before_it_removes_its_spill_folder(
+    tmp_path, monkeypatch
+):
+    """A plan's temporary spill folder, too, outlives its workers, and the stop is reported.
+
+    The stream stops at a refused conversation; the plan then asks the workers which engine they
+    chose, and they end with the plan, before its spill folder is removed.
+    """
+    import tempfile
+
+    import builders.encode.pool as pool_module
+    from builders.rows.order import permutation
+    from builders.runtime.progress import Reporter
+    from builders.views.plan import plan
+
+    rows = synthetic_rows(seed=5, count=200)
+    # early in the stream (lay_out_build's seed 3)
+    bad = int(permutation(3, len(rows))[5])
+    narrator = {"role": "narrator", "content": "x"}
+    rows[bad] = {**rows[bad], "messages": [*rows[bad]["messages"], narrator]}
+    hf_home = tmp_path / "hf"
+    manifest = load_manifest(lay_out_build(hf_home, rows, build_rows=60, row_group_rows=5))
+    monkeypatch.setattr(stream_module, "MEMORY_ROWS_BYTES", 1)
+    monkeypatch.setattr(stream_module, "ENCODE_BATCH", 16)
+    workers, removed = [], []
+    real_enter, real_cleanup = pool_module.Pool.__enter__, tempfile.TemporaryDirectory.cleanup
+
+    def enter(self):
+        real_enter(self)
+        workers.extend(self.workers)
+        return self
+
+    def cleanup(self):
+        if Path(self.name).name.startswith("fixed-sft-spill-"):
+            removed.append([w.process.returncode for w in workers])
+        real_cleanup(self)
+
+    monkeypatch.setattr(pool_module.Pool, "__enter__", enter)
+    monkeypatch.setattr(tempfile.TemporaryDirectory, "cleanup", cleanup)
+    result = plan(manifest, Hub(hf_home / "hub", offline=True), Reporter.silent(), workers=2)
+    assert f"source row {bad} " in result.stops and not result.ok
+    (codes,) = removed
+    assert len(codes) == 2 and None not in codes, codes
+
+
 @pytest.mark.parametrize("copies", [2, 1000])
 def test_the_same_dataset_twice_in_a_mixture_is_refused(tmp_path, copies):
     """An identical pin (the same files of a repo at a revision) twice: exit 2, both named."""

@@ -6,7 +6,6 @@ estimate falls short, and reports a bad conversation in stream order, whatever t
 
 from __future__ import annotations
 
-import hashlib
 import json
 
 import numpy as np
@@ -125,32 +124,46 @@ def test_workers_keep_their_rows_spilled_and_send_them_in_order(
     """Three workers keep their rows, most on disk; each conversation comes back once.
 
     The rows and the reading's figures are those of this process with the same bounds; the build
-    sends the workers only row numbers and positions, and receives only encoded conversations,
-    each position once: no held row travels to this process.
+    sends the workers only a row group's wanted row numbers and their positions, or positions,
+    and receives only encoded conversations, each position once: no row travels either way.
     """
     from builders.encode import worker
 
     here = build_with(laid_out, tmp_path / "here", monkeypatch, 1, **constants)
     sent, received = [], []
-    real_ipc, real_read = worker._ipc, worker._read
+    real_send, real_read = worker.Worker._send_task, worker._read
 
-    def ipc(table):
-        sent.append(table.column_names)
-        return real_ipc(table)
+    def send(self, header, body):
+        sent.append((header, real_read(body)))
+        return real_send(self, header, body)
 
     def read(data):
         table = real_read(data)
         received.append(table)
         return table
 
-    monkeypatch.setattr(worker, "_ipc", ipc)
+    monkeypatch.setattr(worker.Worker, "_send_task", send)
     monkeypatch.setattr(worker, "_read", read)
     data, reading, stats = build_with(laid_out, tmp_path / "there", monkeypatch, 3, **constants)
     assert data == plain[0] == here[0] and stats == here[2]
     assert reading == here[1] and reading["rows_spilled"] > 400
     if "HORIZON_MARGIN" in constants:
         assert reading["passes"] >= 2
-    assert {tuple(names) for names in sent} == {("row", "position"), ("position",)}
+    groups = [(h, t) for h, t in sent if "group" in h]
+    assert {tuple(t.column_names) for _, t in groups} == {("row", "position")}
+    assert {tuple(t.column_names) for h, t in sent if "wanted" in h} == {("position",)}
+    assert len(groups) + len([h for h, _ in sent if "wanted" in h]) == len(sent)
+    # a pass's group task: the source rows of that group (10 a group) at its positions, which
+    # are each position of the passes once
+    manifest, _ = laid_out
+    position = np.argsort(permutation(manifest.seed, len(ROWS)))
+    kept = [(h, t) for h, t in groups if h["share"] is not None]
+    for header, table in kept:
+        assert header["bounds"] == [10 * header["group"], 10]
+        rows, at = table.column("row").to_numpy(), table.column("position").to_numpy()
+        assert np.array_equal(position[10 * header["group"] + rows], at)
+    asked = np.sort(np.concatenate([t.column("position").to_numpy() for _, t in kept]))
+    assert np.array_equal(asked, np.arange(len(asked))) and len(asked) <= len(ROWS)
     conversation_columns = set(worker._conversations_table([]).column_names)
     assert all(set(t.column_names) == conversation_columns for t in received)
     positions = [p for t in received for p in t.column("position").to_pylist()]
@@ -209,93 +222,6 @@ def test_rows_are_the_stream_prefix(plain, laid_out):
     first = table.column("metadata").to_pylist()[0]
     manifest, _ = laid_out
     assert first["source_index"][0] == int(permutation(manifest.seed, len(ROWS))[0])
-
-
-def test_a_batch_sent_to_a_worker_carries_only_its_rows():
-    """A batch is a slice of a held table.
-
-    The Arrow IPC a worker gets holds just the batch's rows.
-    """
-    import pyarrow as pa
-
-    from builders.encode.worker import batch_message
-
-    held = pa.table({"index": pa.array(range(10_000)), "messages": pa.array(["x" * 1000] * 10_000)})
-    batch = held.slice(5_000, 8)
-    sent = batch_message(batch, np.arange(100, 108))
-    received = pa.ipc.open_stream(sent).read_all()
-    assert received.drop_columns(["position"]).equals(batch)
-    assert received.column("position").to_pylist() == list(range(100, 108))
-    # 8 rows of 1 kB, not the 10 MB of the held table
-    assert len(sent) < 20 * 1000
-
-
-def test_workers_encode_as_this_process_does(tmp_path):
-    """A pool's conversations and errors are those of this process.
-
-    Each field of the conversations, dtypes included.
-    """
-    import pyarrow as pa
-
-    from builders.encode.pool import InProcess, Pool
-    from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows
-    from builders.inputs.pinned import PinnedTokenizer
-    from helpers import encoder
-
-    enc = encoder(FIXTURE_TEMPLATE.read_text(encoding="utf-8"))
-    rows = [
-        {**row, "index": k, "source": "s" if k % 2 else None}
-        for k, row in enumerate(synthetic_rows(seed=5, count=40))
-    ]
-    # the contract cannot encode it
-    rows[7]["messages"].append({"role": "function", "content": "x"})
-    table, positions = pa.Table.from_pylist(rows), np.arange(100, 100 + len(rows))
-    text = enc.tokenizer.to_str()
-    tokenizer_file = tmp_path / "tokenizer.json"
-    tokenizer_file.write_text(text, encoding="utf-8")
-    sha256 = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    pinned = PinnedTokenizer(enc.tokenizer, text, enc.spec, tmp_path)
-
-    def encoded(encoding) -> dict:
-        waiting, out = {}, {}
-        with encoding:
-            encoding.load(tokenizer_file, sha256)
-            encoding.start(pinned, enc.contract, "tokenizers", None)
-            encoding.begin(enc)
-            assert encoding.settle().name == "tokenizers"
-            # one batch for each worker
-            encoding.submit(table.slice(0, 25), positions[:25], waiting)
-            encoding.submit(table.slice(25), positions[25:], waiting)
-            for position in positions.tolist():
-                item = encoding.take(waiting, position)
-                # a refused conversation, by where it is and why
-                refused = isinstance(item, SourceDataError)
-                out[position] = item.as_dict() if refused else item
-        return out
-
-    here, there = encoded(InProcess()), encoded(Pool(2))
-    assert "role 'function'" in here[107]["reason"] and there[107] == here[107]
-    assert here[107]["source_index"] == 7
-    for position in positions.tolist():
-        mine, theirs = here[position], there[position]
-        if position != 107:
-            assert (
-                theirs.index,
-                theirs.id,
-                theirs.source,
-                theirs.ends_with_answer,
-                theirs.left_out,
-                theirs.cross_checked,
-            ) == (
-                mine.index,
-                mine.id,
-                mine.source,
-                mine.ends_with_answer,
-                mine.left_out,
-                mine.cross_checked,
-            )
-            assert theirs.ids.dtype == mine.ids.dtype and np.array_equal(theirs.ids, mine.ids)
-            assert theirs.mask.dtype == mine.mask.dtype and np.array_equal(theirs.mask, mine.mask)
 
 
 def test_a_pool_s_stream_is_this_process_s(tmp_path):

@@ -1,14 +1,15 @@
 """Where conversations are encoded: this process or worker processes.
 
-Both take batches of source rows with their stream positions and leave each encoded conversation (or
-the error that names it) at its position; the stream takes them back in order. Each worker
-(``builders.encode.worker``) holds its own copy of the tokenizer, template, contract and engine and
-runs the same ``ConversationEncoder``, so the rows do not depend on the number of workers. A pool's
-workers also choose the engine (its probes), decode the source's row groups themselves
-(``keep_group``), keep their rows of a pass until the stream asks for them in order (``ask``:
-``builders.encode.share``) and cross-check their own samples: what scales with the source runs in
-them, and the main process only orders, cuts and writes, holding no more than the answers in
-flight. At most ``2 × workers`` tasks are in flight: memory stays bounded.
+Both leave each encoded conversation (or the error that names it) at its stream position, and the
+stream takes them back in order. In this process, the stream decodes the source and hands over
+batches of rows with their positions (``InProcess.submit``). A pool's workers decode the source's
+row groups themselves (``keep_group``) and keep their rows of a pass until the stream asks for
+them in order (``ask``: ``builders.encode.share``); no source row travels between the processes.
+Each worker (``builders.encode.worker``) holds its own copy of the tokenizer, template, contract
+and engine and runs the same ``ConversationEncoder``, so the rows do not depend on the number of
+workers; it also chooses the engine (its probes) and cross-checks its own samples: what scales
+with the source runs in them, and the main process only orders, cuts and writes, holding no more
+than the answers in flight. At most ``2 × workers`` tasks are in flight: memory stays bounded.
 
 Start-up, where a pool's workers wait for nothing the build does not need to give them: their
 interpreters start (and import) before the command imports the build (``spawn.early``); each
@@ -57,13 +58,15 @@ Encoded = dict
 
 
 class Encoding(Protocol):
-    """Where the stream's conversations are encoded, as the stream uses it.
+    """Where the stream's conversations are encoded: what ``InProcess`` and ``Pool`` share.
 
-    It is ``InProcess`` or ``Pool``.
+    The stream feeds them differently, as ``decodes_groups`` says: ``InProcess`` the rows it
+    decoded (``submit``); a ``Pool`` row groups to decode and positions to send (``sample``,
+    ``sampled``, ``keeps``, ``keep_group``, ``ask`` and its ``count`` of workers).
     """
 
-    # the workers decode the source's row groups themselves and keep their rows of each pass
-    # (``keep_group``) until the stream asks for them (``ask``)
+    # False: the stream decodes the source and submits rows; True: the workers decode the row
+    # groups themselves and keep their rows of each pass until the stream asks for them
     decodes_groups: bool
 
     def load(self, tokenizer_file: Path, sha256: str) -> None: ...
@@ -73,7 +76,6 @@ class Encoding(Protocol):
     def begin(self, encoder: ConversationEncoder) -> None: ...
     def settle(self) -> engines.Choice: ...
     def finish(self) -> None: ...
-    def submit(self, table: pa.Table, positions: np.ndarray, encoded: Encoded) -> None: ...
     def take(
         self, encoded: Encoded, position: int
     ) -> EncodedConversation | RefusedConversation: ...
@@ -135,6 +137,7 @@ class InProcess:
         self._encoder().engine.finish()
 
     def submit(self, table: pa.Table, positions: np.ndarray, encoded: Encoded) -> None:
+        """Encode source rows ``table`` (decoded by the stream) at their ``positions``."""
         encoded.update(encode_rows(self._encoder(), conversations(table), positions))
 
     def _encoder(self) -> ConversationEncoder:
@@ -148,7 +151,7 @@ class InProcess:
         return encoded.pop(position)
 
 
-class Pool(InProcess):
+class Pool:
     """Encodes in ``workers`` processes.
 
     Each has its own encoder, its own choice of the engine and its own reader of the source's
@@ -228,10 +231,7 @@ class Pool(InProcess):
         return engines.Choice(**self.workers[0].choice)
 
     def finish(self) -> None:
-        """Nothing: each worker's cross-checks passed before it sent its batch."""
-
-    def submit(self, table: pa.Table, positions: np.ndarray, encoded: Encoded) -> None:
-        self._least_busy(encoded).send_batch(table, positions)
+        """Nothing: each worker's cross-checks passed before it answered."""
 
     def sample(self, groups: list[int], rows: int) -> None:
         """Have the workers encode the first ``rows`` rows of each of ``groups``.
@@ -291,7 +291,7 @@ class Pool(InProcess):
     def take(self, encoded: Encoded, position: int) -> EncodedConversation | RefusedConversation:
         while position not in encoded:
             if not any(worker.in_flight for worker in self.workers):
-                raise RuntimeError(f"stream position {position} was never submitted for encoding")
+                raise RuntimeError(f"stream position {position} was never asked of a worker")
             self._collect(encoded, block=True)
         return encoded.pop(position)
 

@@ -32,11 +32,9 @@ from __future__ import annotations
 
 import gc
 import math
-import tempfile
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from itertools import islice
 from pathlib import Path
@@ -102,7 +100,7 @@ class Stream:
         self.leave_out = leave_out
         # the conversations left out, in stream order
         self.refused: list[RefusedConversation] = []
-        # set by encoded_with, and spill_into
+        # set by encoded_with, and spill_into (before the stream is read)
         self.encoding: Encoding | None = None
         self.spill: Path | None = None
         # -1: not in the stream
@@ -166,8 +164,8 @@ class Stream:
     def spill_into(self, folder: Path) -> None:
         """Rows wanted later than memory allows wait in ``folder``, an existing folder.
 
-        A build's is beside its outputs (``builders.runtime.atomic.spill_folder``); without
-        one (``plan``), a temporary folder of the system's.
+        A build's is beside its outputs (``builders.runtime.atomic.spill_folder``); a plan's,
+        a temporary folder of the system's. Either outlives the workers that write there.
         """
         self.spill = folder
 
@@ -219,16 +217,10 @@ class Stream:
         )
         self.stats.horizon = min(n, end)
         start, end, eager = 0, min(n, end), min(n, int(EAGER_SHARE * estimate))
-        with (
-            nullcontext(self.spill)
-            if self.spill is not None
-            # a worker may still be writing there when an error ends the stream
-            else tempfile.TemporaryDirectory(prefix="fixed-sft-spill-", ignore_cleanup_errors=True)
-        ) as spill:
-            while start < n:
-                yield from self._pass(start, end, eager, Path(spill))
-                # outrun: another stretch as long
-                start, end, eager = end, min(n, 2 * end - start), end
+        while start < n:
+            yield from self._pass(start, end, eager, self.spill)
+            # outrun: another stretch as long
+            start, end, eager = end, min(n, 2 * end - start), end
 
     def _read(self, group: int, start: int, end: int) -> pa.Table:
         """Group ``group``'s rows at positions [start, end) (a sample's group: all of them)."""

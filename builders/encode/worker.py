@@ -16,20 +16,19 @@ the channel:
   eager bound encoded at once, the others decoded, in memory or spilled to the build's spill
   folder; without (the plan's sample), it encodes them all, answers with them, and keeps the group
   decoded for its next task of it. ``{"wanted": true}`` and ``position``s (ascending, all of
-  them its own): it sends those conversations it keeps, encoding held ones then.
-  ``{}`` and source rows with a ``position`` column: it encodes those rows. Closing the channel
-  ends the worker.
+  them its own): it sends those conversations it keeps, encoding held ones then. Closing the
+  channel ends the worker.
 - worker → build: a JSON header for each message: ``ready`` once it can encode (with the
   reference engine, while the engine asked for loads beside it from its first answer on:
   ``engines.Choosing``); ``engine``
   once it has chosen (``builders.encode.engines.choose``: the same probes in every worker), and
-  encodes with that from then on; for a group it keeps, ``kept``; for any other task ``batch``
-  (with the conversations the contract cannot encode, by position and message), followed by an
-  Arrow IPC stream of the encoded conversations; or ``failed`` with the reason (and, for an error
-  the user can cause, its class), after which it exits. Source rows never travel back to the
-  build.
+  encodes with that from then on; for a group it keeps, ``kept``; for the sample's groups and
+  the positions wanted, ``batch`` (with the conversations the contract cannot encode, by position
+  and message), followed by an Arrow IPC stream of the encoded conversations; or ``failed`` with
+  the reason (and, for an error the user can cause, its class), after which it exits. Source rows
+  travel in neither direction.
 
-A guarded engine's cross-check runs in the worker, on its own samples, and a batch is sent only
+A guarded engine's cross-check runs in the worker, on its own samples, and an answer is sent only
 once its comparisons passed: the build never re-encodes anything.
 
 A worker reads its channel in a thread of its own, so the build's sends never wait for an
@@ -80,7 +79,7 @@ CHOSEN = (None, None)
 class Worker:
     """The build's handle on one worker process.
 
-    It holds the worker's channel, and counts the batches the worker holds.
+    It holds the worker's channel, and counts the worker's tasks not yet answered.
     """
 
     def __init__(self, started: spawn.Started | None = None):
@@ -89,7 +88,7 @@ class Worker:
         self.started = False  # it said ready
         # the engine it chose (``Choice.as_dict``), once it said so
         self.choice: dict | None = None
-        self.in_flight = 0  # batches sent, not yet returned
+        self.in_flight = 0  # tasks sent, not yet answered
 
     def send_tokenizer(self, path: Path, sha256: str) -> None:
         """Have the worker parse the pinned ``tokenizer.json`` at ``path``.
@@ -107,10 +106,6 @@ class Worker:
         source whose row groups it decodes.
         """
         self._send(start_up_message(spec, contract, engine, source))
-
-    def send_batch(self, table: pa.Table, positions: np.ndarray) -> None:
-        """Source rows to encode, with their stream positions."""
-        self._send_task({}, batch_message(table, positions))
 
     def send_group(
         self,
@@ -317,8 +312,6 @@ class _Tasks:
         """A task's conversations; for a group kept, the answer that says so."""
         if "wanted" in header:
             return self.share.taken(table.column("position").to_numpy(), encode)
-        if "group" not in header:
-            return encode(table)
         self.source = self.source or _source(*self.datasets)
         rows = _wanted_rows(self.source, header, table, self.kept).append_column(
             "position", table.column("position")
@@ -444,14 +437,6 @@ def _format_spec(data: dict) -> FormatSpec:
             "limits": Limits(**data["limits"]),
         }
     )
-
-
-def batch_message(table: pa.Table, positions: np.ndarray) -> pa.Buffer:
-    """Source rows and their stream positions as they travel to a worker.
-
-    They travel as Arrow IPC, which carries a slice's own rows only.
-    """
-    return _ipc(table.append_column("position", pa.array(positions, pa.int64())))
 
 
 def _wanted_rows(source: Source, header: dict, wanted: pa.Table, kept: dict) -> pa.Table:

@@ -9,7 +9,9 @@ every refused conversation, where a build stops at the first (or past ``leave_ou
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from builders.build import build_stats, packed, prepared
 from builders.encode.spawn import worker_count
@@ -72,10 +74,16 @@ def plan(
     """
     workers = worker_count(workers)
     timings = Timings()
-    with prepared(
-        manifest, hub, reporter, workers, engine, timings, whole_source=everything
-    ) as inputs:
+    with (
+        # removed once the workers have ended and are reaped (as ``prepared`` ends): none is
+        # still writing its held rows there, even after the stop the plan reports
+        tempfile.TemporaryDirectory(prefix="fixed-sft-spill-") as spill,
+        prepared(
+            manifest, hub, reporter, workers, engine, timings, whole_source=everything
+        ) as inputs,
+    ):
         stream = inputs.stream
+        stream.spill_into(Path(spill))
         result = Plan(manifest.name, manifest.rows, manifest.row_tokens, len(stream.order))
         result.pinned_rows_sha256 = manifest.expect.rows_sha256
         stats = build_stats(manifest, inputs.reference)
