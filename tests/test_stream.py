@@ -55,23 +55,47 @@ def plain(laid_out, tmp_path_factory):
     return result.parquet.read_bytes(), json.loads(result.report.read_text())
 
 
-def test_each_row_group_is_decoded_once(plain):
+# the fixture's 60 row groups once, and the plan's sample's 8 (each group's first rows) before
+GROUPS_DECODED = 60 + 8
+
+
+def test_each_row_group_is_decoded_once_a_pass(plain):
     _, report = plain
     reading = report["source_reading"]
     assert (
         reading["passes"] == 1
-        and reading["row_groups_decoded"] == 60
+        and reading["row_groups_decoded"] == GROUPS_DECODED
         and reading["rows_spilled"] == 0
     )
     # nearly the whole source
     assert report["stats"]["conversations_consumed"] > 0.8 * len(ROWS)
 
 
-def test_workers_decode_the_row_groups_and_change_nothing(laid_out, plain, tmp_path, monkeypatch):
-    """With 3 workers each row group is decoded once, by a worker.
+def test_the_plans_sample_converts_only_its_rows(laid_out, plain, tmp_path, monkeypatch):
+    """The sample's groups are converted for its rows alone, and again for the pass's own.
 
-    By the sample's worker, here; the rows are the same.
+    Converting a group of tool traces whole took ten times as long as its first 64 rows.
     """
+    from builders.inputs.source import Source
+
+    read, real = [], Source.read_group
+
+    def recorded(self, group, rows=None):
+        read.append((group, None if rows is None else np.asarray(rows).tolist()))
+        return real(self, group, rows)
+
+    monkeypatch.setattr(Source, "read_group", recorded)
+    data, _, _ = build_with(laid_out, tmp_path, monkeypatch, SAMPLE_ROWS=3)
+    assert data == plain[0]
+    assert all(rows is not None for _, rows in read)
+    sampled = [group for group, rows in read if rows == [0, 1, 2]]
+    # 8 groups spread over the 60, each read for its first 3 rows, then for the pass's
+    assert len(set(sampled)) == 8 and {0, 59} <= set(sampled)
+    assert len(read) == 60 + 8
+
+
+def test_workers_decode_the_row_groups_and_change_nothing(laid_out, plain, tmp_path, monkeypatch):
+    """With 3 workers each row group is decoded once a pass, by a worker; the rows are the same."""
     data, reading, stats = build_with(laid_out, tmp_path, monkeypatch, workers=3)
     assert data == plain[0] and stats == plain[1]["stats"]
     assert reading == plain[1]["source_reading"]
@@ -88,7 +112,7 @@ def test_rows_beyond_memory_wait_on_disk_and_change_nothing(
     assert data == plain[0]
     assert (
         reading["passes"] == 1
-        and reading["row_groups_decoded"] == 60
+        and reading["row_groups_decoded"] == GROUPS_DECODED
         and reading["rows_spilled"] > 400
     )
 

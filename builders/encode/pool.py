@@ -62,7 +62,7 @@ class Encoding(Protocol):
 
     The stream feeds them differently, as ``decodes_groups`` says: ``InProcess`` the rows it
     decoded (``submit``); a ``Pool`` row groups to decode and positions to send (``sample``,
-    ``sampled``, ``keeps``, ``keep_group``, ``ask`` and its ``count`` of workers).
+    ``sampled``, ``keep_group``, ``ask`` and its ``count`` of workers).
     """
 
     # False: the stream decodes the source and submits rows; True: the workers decode the row
@@ -167,8 +167,6 @@ class Pool:
         self.count, self.depth = workers, 2 * workers
         self.workers: list[Worker] = []
         self.source: Source | None = None
-        # the sample's row groups, each kept decoded by the worker that encoded its sample
-        self.kept: dict[int, Worker] = {}
         # each row group's worker in the pass (its place in ``workers``; -1: none)
         self.holder = np.zeros(0, dtype=np.int64)
 
@@ -233,18 +231,17 @@ class Pool:
     def finish(self) -> None:
         """Nothing: each worker's cross-checks passed before it answered."""
 
-    def sample(self, groups: list[int], rows: int) -> None:
-        """Have the workers encode the first ``rows`` rows of each of ``groups``.
+    def sample(self, rows_of: dict[int, np.ndarray]) -> None:
+        """Have the workers encode the rows ``rows_of`` each row group (places in it).
 
-        The stream's plan; handed out at once, ready or not, and taken by ``sampled``. Each worker
-        keeps the groups it decoded for the pass (``keep_group`` hands them to it again).
+        The stream's plan; handed out at once, ready or not, and taken by ``sampled``.
         """
-        for k, group in enumerate(groups):
-            first, count = self.source.group_rows(group)
+        taken = 0
+        for k, (group, rows) in enumerate(rows_of.items()):
             worker = self.workers[k % self.count]
-            taken = np.arange(min(rows, count), dtype=np.int64)
-            worker.send_group(group, (first, count), taken, k * rows + taken)
-            self.kept[group] = worker
+            positions = taken + np.arange(len(rows), dtype=np.int64)
+            worker.send_group(group, self.source.group_rows(group), rows, positions)
+            taken += len(rows)
 
     def sampled(self) -> list[EncodedConversation | RefusedConversation]:
         """The sample's conversations (``sample``), encoded, in no particular order."""
@@ -265,8 +262,7 @@ class Pool:
         It keeps them as its ``share`` of the pass says (``builders.encode.share``) until the
         stream asks for them (``ask``).
         """
-        kept = self.kept.pop(group, None)
-        worker = self._least_busy(encoded) if kept is None else self._when_room(encoded, kept)
+        worker = self._least_busy(encoded)
         worker.send_group(group, self.source.group_rows(group), rows, positions, share)
         self.holder[group] = self.workers.index(worker)
 
@@ -278,10 +274,6 @@ class Pool:
         holders = self.holder[groups]
         for k in np.unique(holders).tolist():
             self._when_room(encoded, self.workers[k]).send_wanted(positions[holders == k])
-
-    def keeps(self, group: int) -> bool:
-        """Whether a worker holds ``group`` decoded (``sample``), for its next task."""
-        return group in self.kept
 
     def wait_all(self, encoded: Encoded) -> None:
         """Take every answer still on its way."""

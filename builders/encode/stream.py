@@ -1,11 +1,11 @@
 """The source's conversations in stream order, encoded.
 
-Each row group is decoded at most once. A build consumes a prefix of the permutation whose length
+Each row group is decoded once a pass. A build consumes a prefix of the permutation whose length
 depends on the tokens, so it is known only at the end. The stream plans for it:
 
-- a sample of rows from a few row groups, encoded, gives the mean tokens per conversation, and
-  from it the *horizon*: ``HORIZON_MARGIN`` times the conversations the rows need (the whole
-  source for a build that consumes all of it);
+- a sample of rows from a few row groups (only those rows converted), encoded, gives the mean
+  tokens per conversation, and from it the *horizon*: ``HORIZON_MARGIN`` times the conversations
+  the rows need (the whole source for a build that consumes all of it);
 - one pass decodes every row group once (``READ_THREADS`` at a time) and keeps its rows whose
   stream position lies before the horizon: in memory up to ``MEMORY_ROWS_BYTES`` of decoded rows
   (half of them already encoded), the rest spilled to disk in position buckets (Arrow IPC files
@@ -107,27 +107,30 @@ class Stream:
         self.position = np.full(source.num_rows, -1, dtype=np.int64)
         self.position[order] = np.arange(len(order), dtype=np.int64)
         self.stats = StreamStats()
-        # the sample's row groups, kept for the first pass, and as they decode (``sample``)
-        self._decoded: dict[int, pa.Table] = {}
-        self._sampling: dict[int, Future] = {}
+        # the sample's rows, as they decode (``sample``)
+        self._sampling: list[Future] = []
 
     def sample(self) -> None:
         """Start the plan's sample (``plan`` takes it).
 
         It is the first ``SAMPLE_ROWS`` rows of ``SAMPLE_GROUPS`` row groups spread over the
-        source. The workers of a pool decode and encode it at once, whatever the build does
-        meanwhile; here, its groups are decoded in threads of their own (pyarrow releases the
-        GIL), all at once, and kept for the pass.
+        source; only those rows are converted (a group of tool traces converted whole took ten
+        times as long). The workers of a pool decode and encode it at once, whatever the build
+        does meanwhile; here, its groups are decoded in threads of their own (pyarrow releases the
+        GIL), all at once. The pass decodes them again, for its own rows.
         """
         groups = np.unique(
             np.linspace(0, self.source.num_groups - 1, SAMPLE_GROUPS).astype(np.int64)
         ).tolist()
         self.stats.row_groups_decoded += len(groups)
         if self.encoding.decodes_groups:
-            self.encoding.sample(groups, SAMPLE_ROWS)
+            self.encoding.sample({group: sample_rows(self.source, group) for group in groups})
             return
         readers = ThreadPoolExecutor(max_workers=len(groups), thread_name_prefix="sample")
-        self._sampling = {group: readers.submit(self.source.read_group, group) for group in groups}
+        self._sampling = [
+            readers.submit(self.source.read_group, group, sample_rows(self.source, group))
+            for group in groups
+        ]
         # the threads end with their group
         readers.shutdown(wait=False)
 
@@ -140,10 +143,8 @@ class Stream:
         if self.encoding.decodes_groups:
             sample = self.encoding.sampled()
         else:
-            self._decoded = {group: future.result() for group, future in self._sampling.items()}
-            rows = conversations(
-                pa.concat_tables([t.slice(0, SAMPLE_ROWS) for t in self._decoded.values()])
-            )
+            rows = conversations(pa.concat_tables([future.result() for future in self._sampling]))
+            self._sampling = []
             sample = [c for _, c in encode_rows(encoder, rows, range(len(rows)))]
         tokens = [len(c.ids) + 1 for c in sample if isinstance(c, EncodedConversation)]
         mean = max(1.0, sum(tokens) / max(1, len(tokens)))
@@ -223,12 +224,9 @@ class Stream:
             start, end, eager = end, min(n, 2 * end - start), end
 
     def _read(self, group: int, start: int, end: int) -> pa.Table:
-        """Group ``group``'s rows at positions [start, end) (a sample's group: all of them)."""
-        table = self._decoded.pop(group, None)
-        if table is None:
-            table = self.source.read_group(group, self._wanted(group, start, end)[0])
-            self.stats.row_groups_decoded += 1
-        return table
+        """Group ``group``'s rows at positions [start, end)."""
+        self.stats.row_groups_decoded += 1
+        return self.source.read_group(group, self._wanted(group, start, end)[0])
 
     def _wanted(self, group: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         """The places in ``group`` of its rows at positions [start, end), and the positions."""
@@ -271,7 +269,6 @@ class Stream:
             while position < eager and position in encoded:
                 yield self.encoding.take(encoded, position)
                 position += 1
-        self._decoded.clear()
         self.stats.rows_spilled += held.spilled
         yield from self._taken(encoded, position, eager)
         position = eager
@@ -300,8 +297,7 @@ class Stream:
         encoded: dict[int, EncodedConversation | RefusedConversation] = {}
         for group in groups:
             rows, positions = self._wanted(group, start, end)
-            # the sample's groups are decoded already, in the worker that sampled them
-            self.stats.row_groups_decoded += not self.encoding.keeps(group)
+            self.stats.row_groups_decoded += 1
             self.encoding.keep_group(group, rows, positions, share, encoded)
         # the workers spill every position from the memory bound on, as this process does
         self.stats.rows_spilled += max(0, end - share["memory_end"])
@@ -373,6 +369,11 @@ class Stream:
             self.encoding.submit(*_in_order(table.filter(now), positions[now]), encoded)
         if later.any():
             held.add(table.filter(later), positions[later])
+
+
+def sample_rows(source: Source, group: int) -> np.ndarray:
+    """The plan's sample's rows of ``group``: its first ``SAMPLE_ROWS``."""
+    return np.arange(min(SAMPLE_ROWS, source.group_rows(group)[1]), dtype=np.int64)
 
 
 def _in_order(table: pa.Table, positions: np.ndarray) -> tuple[pa.Table, np.ndarray]:

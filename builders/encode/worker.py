@@ -11,11 +11,11 @@ the channel:
   the engine ``--engine`` asks for, the chat format's inputs and the source's files), then tasks,
   each a JSON header and an Arrow IPC stream:
   ``{"group": G, "bounds": B, "share": S}`` and the rows of source row group G the pass wants
-  (``row`` in the group, ``position``): the worker decodes the group itself (or takes the one it
-  kept). With S, the pass's bounds (``builders.encode.share``), it keeps them: those before the
+  (``row`` in the group, ``position``): the worker decodes the group itself, converting only
+  those rows. With S, the pass's bounds (``builders.encode.share``), it keeps them: those before the
   eager bound encoded at once, the others decoded, in memory or spilled to the build's spill
-  folder; without (the plan's sample), it encodes them all, answers with them, and keeps the group
-  decoded for its next task of it. ``{"wanted": true}`` and ``position``s (ascending, all of
+  folder; without (the plan's sample), it encodes them all and answers with them.
+  ``{"wanted": true}`` and ``position``s (ascending, all of
   them its own): it sends those conversations it keeps, encoding held ones then. Closing the
   channel ends the worker.
 - worker → build: a JSON header for each message: ``ready`` once it can encode (with the
@@ -120,8 +120,8 @@ class Worker:
         ``bounds`` is its first source index and rows, which the worker's reading must match. The
         worker takes its ``rows`` (in the group) at ``positions``. With a pass's ``share`` (its
         bounds, ``builders.encode.share``) it keeps them until asked for (``send_wanted``) and
-        answers that it has; without (the plan's sample), it encodes them all, sends
-        them back, and keeps the group decoded for its next task of the same group.
+        answers that it has; without (the plan's sample), it encodes them all and sends
+        them back.
         """
         self._send_task(
             {"group": group, "bounds": list(bounds), "share": share},
@@ -303,8 +303,6 @@ class _Tasks:
         self.datasets = datasets
         # opened at the first group
         self.source: Source | None = None
-        # row groups decoded for the plan's sample, kept for the pass
-        self.kept: dict[int, pa.Table] = {}
         # what it keeps of the pass, until the build asks for it
         self.share: Share | None = None
 
@@ -313,7 +311,7 @@ class _Tasks:
         if "wanted" in header:
             return self.share.taken(table.column("position").to_numpy(), encode)
         self.source = self.source or _source(*self.datasets)
-        rows = _wanted_rows(self.source, header, table, self.kept).append_column(
+        rows = _wanted_rows(self.source, header, table).append_column(
             "position", table.column("position")
         )
         bounds = header["share"]
@@ -439,11 +437,10 @@ def _format_spec(data: dict) -> FormatSpec:
     )
 
 
-def _wanted_rows(source: Source, header: dict, wanted: pa.Table, kept: dict) -> pa.Table:
+def _wanted_rows(source: Source, header: dict, wanted: pa.Table) -> pa.Table:
     """The ``wanted`` rows of the row group a task names, decoded, in ``wanted``'s order.
 
-    Only they are decoded to the layout, unless the task keeps the group (the plan's sample) for
-    its next task of it; a kept group is taken from ``kept``.
+    Only they are converted to the layout.
     """
     number = header["group"]
     if list(source.group_rows(number)) != header["bounds"]:
@@ -451,17 +448,7 @@ def _wanted_rows(source: Source, header: dict, wanted: pa.Table, kept: dict) -> 
             f"row group {number}: the worker reads rows {source.group_rows(number)}, the build "
             f"{header['bounds']}"
         )
-    rows = wanted.column("row").to_numpy()
-    # the plan's sample's groups are kept
-    keep = header["share"] is None
-    group = kept.pop(number, None)
-    if group is None:
-        if not keep:
-            return source.read_group(number, rows)
-        group = source.read_group(number)
-    if keep:
-        kept[number] = group
-    return group.take(pa.array(rows))
+    return source.read_group(number, wanted.column("row").to_numpy())
 
 
 def encode_rows(
