@@ -713,3 +713,53 @@ def test_a_header_is_the_longest_prompt_that_occurs_at_its_first_occurrence():
         assert _first_longest(region, prompts) == (
             None if expected is None else (expected[1], expected[2])
         )
+
+
+def _byte_level_by_whole_json(tokenizer: Tokenizer) -> bool:
+    """The byte-level test on the whole tokenizer's JSON, as Vocab made it before."""
+    config = json.loads(tokenizer.to_str())
+    if any(
+        "ByteLevel" not in json.dumps(config.get(part)) for part in ("pre_tokenizer", "decoder")
+    ):
+        return False
+    regular = set(tokenizer.get_vocab(with_added_tokens=False).values())
+    from builders.formats.vocab import token_byte_lengths
+
+    return bool(regular) and bool(np.all(token_byte_lengths(tokenizer)[list(regular)] > 0))
+
+
+def _without_decoder() -> Tokenizer:
+    tokenizer = fixture_tokenizer()
+    tokenizer.decoder = None
+    return tokenizer
+
+
+def _byte_level_in_a_sequence() -> Tokenizer:
+    tokenizer = fixture_tokenizer()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    return tokenizer
+
+
+def _byte_level_split_metaspace_decoder() -> Tokenizer:
+    tokenizer = fixture_tokenizer()
+    tokenizer.decoder = decoders.Metaspace()
+    return tokenizer
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        fixture_tokenizer,
+        sentencepiece_style,
+        _without_decoder,
+        _byte_level_in_a_sequence,
+        _byte_level_split_metaspace_decoder,
+    ],
+)
+def test_byte_level_reads_the_parts_as_the_whole_json_does(make):
+    from builders.formats.vocab import Vocab
+
+    tokenizer = make()
+    assert Vocab(tokenizer).byte_level() == _byte_level_by_whole_json(tokenizer)

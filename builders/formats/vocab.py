@@ -6,7 +6,6 @@ whether the offsets are the tokens' own character spans.
 
 from __future__ import annotations
 
-import json
 import re
 
 import numpy as np
@@ -50,10 +49,10 @@ class Vocab:
         pre-tokenizer and decoder ByteLevel) whose regular tokens are all spelled in the byte-level
         alphabet.
         """
-        config = json.loads(self.tokenizer.to_str())
-        if "ByteLevel" not in json.dumps(
-            config.get("pre_tokenizer")
-        ) or "ByteLevel" not in json.dumps(config.get("decoder")):
+        parts = self.tokenizer.pre_tokenizer, self.tokenizer.decoder
+        # each part's own configuration (its pickled state, JSON): the whole tokenizer's JSON,
+        # parsed, took 0.3 s of CPU and three full passes of the garbage collector
+        if any(part is None or b"ByteLevel" not in part.__getstate__() for part in parts):
             return False
         regular = set(self.tokenizer.get_vocab(with_added_tokens=False).values())
         return bool(regular) and bool(np.all(self.token_bytes[list(regular)] > 0))
