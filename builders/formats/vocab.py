@@ -50,7 +50,7 @@ class Vocab:
         alphabet.
         """
         parts = self.tokenizer.pre_tokenizer, self.tokenizer.decoder
-        # each part's own configuration (its pickled state, JSON): the whole tokenizer's JSON,
+        # each part's own configuration (its state: its JSON); the whole tokenizer's JSON,
         # parsed, took 0.3 s of CPU and three full passes of the garbage collector
         if any(part is None or b"ByteLevel" not in part.__getstate__() for part in parts):
             return False
