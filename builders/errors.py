@@ -66,7 +66,7 @@ class VerificationError(BuildError):
 
 
 class WorkerError(BuildError):
-    """A worker process died before it returned its batch.
+    """A worker process died before it answered its task.
 
     It was killed, or ran out of memory.
     """

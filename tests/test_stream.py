@@ -318,7 +318,6 @@ def test_held_rows_come_back_a_piece_at_a_time_in_order(tmp_path):
     positions = np.random.default_rng(0).permutation(np.arange(first, 260))
     for part in np.array_split(positions, 3):
         held.add(pa.table({"twice": pa.array(2 * part)}), part)
-    assert held.spilled == 260 - memory_end
     parts = list(held.in_order())
     ranges = [(p.min(), p.max()) for _, p in parts]
     # a piece of 10 positions in memory at a time, then the buckets of 25
@@ -355,3 +354,36 @@ def test_a_full_disk_in_a_worker_s_spill_fails_the_build_clearly(laid_out, tmp_p
         build_with(laid_out, out, monkeypatch, 2, MEMORY_ROWS_BYTES=1, ENCODE_BATCH=16)
     assert OutputError.exit_code == 6
     assert not list(out.iterdir())
+
+
+def test_a_build_that_stops_before_its_eager_bound_reads_alike_with_workers(tmp_path, monkeypatch):
+    """The reading figures are the pass's plan, whatever the workers or when the rows complete.
+
+    Here the rows complete within the first few positions, long before every group decoded or
+    every spilled row written: one process counted only what it had done by then (and what its
+    threads had started), the workers what they were handed.
+    """
+    manifest_path = lay_out_build(
+        tmp_path / "hf",
+        ROWS[:300],
+        name="early",
+        row_tokens=256,
+        build_rows=3,
+        shards=3,
+        row_group_rows=1,
+    )
+    constants = {
+        "ENCODE_BATCH": 16,
+        "HORIZON_MARGIN": 20.0,
+        "MEMORY_ROWS_BYTES": 1,
+        "EAGER_SHARE": 3.0,
+    }
+    laid_out = load_manifest(manifest_path), Hub(tmp_path / "hf" / "hub", offline=True)
+    here = build_with(laid_out, tmp_path / "one", monkeypatch, 1, **constants)
+    there = build_with(laid_out, tmp_path / "three", monkeypatch, 3, **constants)
+    assert here[0] == there[0] and here[2] == there[2]
+    # the rows complete before the eager bound (at most 16 positions: half of 32 in memory)
+    assert here[2]["conversations_consumed"] < 16
+    assert here[1] == there[1]
+    # every position from the memory bound (16) to the horizon waits on disk
+    assert here[1]["rows_spilled"] == here[1]["horizon"] - 32 > 0

@@ -35,7 +35,6 @@ class Held:
         # each piece's tables and their positions, as they were added
         self.pieces: dict[int, list[tuple[pa.Table, np.ndarray]]] = {}
         self.writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
-        self.spilled = 0
 
     def add(self, table: pa.Table, positions: np.ndarray) -> None:
         near = positions < self.memory_end
@@ -58,7 +57,6 @@ class Held:
                     f"{self._path(key)}: cannot write the rows that wait on disk "
                     f"({err.strerror or err})"
                 ) from err
-            self.spilled += part.num_rows
 
     def _keep(self, table: pa.Table, positions: np.ndarray) -> None:
         """Keep rows in memory, each in its piece (a copy of them where they span pieces)."""

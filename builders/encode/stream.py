@@ -68,8 +68,10 @@ ASKED_AHEAD = 2
 @dataclass
 class StreamStats:
     passes: int = 0  # passes over the source's row groups
+    # the passes' row groups (each decoded by its pass) and the sample's
     row_groups_decoded: int = 0
-    rows_spilled: int = 0  # rows that waited on disk for their turn
+    # the passes' rows that wait on disk for their turn
+    rows_spilled: int = 0
     estimated_conversations: int = 0
     horizon: int = 0  # stream positions the first pass kept
 
@@ -225,7 +227,6 @@ class Stream:
 
     def _read(self, group: int, start: int, end: int) -> pa.Table:
         """Group ``group``'s rows at positions [start, end)."""
-        self.stats.row_groups_decoded += 1
         return self.source.read_group(group, self._wanted(group, start, end)[0])
 
     def _wanted(self, group: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
@@ -251,17 +252,22 @@ class Stream:
             2 * ENCODE_BATCH, int(MEMORY_ROWS_BYTES / max(1.0, self.source.bytes_per_row()))
         )
         eager = min(eager, end, start + in_memory // 2)
+        memory_end = eager + in_memory // 2
+        # the pass's plan, whatever the workers or the moment the rows complete: every group
+        # decoded, every position from the memory bound on waiting on disk
+        self.stats.row_groups_decoded += len(groups)
+        self.stats.rows_spilled += max(0, end - memory_end)
         if self.encoding.decodes_groups:
             share = {
                 "start": start,
                 "eager": eager,
-                "memory_end": eager + in_memory // 2,
+                "memory_end": memory_end,
                 "bucket": in_memory // 2,
                 "spill": str(spill),
             }
             yield from self._asked(groups, (start, end), share)
             return
-        held = Held(eager, eager + in_memory // 2, in_memory // 2, spill)
+        held = Held(eager, memory_end, in_memory // 2, spill)
         encoded: dict[int, EncodedConversation | RefusedConversation] = {}
         position = start
         # after each row group decoded: the prefix encoded so far
@@ -269,7 +275,6 @@ class Stream:
             while position < eager and position in encoded:
                 yield self.encoding.take(encoded, position)
                 position += 1
-        self.stats.rows_spilled += held.spilled
         yield from self._taken(encoded, position, eager)
         position = eager
         # held rows are the positions from eager to end, in order
@@ -297,10 +302,7 @@ class Stream:
         encoded: dict[int, EncodedConversation | RefusedConversation] = {}
         for group in groups:
             rows, positions = self._wanted(group, start, end)
-            self.stats.row_groups_decoded += 1
             self.encoding.keep_group(group, rows, positions, share, encoded)
-        # the workers spill every position from the memory bound on, as this process does
-        self.stats.rows_spilled += max(0, end - share["memory_end"])
         # each worker answers after its groups: asked for now, a worker done with its groups
         # sends while the others decode
         of_group = self.source.group_of(self.order[start:end])

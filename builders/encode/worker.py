@@ -213,7 +213,7 @@ class Worker:
                 if code is not None
                 else "its channel closed, but it did not exit"
             )
-        when = "while starting" if not self.started else "before returning its batch"
+        when = "while starting" if not self.started else "before answering its task"
         return WorkerError(
             f"a tokenizing worker process died {when} ({status}); {spawn.NOTHING_LEFT}"
         )
