@@ -9,6 +9,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -358,3 +359,18 @@ def write_random_rows(path: Path, rows: int, row_tokens: int = 16, seed: int = 0
                 )
             )
     return path
+
+
+def in_workers(tmp_path: Path, code: str) -> Path:
+    """A folder whose ``sitecustomize.py`` runs ``code`` in each worker process, for PYTHONPATH.
+
+    ``code`` runs as the interpreter starts, in a worker only (not in the build or other tools).
+    """
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sys\n"
+        "if any('builders.encode.worker' in a for a in sys.orig_argv):\n"
+        + textwrap.indent(code, "    ")
+    )
+    return site

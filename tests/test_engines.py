@@ -22,7 +22,15 @@ from builders.fixture.make import FIXTURE_TEMPLATE, tokenizer_json
 from builders.fixture.tokenizer import with_nfc_normalizer
 from builders.inputs.pinned import Hub
 from builders.manifest import load_manifest
-from helpers import MANIFESTS, SELF_CONTAINED, lay_out_build, manifest_names, run_cli, wait_for
+from helpers import (
+    MANIFESTS,
+    SELF_CONTAINED,
+    in_workers,
+    lay_out_build,
+    manifest_names,
+    run_cli,
+    wait_for,
+)
 from reference import reference_rows
 
 DECOMPOSED = [
@@ -205,21 +213,18 @@ def _wrong_in_workers(tmp_path, after_probes: bool) -> dict:
     An environment where it does so on every call, or only after its first (the probes, which the
     worker encodes in one call).
     """
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(
-        "import sys\n"
-        "if any('builders.encode.worker' in a for a in sys.orig_argv):\n"
-        "    import numpy as np\n"
-        "    from builders.encode import engines\n"
-        "    real, calls = engines.FastokensEngine.encode, []\n"
-        "    def wrong(self, texts):\n"
-        "        calls.append(1)\n"
-        f"        honest = {after_probes} and len(calls) == 1\n"
-        "        if honest:\n"
-        "            return real(self, texts)\n"
-        "        return [np.append(i, 0) for i in real(self, texts)]\n"
-        "    engines.FastokensEngine.encode = wrong\n"
+    site = in_workers(
+        tmp_path,
+        "import numpy as np\n"
+        "from builders.encode import engines\n"
+        "real, calls = engines.FastokensEngine.encode, []\n"
+        "def wrong(self, texts):\n"
+        "    calls.append(1)\n"
+        f"    honest = {after_probes} and len(calls) == 1\n"
+        "    if honest:\n"
+        "        return real(self, texts)\n"
+        "    return [np.append(i, 0) for i in real(self, texts)]\n"
+        "engines.FastokensEngine.encode = wrong\n",
     )
     return {"PYTHONPATH": str(site)}
 
@@ -313,26 +318,24 @@ def test_a_worker_encodes_with_tokenizers_while_fastokens_loads(tmp_path, monkey
     from builders.runtime.timings import Timings
 
     gate, spill = tmp_path / "fastokens may load", tmp_path / "spill"
-    site = tmp_path / "site"
-    site.mkdir()
     spill.mkdir()
-    (site / "sitecustomize.py").write_text(
-        "import os, sys, time\n"
-        "if any('builders.encode.worker' in a for a in sys.orig_argv):\n"
-        "    from builders.encode import engines\n"
-        "    real = engines.FastokensEngine.__init__\n"
-        "    def gated(self, text):\n"
-        f"        while not os.path.exists({str(gate)!r}):\n"
-        "            time.sleep(0.01)\n"
-        "        real(self, text)\n"
-        "    engines.FastokensEngine.__init__ = gated\n"
-        "    made = engines.Choosing.__init__\n"
-        "    def choosing(self, *args, chosen, **kwargs):\n"
-        "        def told():\n"
-        "            chosen()\n"
-        f"            open(os.path.join({str(tmp_path)!r}, 'chose-%d' % os.getpid()), 'w')\n"
-        "        made(self, *args, chosen=told, **kwargs)\n"
-        "    engines.Choosing.__init__ = choosing\n"
+    site = in_workers(
+        tmp_path,
+        "import os, time\n"
+        "from builders.encode import engines\n"
+        "real = engines.FastokensEngine.__init__\n"
+        "def gated(self, text):\n"
+        f"    while not os.path.exists({str(gate)!r}):\n"
+        "        time.sleep(0.01)\n"
+        "    real(self, text)\n"
+        "engines.FastokensEngine.__init__ = gated\n"
+        "made = engines.Choosing.__init__\n"
+        "def choosing(self, *args, chosen, **kwargs):\n"
+        "    def told():\n"
+        "        chosen()\n"
+        f"        open(os.path.join({str(tmp_path)!r}, 'chose-%d' % os.getpid()), 'w')\n"
+        "    made(self, *args, chosen=told, **kwargs)\n"
+        "engines.Choosing.__init__ = choosing\n",
     )
     monkeypatch.setenv("PYTHONPATH", str(site))
     # runs of 16, 32 positions asked of 2 workers at a time: the first run comes once positions

@@ -37,6 +37,7 @@ from helpers import (
     SELF_CONTAINED,
     cli_env,
     encoder,
+    in_workers,
     lay_out_build,
     run_cli,
     start_cli_ready,
@@ -351,18 +352,16 @@ def test_a_failed_build_ends_its_workers_before_it_removes_its_spill_folder(tmp_
     manifest = load_manifest(
         lay_out_build(hf_home, synthetic_rows(seed=5, count=200), build_rows=60, row_group_rows=5)
     )
-    site = tmp_path / "site"
-    site.mkdir()
     waiting.mkdir()
-    (site / "sitecustomize.py").write_text(
-        "import os, sys, time\n"
-        "if any('builders.encode.worker' in a for a in sys.orig_argv):\n"
-        "    import pyarrow.ipc\n"
-        "    def held_back(*args, **kwargs):\n"
-        f"        open(os.path.join({str(waiting)!r}, str(os.getpid())), 'w').close()\n"
-        "        while True:\n"
-        "            time.sleep(1)\n"
-        "    pyarrow.ipc.new_file = held_back\n"
+    site = in_workers(
+        tmp_path,
+        "import os, time\n"
+        "import pyarrow.ipc\n"
+        "def held_back(*args, **kwargs):\n"
+        f"    open(os.path.join({str(waiting)!r}, str(os.getpid())), 'w').close()\n"
+        "    while True:\n"
+        "        time.sleep(1)\n"
+        "pyarrow.ipc.new_file = held_back\n",
     )
     monkeypatch.setenv("PYTHONPATH", str(site))
     monkeypatch.setattr(stream_module, "MEMORY_ROWS_BYTES", 1)

@@ -19,7 +19,7 @@ from builders.fixture.conversations import synthetic
 from builders.inputs.pinned import Hub
 from builders.manifest import load_manifest
 from builders.rows.order import permutation
-from helpers import lay_out_build
+from helpers import in_workers, lay_out_build
 
 ROWS = [
     {"id": f"c{k}", "source": "synthetic", "messages": m} for k, m in enumerate(synthetic(21, 600))
@@ -336,15 +336,13 @@ def test_a_full_disk_in_a_worker_s_spill_fails_the_build_clearly(laid_out, tmp_p
     """A worker that cannot write its held rows: exit 6 naming the file, nothing left."""
     from builders.errors import OutputError
 
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(
-        "import errno, os, sys\n"
-        "if any('builders.encode.worker' in a for a in sys.orig_argv):\n"
-        "    import pyarrow.ipc\n"
-        "    def full(*args, **kwargs):\n"
-        "        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n"
-        "    pyarrow.ipc.new_file = full\n"
+    site = in_workers(
+        tmp_path,
+        "import errno, os\n"
+        "import pyarrow.ipc\n"
+        "def full(*args, **kwargs):\n"
+        "    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n"
+        "pyarrow.ipc.new_file = full\n",
     )
     monkeypatch.setenv("PYTHONPATH", str(site))
     out = tmp_path / "out"
