@@ -127,8 +127,7 @@ class ChatFormat(ABC):
         # transformers' import (the renderer's) waits for the first format that renders
         from builders.formats.render import check_prints_tools, check_template
 
-        check_template(spec)
-        check_prints_tools(spec)
+        check_prints_tools(spec, check_template(spec))
 
     @classmethod
     def refusal(cls, contract: Contract) -> tuple[str, str] | None:

@@ -196,29 +196,31 @@ class _ToolCopies:
         return copy
 
 
-def check_template(spec) -> None:
+def check_template(spec) -> ChatRenderer:
     """Refuse, before any work, a chat template (of ``FormatSpec`` ``spec``) that cannot compile.
 
     A syntax error, or one Jinja's parser cannot take (nested too deeply): a PinnedInputError.
+    Returns the renderer it compiled.
     """
+    renderer = ChatRenderer(spec.chat_template, spec.render_date, spec.limits.render_chars)
     try:
-        ChatRenderer(spec.chat_template, render_chars=spec.limits.render_chars).environment()
+        renderer.environment()
     except jinja2.TemplateError as err:
         raise PinnedInputError(
             f"the pinned chat template ({spec.template_source}) is not valid Jinja: {err}"
         ) from err
+    return renderer
 
 
-def check_prints_tools(spec) -> None:
+def check_prints_tools(spec, renderer: ChatRenderer) -> None:
     """Refuse a dataset with tools and a template that never prints a tool schema (exit 2).
 
-    Every chat format runs it when it is made (``ChatFormat.check_inputs``): where
-    ``spec.tools``, one probe conversation is rendered with the probe tool, whose name must occur
-    (data/ROWS.md, "Tool calls").
+    Every chat format runs it when it is made (``ChatFormat.check_inputs``), with the renderer
+    ``check_template`` compiled: where ``spec.tools``, one probe conversation is rendered with the
+    probe tool, whose name must occur (data/ROWS.md, "Tool calls").
     """
     if not spec.tools:
         return
-    renderer = ChatRenderer(spec.chat_template, spec.render_date, spec.limits.render_chars)
     variables = {**spec.special_tokens, **spec.template_vars}
     try:
         printed = prints_tools(

@@ -743,7 +743,7 @@ def check_spec(spec, tokenizer) -> None:
                     f"{name}: {token!r} is not a special token of the pinned tokenizer.json "
                     f"(the turns mask needs each to be one special token)"
                 )
-    check_template(spec)
+    renderer = check_template(spec)
     if calls_strftime_now(spec.chat_template) and spec.render_date is None:
         raise ManifestError(
             "tokenizer.render_date: the chat template calls strftime_now (it prints a date); "
@@ -756,4 +756,4 @@ def check_spec(spec, tokenizer) -> None:
                 f"the chat template tests text against {literal!r}, which the turns mask's "
                 f"placeholder markers use"
             )
-    check_prints_tools(spec)
+    check_prints_tools(spec, renderer)
