@@ -32,6 +32,7 @@ from builders.inputs.pinned import (
     Hub,
     PinnedTokenizer,
     hashed_files,
+    names_tools,
     open_source,
     resolve,
     source_files,
@@ -81,7 +82,7 @@ def build(
     """
     hub = Hub() if hub is None else hub
     reporter = Reporter.silent() if reporter is None else reporter
-    requested, workers = str(workers), worker_count(workers)
+    requested, workers = str(workers), worker_count(workers, names_tools(manifest))
     timings = Timings()
     with (
         ExitStack() as after_the_workers,

@@ -14,8 +14,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from test_tools import lay_out_tool_build
 from tokenizers import Tokenizer
+from tool_conversations import tool_conversations
 
+import real_models
 from builders import cli
 from builders.cli import main as cli_main
 from builders.encode import spawn
@@ -417,6 +420,32 @@ def test_auto_starts_the_workers_the_build_uses_and_its_rows_are_the_same(
     )
     assert (tmp_path / "auto" / "custom.parquet").read_bytes() == (
         tmp_path / "one" / "custom.parquet"
+    ).read_bytes()
+
+
+def test_auto_spreads_tool_traces_over_two_cores_and_their_rows_are_the_same(tmp_path, monkeypatch):
+    """Tool traces on two cores: ``auto`` starts none early (the manifest is not yet read),
+    then the pool starts a worker a core; the rows are those of one process."""
+    hf_home = tmp_path / "hf"
+    manifest = lay_out_tool_build(hf_home, real_models.qwen3(), "tools", tool_conversations(5, 24))
+    started, start = [], spawn.start
+
+    def counted():
+        started.append(start())
+        return started[-1]
+
+    monkeypatch.setattr(spawn, "start", counted)
+    monkeypatch.setattr(cli, "_hub", lambda args, _: Hub(hf_home / "hub", offline=True))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    args = ["--manifest", str(manifest), "-q", "--no-card", "--out"]
+    assert cli_main([*args, str(tmp_path / "auto")]) == 0
+    assert len(started) == 2
+    assert all(process.poll() is not None for process, _ in started)
+    assert cli_main([*args, str(tmp_path / "one"), "--workers", "1"]) == 0
+    report = json.loads((tmp_path / "auto" / "tools.report.json").read_text())
+    assert (report["workers"], report["workers_requested"], report["cores"]) == (2, "auto", 2)
+    assert (tmp_path / "auto" / "tools.parquet").read_bytes() == (
+        tmp_path / "one" / "tools.parquet"
     ).read_bytes()
 
 

@@ -9,7 +9,10 @@ so a worker's imports run beside the command's, and the pool takes them (``taken
 
 ``--workers auto`` (``worker_count``) is one process where the machine has at most
 ``IN_PROCESS_UP_TO`` cores (the engine's own threads use them; measured fastest there, see
-docs/performance.md), else a worker for each core the process may use.
+docs/performance.md), else a worker for each core the process may use. Tool traces are the
+exception: their renders and alignment are Python on the build's thread, so on two cores they
+get a worker a core too; the build knows it once the manifest is read, so ``early`` starts none
+for them and the pool starts its own.
 """
 
 from __future__ import annotations
@@ -45,15 +48,17 @@ Started = tuple[subprocess.Popen, Connection]
 _waiting: list[Started] = []
 
 
-def worker_count(requested: str | int) -> int:
+def worker_count(requested: str | int, tool_traces: bool = False) -> int:
     """The worker processes ``--workers`` asks for.
 
-    ``--workers`` gives a number, or ``auto`` for this machine.
+    ``--workers`` gives a number, or ``auto`` for this machine; with ``tool_traces`` (a dataset
+    names a tools field) ``auto`` spreads them over workers from two cores up.
     """
     if requested != "auto":
         return int(requested)
     cores = len(os.sched_getaffinity(0))
-    return 1 if cores <= IN_PROCESS_UP_TO else cores
+    in_process_up_to = 1 if tool_traces else IN_PROCESS_UP_TO
+    return 1 if cores <= in_process_up_to else cores
 
 
 def start() -> Started:

@@ -16,7 +16,7 @@ from pathlib import Path
 from builders.build import build_stats, packed, prepared
 from builders.encode.spawn import worker_count
 from builders.errors import SourceDataError
-from builders.inputs.pinned import Hub
+from builders.inputs.pinned import Hub, names_tools
 from builders.manifest import Manifest
 from builders.rows.figures import RowFigures
 from builders.runtime import stopping
@@ -72,7 +72,7 @@ def plan(
 
     With ``everything``, to the end of the source, refused conversations left out and listed.
     """
-    workers = worker_count(workers)
+    workers = worker_count(workers, names_tools(manifest))
     timings = Timings()
     with (
         # removed once the workers have ended and are reaped (as ``prepared`` ends): none is
