@@ -733,7 +733,8 @@ def check_spec(spec, tokenizer) -> None:
     """Refuse, before any work, inputs the turns mask cannot use.
 
     They are ``eos``/``stop`` that are not single special tokens, a template that reads the clock
-    with no ``render_date``, markers the template could see.
+    with no ``render_date``, markers the template could see; and, as under every format, a
+    template that does not compile or never prints a dataset's tools.
     """
     special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
     for name, tokens in (("tokenizer.eos", [spec.eos]), ("tokenizer.stop", list(spec.stop))):
