@@ -81,6 +81,8 @@ class ChatFormat(ABC):
     classes: int
 
     def __init__(self, spec: FormatSpec, tokenizer: Tokenizer, vocab: Vocab):
+        # every format refuses inputs it cannot use when it is made
+        self.check_inputs(spec, tokenizer)
         self.spec, self.tokenizer, self.vocab = spec, tokenizer, vocab
 
     @property
@@ -118,13 +120,14 @@ class ChatFormat(ABC):
     def check_inputs(cls, spec: FormatSpec, tokenizer: Tokenizer) -> None:
         """Refuse, before any work, inputs this format cannot use.
 
-        A refusal is a ManifestError or PinnedInputError; by default a chat template that does not
-        compile is refused.
+        A refusal is a ManifestError, PinnedInputError or UsageError; by default a chat template
+        that does not compile is refused, and, where the dataset names tools, one that never
+        prints a tool schema. The format runs it when it is made; an override runs both checks.
         """
         # transformers' import (the renderer's) waits for the first format that renders
-        from builders.formats.render import check_template
+        from builders.formats.render import check_prints_tools, check_template
 
-        check_template(spec)
+        check_prints_tools(spec, check_template(spec))
 
     @classmethod
     def refusal(cls, contract: Contract) -> tuple[str, str] | None:

@@ -17,8 +17,9 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 import jinja2
 from transformers.utils.chat_template_utils import _cached_compile_jinja_template
 
-from builders.errors import PinnedInputError
+from builders.errors import PinnedInputError, UsageError
 from builders.formats.sandbox import BoundedSandbox, TemplateFailure
+from builders.formats.tools import PROBE_NAME, prints_tools
 from builders.limits import DEFAULT_LIMITS
 
 try:
@@ -195,17 +196,48 @@ class _ToolCopies:
         return copy
 
 
-def check_template(spec) -> None:
+def check_template(spec) -> ChatRenderer:
     """Refuse, before any work, a chat template (of ``FormatSpec`` ``spec``) that cannot compile.
 
     A syntax error, or one Jinja's parser cannot take (nested too deeply): a PinnedInputError.
+    Returns the renderer it compiled.
     """
+    renderer = ChatRenderer(spec.chat_template, spec.render_date, spec.limits.render_chars)
     try:
-        ChatRenderer(spec.chat_template, render_chars=spec.limits.render_chars).environment()
+        renderer.environment()
     except jinja2.TemplateError as err:
         raise PinnedInputError(
             f"the pinned chat template ({spec.template_source}) is not valid Jinja: {err}"
         ) from err
+    return renderer
+
+
+def check_prints_tools(spec, renderer: ChatRenderer) -> None:
+    """Refuse a dataset with tools and a template that never prints a tool schema (exit 2).
+
+    Every chat format runs it when it is made (``ChatFormat.check_inputs``), with the renderer
+    ``check_template`` compiled: where ``spec.tools``, one probe conversation is rendered with the
+    probe tool, whose name must occur (data/ROWS.md, "Tool calls").
+    """
+    if not spec.tools:
+        return
+    variables = {**spec.special_tokens, **spec.template_vars}
+    try:
+        printed = prints_tools(
+            lambda messages, tools: renderer.render_all([messages], variables, tools=[tools])[0]
+        )
+    except jinja2.TemplateError as err:
+        raise UsageError(
+            f"the dataset names tools, and the chat template ({spec.template_source}) fails on "
+            f"a conversation with a tool: {err}"
+        ) from err
+    if not printed:
+        raise UsageError(
+            f"the dataset names tools, and the chat template ({spec.template_source}) never "
+            f"prints them (a probe tool's name {PROBE_NAME!r} does not occur in its render): "
+            f"under loss_mask {spec.loss_mask} the schema would never reach the model. Use a "
+            f"template that renders tools, or set dataset.tools: null to build without them"
+        )
 
 
 def _failing_as_template_errors(work, *args):

@@ -10,7 +10,8 @@ arguments}}``), its results as ``tool`` messages (data/ROWS.md, "Tool calls").
 - ``marked_calls``: a conversation whose calls' names, argument keys and string leaves are
   replaced by markers (the completeness check aligns its render with the real one);
 - the probes: ``PROBE_TOOL``, ``TOOL_PROBE`` (an answer after a tool result), and
-  ``prints_tools`` (whether a template prints a tool schema at all).
+  ``prints_tools`` (whether a template prints a tool schema at all: every format refuses a
+  dataset with tools where it does not, ``builders.formats.render.check_prints_tools``).
 """
 
 from __future__ import annotations

@@ -34,10 +34,10 @@ import numpy as np
 from jinja2 import nodes
 
 from builders.contract import Contract
-from builders.errors import ConversationError, ManifestError, PinnedInputError, UsageError
+from builders.errors import ConversationError, ManifestError, PinnedInputError
 from builders.formats import tools as tool_calls
 from builders.formats.base import Annotated, ChatFormat, located
-from builders.formats.render import ChatRenderer, check_template
+from builders.formats.render import ChatRenderer, check_prints_tools, check_template
 from builders.formats.vocab import char_spans
 from builders.messages import TEXT_FIELDS, normalize_messages, split_step_loss_mask
 
@@ -70,7 +70,6 @@ class TurnsFormat(ChatFormat):
 
     def __init__(self, spec, tokenizer, vocab):
         super().__init__(spec, tokenizer, vocab)
-        self.check_inputs(spec, tokenizer)
         self.variables = {**spec.special_tokens, **spec.template_vars}
         self.renderer = ChatRenderer(spec.chat_template, spec.render_date, spec.limits.render_chars)
         self.literals = markup_literals(spec.chat_template)
@@ -734,7 +733,8 @@ def check_spec(spec, tokenizer) -> None:
     """Refuse, before any work, inputs the turns mask cannot use.
 
     They are ``eos``/``stop`` that are not single special tokens, a template that reads the clock
-    with no ``render_date``, markers the template could see.
+    with no ``render_date``, markers the template could see; and, as under every format, a
+    template that does not compile or never prints a dataset's tools.
     """
     special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
     for name, tokens in (("tokenizer.eos", [spec.eos]), ("tokenizer.stop", list(spec.stop))):
@@ -744,7 +744,7 @@ def check_spec(spec, tokenizer) -> None:
                     f"{name}: {token!r} is not a special token of the pinned tokenizer.json "
                     f"(the turns mask needs each to be one special token)"
                 )
-    check_template(spec)
+    renderer = check_template(spec)
     if calls_strftime_now(spec.chat_template) and spec.render_date is None:
         raise ManifestError(
             "tokenizer.render_date: the chat template calls strftime_now (it prints a date); "
@@ -757,27 +757,4 @@ def check_spec(spec, tokenizer) -> None:
                 f"the chat template tests text against {literal!r}, which the turns mask's "
                 f"placeholder markers use"
             )
-    if spec.tools:
-        check_prints_tools(spec)
-
-
-def check_prints_tools(spec) -> None:
-    """Refuse a dataset with tools and a template that never prints a tool schema (exit 2)."""
-    renderer = ChatRenderer(spec.chat_template, spec.render_date, spec.limits.render_chars)
-    variables = {**spec.special_tokens, **spec.template_vars}
-    try:
-        printed = tool_calls.prints_tools(
-            lambda messages, tools: renderer.render_all([messages], variables, tools=[tools])[0]
-        )
-    except jinja2.TemplateError as err:
-        raise UsageError(
-            f"the dataset names tools, and the chat template ({spec.template_source}) fails on "
-            f"a conversation with a tool: {err}"
-        ) from err
-    if not printed:
-        raise UsageError(
-            f"the dataset names tools, and the chat template ({spec.template_source}) never "
-            f"prints them (a probe tool's name {tool_calls.PROBE_NAME!r} does not occur in its "
-            f"render): the schema would never reach the model. Use a template that renders "
-            f"tools, or set dataset.tools: null to build without them"
-        )
+    check_prints_tools(spec, renderer)
