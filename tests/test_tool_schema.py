@@ -114,6 +114,23 @@ def test_a_template_that_never_prints_tools_is_refused_when_the_format_is_made(l
     assert "dataset.tools: null" in message
 
 
+def test_a_template_that_fails_on_tools_is_refused_naming_its_error():
+    # Qwen3's template, made to raise where it is given tools
+    model = printing_model("miles-qwen3")
+    template = "{%- if tools %}{{ raise_exception('no tools here') }}{%- endif %}"
+    files = {
+        **model.files,
+        "chat_template.jinja": template.encode() + model.files["chat_template.jinja"],
+    }
+    failing = real_models.Model("raising", files, model.fields)
+    with pytest.raises(UsageError) as refused:
+        encoder(failing, "miles-qwen3", tools=True)
+    message = str(refused.value)
+    assert "(chat_template.jinja) fails on a conversation with a tool" in message
+    assert "no tools here" in message
+    assert encoder(failing, "miles-qwen3", tools=False).encode(rows([(SAMPLE, None)]))
+
+
 @pytest.mark.parametrize("loss_mask", [m for m in RENDERING if m != "glm5"])
 def test_without_the_tools_field_the_same_template_is_made_and_encodes(loss_mask):
     # the refusal is the tools': without them (dataset.tools: null) the format is made and encodes

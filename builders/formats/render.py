@@ -9,6 +9,7 @@ tools (None: no tools). The sandbox is bounded by the manifest's ``limits.render
 
 from __future__ import annotations
 
+import functools
 import os
 from datetime import datetime
 
@@ -202,13 +203,22 @@ def check_template(spec) -> ChatRenderer:
     A syntax error, or one Jinja's parser cannot take (nested too deeply): a PinnedInputError.
     Returns the renderer it compiled.
     """
-    renderer = ChatRenderer(spec.chat_template, spec.render_date, spec.limits.render_chars)
     try:
-        renderer.environment()
+        return _compiled(spec.chat_template, spec.render_date, spec.limits.render_chars)
     except jinja2.TemplateError as err:
         raise PinnedInputError(
             f"the pinned chat template ({spec.template_source}) is not valid Jinja: {err}"
         ) from err
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled(chat_template: str, render_date: str | None, render_chars: int) -> ChatRenderer:
+    """A renderer of ``chat_template`` compiled for the checks, once per process.
+
+    The command checks its inputs, then makes its chat format, which checks them again.
+    """
+    renderer = ChatRenderer(chat_template, render_date, render_chars)
+    renderer.environment()
     return renderer
 
 
@@ -236,7 +246,8 @@ def check_prints_tools(spec, renderer: ChatRenderer) -> None:
             f"the dataset names tools, and the chat template ({spec.template_source}) never "
             f"prints them (a probe tool's name {PROBE_NAME!r} does not occur in its render): "
             f"under loss_mask {spec.loss_mask} the schema would never reach the model. Use a "
-            f"template that renders tools, or set dataset.tools: null to build without them"
+            "template that renders tools, or set dataset.tools: null (datasets[j].tools: null "
+            "in a mixture) to build without them"
         )
 
 
