@@ -347,7 +347,8 @@ def _workers_option(p) -> None:
         metavar="N|auto",
         help="processes that decode, render and tokenize (default auto: one per core the build may "
         "use, or this process alone, whose tokenizer uses every core, on 2 cores or fewer, where "
-        "that measured fastest: see docs/performance.md); the rows are the same for any number",
+        "that measured fastest, except for a dataset that names a tools field: a worker a core "
+        "from 2 cores up; see docs/performance.md); the rows are the same for any number",
     )
 
 

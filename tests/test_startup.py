@@ -423,9 +423,21 @@ def test_auto_starts_the_workers_the_build_uses_and_its_rows_are_the_same(
     ).read_bytes()
 
 
+@pytest.mark.parametrize(
+    "cores, tool_traces, workers",
+    [(1, False, 1), (1, True, 1), (2, False, 1), (2, True, 2), (3, False, 3), (3, True, 3)],
+)
+def test_auto_is_this_process_on_one_core_and_on_two_without_tools(
+    monkeypatch, cores, tool_traces, workers
+):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    assert spawn.worker_count("auto", tool_traces) == workers
+    assert spawn.worker_count(5, tool_traces) == 5
+
+
 def test_auto_spreads_tool_traces_over_two_cores_and_their_rows_are_the_same(tmp_path, monkeypatch):
-    """Tool traces on two cores: ``auto`` starts none early (the manifest is not yet read),
-    then the pool starts a worker a core; the rows are those of one process."""
+    """Tool traces on two cores: ``auto`` gives a worker a core (started by the pool once the
+    manifest is read); the rows are those of one process."""
     hf_home = tmp_path / "hf"
     manifest = lay_out_tool_build(hf_home, real_models.qwen3(), "tools", tool_conversations(5, 24))
     started, start = [], spawn.start

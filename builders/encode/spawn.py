@@ -89,7 +89,8 @@ def start() -> Started:
 def early(requested: str | int) -> Iterator[list[Started]]:
     """Start the workers ``--workers`` asks for now; a pool entered in the block takes them.
 
-    It gives them (none where the build encodes in this process, or the system refuses one). All,
+    It gives them (none where the build encodes in this process, where only the manifest can say
+    whether it does, on ``IN_PROCESS_UP_TO`` cores or fewer, or where the system refuses one). All,
     taken or not, are ended and reaped as the block ends, on any way out; a stop (SIGINT, SIGTERM)
     waits while one starts or while they are reaped, so none is left running.
     """
