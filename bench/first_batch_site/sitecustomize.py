@@ -64,8 +64,14 @@ def patch_connection(module) -> None:
         key = header_key(data)
         if key in ("tokenizer", "contract", "group", "ready", "engine", "batch"):
             header = json.loads(bytes(data)) if key in ("batch", "group") else {}
-            # a group's detail: whether it is the plan's sample (``keep``, where the header has it)
-            detail = header["batch"] if key == "batch" else header.get("keep")
+            # a group's detail: whether it is the plan's sample (before 291c2a8 ``keep`` said so;
+            # since, the sample's groups are those sent with no pass ``share``)
+            if key == "batch":
+                detail = header["batch"]
+            elif "keep" in header:
+                detail = header["keep"]
+            else:
+                detail = "share" in header and header["share"] is None
             event(f"sent {key}", detail)
         return send(self, data, *args, **kwargs)
 
