@@ -458,6 +458,15 @@ def glm_hf_tokenizer(tmp_path_factory):
     return PreTrainedTokenizerFast(tokenizer_file=str(path), chat_template=template), path, template
 
 
+def test_a_template_that_does_not_compile_is_a_value_error(glm_hf_tokenizer):
+    from builders.training.live_mask import glm5_loss_mask
+
+    _, path, template = glm_hf_tokenizer
+    broken = PreTrainedTokenizerFast(tokenizer_file=str(path), chat_template=template + "{% if %}")
+    with pytest.raises(ValueError, match=r"glm5 loss mask: the pinned chat template .* not valid"):
+        glm5_loss_mask(broken, [{"role": "user", "content": "hi"}])
+
+
 def test_step_loss_mask_unsupervises_an_answer_and_its_stop_token(glm_hf_tokenizer):
     """miles' per-message step_loss_mask, against the reference.
 

@@ -17,7 +17,7 @@ from functools import lru_cache
 from tokenizers import Tokenizer
 
 from builders.encode.encoder import ConversationEncoder
-from builders.errors import SourceDataError
+from builders.errors import BuildError, SourceDataError
 from builders.formats import glm5_spec
 from builders.rows.packing import with_eos
 
@@ -58,4 +58,8 @@ def _encoder(tokenizer) -> ConversationEncoder:
         )
     # a copy: the encoder owns its tokenizer
     backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
-    return ConversationEncoder(backend, glm5_spec(template))
+    try:
+        return ConversationEncoder(backend, glm5_spec(template))
+    except BuildError as err:
+        # the format refuses a template that does not compile when it is made
+        raise ValueError(f"glm5 loss mask: {err}") from err
