@@ -29,7 +29,6 @@ from helpers import (
     lay_out_build,
     manifest_names,
     run_cli,
-    wait_for,
 )
 from reference import reference_rows
 
@@ -302,14 +301,17 @@ def test_workers_choose_the_engine_by_its_probes(fixture_cache, built, tmp_path)
     ).parquet.read_bytes()
 
 
-def test_a_worker_encodes_with_tokenizers_while_fastokens_loads(tmp_path, monkeypatch):
-    """A pool's workers encode with the reference until fastokens has loaded, then with it.
+def test_a_worker_encodes_its_sample_while_fastokens_loads_and_its_rows_with_fastokens(
+    tmp_path, monkeypatch
+):
+    """A pool's workers encode the plan's sample with the reference while fastokens loads.
 
-    Their fastokens load waits for a file the test makes once the plan's sample and the stream's
-    first run are back, encoded by the reference; the test then waits until each worker has
-    chosen before it asks for the rest of the stream (held rows, encoded when asked for: by
-    fastokens). Every conversation is what this process encodes with the guarded engine from the
-    start: the same tokens, masks and cross-checked samples.
+    The stream's rows are kept decoded, and encoded when asked for with the engine chosen: the
+    reference costs many times fastokens' CPU. Their fastokens load waits for a file the test
+    makes once every row group of the pass is kept, just before the first rows are asked for (no
+    worker has chosen then); a worker that encodes with the reference as it keeps a group, or
+    after that file exists, leaves a mark. Every conversation is what this process encodes with
+    the guarded engine from the start: the same tokens, masks and cross-checked samples.
     """
     from builders.build import prepared
     from builders.encode import stream
@@ -329,50 +331,59 @@ def test_a_worker_encodes_with_tokenizers_while_fastokens_loads(tmp_path, monkey
         "        time.sleep(0.01)\n"
         "    real(self, text)\n"
         "engines.FastokensEngine.__init__ = gated\n"
-        "made = engines.Choosing.__init__\n"
-        "def choosing(self, *args, chosen, **kwargs):\n"
-        "    def told():\n"
-        "        chosen()\n"
-        f"        open(os.path.join({str(tmp_path)!r}, 'chose-%d' % os.getpid()), 'w')\n"
-        "    made(self, *args, chosen=told, **kwargs)\n"
-        "engines.Choosing.__init__ = choosing\n",
+        "from builders.encode import share\n"
+        "keeping, keep = [], share.Share.add\n"
+        "def kept(self, *args):\n"
+        "    keeping.append(1)\n"
+        "    try:\n"
+        "        return keep(self, *args)\n"
+        "    finally:\n"
+        "        keeping.pop()\n"
+        "share.Share.add = kept\n"
+        "provisional = engines.Provisional.encode\n"
+        "def marked(self, texts):\n"
+        f"    if keeping or os.path.exists({str(gate)!r}):\n"
+        f"        open(os.path.join({str(tmp_path)!r}, 'late-%d' % os.getpid()), 'w')\n"
+        "    return provisional(self, texts)\n"
+        "engines.Provisional.encode = marked\n",
     )
     monkeypatch.setenv("PYTHONPATH", str(site))
-    # runs of 16, 32 positions asked of 2 workers at a time: the first run comes once positions
-    # up to 96 are asked for, of 213 (with the hard cases); those from 63 on are held until asked
     monkeypatch.setattr(stream, "ENCODE_BATCH", 16)
-    monkeypatch.setattr(stream, "EAGER_SHARE", 0.3)
     rows = synthetic_rows(seed=3, count=200)
     # seed 11: a sample to cross-check (a source index that is a multiple of 64) in the first run
     manifest = load_manifest(lay_out_build(tmp_path / "hf", rows, seed=11, row_group_rows=10))
     hub = Hub(tmp_path / "hf" / "hub", offline=True)
 
-    def encoded(workers: int, after_the_first_run=None) -> tuple[list, str]:
+    def encoded(workers: int, after_the_plan=None) -> tuple[list, str]:
         with prepared(
             manifest, hub, Reporter.silent(), workers, "auto", Timings(), whole_source=True
         ) as inputs:
             inputs.stream.spill_into(spill)
-            runs = iter(inputs.stream)
-            out = next(runs)
-            if after_the_first_run is not None:
-                after_the_first_run(inputs.encoding)
-            out += [c for run in runs for c in run]
+            if after_the_plan is not None:
+                after_the_plan(inputs.encoding)
+            out = [c for run in inputs.stream for c in run]
             return out, inputs.encoding.settle().name
 
-    def chosen_after_the_first_run(pool):
-        assert [(w.started, w.choice) for w in pool.workers] == [(True, None)] * 2
-        assert not list(tmp_path.glob("chose-*"))
-        gate.touch()
-        assert wait_for(lambda: len(list(tmp_path.glob("chose-*"))) == 2)
+    def none_chose_yet(pool):
+        asked = pool.ask
+
+        def ask(positions, groups, encoded):
+            if not gate.exists():
+                # every row group kept, none chosen: fastokens may load now
+                pool.wait_all(encoded)
+                assert [(w.started, w.choice) for w in pool.workers] == [(True, None)] * 2
+                gate.touch()
+            asked(positions, groups, encoded)
+
+        pool.ask = ask
 
     here, here_engine = encoded(1)
-    there, there_engine = encoded(2, chosen_after_the_first_run)
+    there, there_engine = encoded(2, none_chose_yet)
     assert here_engine == there_engine == "fastokens"
+    assert not list(tmp_path.glob("late-*"))
     assert len(there) == len(here) == len(rows)
     assert [c.cross_checked for c in there] == [c.cross_checked for c in here]
-    # of the first run's, encoded by the reference in the workers; and of the rest
-    assert sum(c.cross_checked for c in here[:16]) >= 1
-    assert sum(c.cross_checked for c in here[96:]) >= 1
+    assert sum(c.cross_checked for c in here) >= 1
     for mine, theirs in zip(here, there, strict=True):
         assert theirs.index == mine.index
         assert np.array_equal(mine.ids, theirs.ids) and np.array_equal(mine.mask, theirs.mask)

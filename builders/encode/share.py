@@ -1,14 +1,15 @@
 """A worker's share of a pass: what it keeps of its row groups until the build asks for it.
 
-A pool's worker decodes the row groups the build hands it (``builders.encode.worker``). Of each
-group's rows in the pass, it encodes those before the pass's eager bound at once and keeps them
-encoded; it keeps the later ones (the held rows) decoded, in memory before the pass's memory bound
-and on disk after it (``builders.encode.held``, files named after the worker's process and the
-pass in the build's spill folder). The build then asks each worker for its positions of each
-stretch of the stream, in stream order (``taken``): the encoded ones are handed over, the held
-ones encoded then. The bounds are the stream's, over all workers together: the positions before
-the eager bound, and those between it and the memory bound, are each at most half of
-``MEMORY_ROWS_BYTES``'s rows, however they are spread over the workers.
+A pool's worker decodes the row groups the build hands it (``builders.encode.worker``) and keeps
+each group's rows of the pass decoded (``builders.encode.held``): in memory before the pass's
+memory bound, on disk after it (files named after the worker's process and the pass in the
+build's spill folder). The build then asks each worker for its positions of each stretch of the
+stream, in stream order (``taken``), and the worker encodes them then, with the engine it chose.
+So the pass's decoding, which must end before the first stretch is complete (a stretch's rows
+lie in nearly every row group), is not held up by encoding, and the encoding runs while the build
+packs and writes what came before. The bounds are the stream's, over all workers together: the
+rows before the memory bound are at most ``MEMORY_ROWS_BYTES``'s, however they are spread over
+the workers.
 """
 
 from __future__ import annotations
@@ -30,10 +31,9 @@ class Share:
     """A worker's rows of one pass (``bounds``, as the build sends them), until asked for."""
 
     def __init__(self, bounds: dict):
-        self.start, self.eager = bounds["start"], bounds["eager"]
-        self.encoded: dict[int, object] = {}
+        self.start = bounds["start"]
         self.held = Held(
-            self.eager,
+            self.start,
             bounds["memory_end"],
             bounds["bucket"],
             Path(bounds["spill"]),
@@ -44,37 +44,19 @@ class Share:
         # the part being taken: its rows, their positions in order, and where each lies
         self._part: tuple[pa.Table, np.ndarray, np.ndarray] | None = None
 
-    def add(self, rows: pa.Table, encode: Encode) -> None:
-        """Keep a row group's ``rows`` of the pass (with their ``position``).
-
-        Those before the eager bound are encoded now, in stream order; the others are held.
-        """
-        positions = rows.column("position").to_numpy()
-        now = np.flatnonzero(positions < self.eager)
-        now = now[np.argsort(positions[now], kind="stable")]
-        if len(now):
-            self.encoded.update(encode(rows.take(pa.array(now))))
-        later = positions >= self.eager
-        if later.any():
-            self.held.add(rows.filter(pa.array(later)).drop_columns(["position"]), positions[later])
+    def add(self, rows: pa.Table) -> None:
+        """Keep a row group's ``rows`` of the pass (with their ``position``), decoded."""
+        self.held.add(rows.drop_columns(["position"]), rows.column("position").to_numpy())
 
     def taken(self, positions: np.ndarray, encode: Encode) -> list[tuple[int, object]]:
-        """The conversations at ``positions`` (ascending, each asked for once), given up.
-
-        Encoded ones as they were kept; held ones encoded now.
-        """
-        early = positions < self.eager
-        try:
-            out = [(p, self.encoded.pop(p)) for p in positions[early].tolist()]
-        except KeyError as err:
-            raise RuntimeError(f"stream position {err} was not kept by this worker") from None
-        later = positions[~early]
-        while len(later):
+        """The conversations at ``positions`` (ascending, each asked for once), encoded now."""
+        out = []
+        while len(positions):
             table, ordered, rows = self._current()
             # the positions asked for in this part, a prefix of those asked for
-            inside = later[later <= ordered[-1]]
+            inside = positions[positions <= ordered[-1]]
             if not len(inside):
-                raise RuntimeError(f"stream position {later[0]} was not held by this worker")
+                raise RuntimeError(f"stream position {positions[0]} was not held by this worker")
             places = np.searchsorted(ordered, inside)
             if not np.array_equal(ordered[places], inside):
                 raise RuntimeError(
@@ -88,7 +70,7 @@ class Share:
             if inside[-1] == ordered[-1]:
                 # done with
                 self._part = None
-            later = later[len(inside) :]
+            positions = positions[len(inside) :]
         return out
 
     def _current(self) -> tuple[pa.Table, np.ndarray, np.ndarray]:

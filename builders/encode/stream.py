@@ -11,13 +11,15 @@ depends on the tokens, so it is known only at the end. The stream plans for it:
   (half of them already encoded), the rest spilled to disk in position buckets (Arrow IPC files
   in the build's spill folder, ``OUT/.NAME.PID.spill``, beside its outputs) and read back in
   order;
-- the conversations surely consumed (before ``EAGER_SHARE`` of the estimate) are encoded as soon
-  as their row group is decoded, in whatever order, while the other groups decode; the rest are
-  encoded in stream order, in batches, only as far as the rows need;
-- with workers, each decodes its own row groups and keeps its rows of the pass, encoded or held
+- in this process, the conversations surely consumed (before ``EAGER_SHARE`` of the estimate)
+  are encoded as soon as their row group is decoded, in whatever order, while the other groups
+  decode (the engine's threads encode beside the reading); the rest are encoded in stream order,
+  in batches, only as far as the rows need;
+- with workers, each decodes its own row groups and keeps its rows of the pass decoded
   (``builders.encode.share``); the stream then asks the workers for them in stream order, a
-  stretch at a time, ``ASKED_AHEAD`` stretches ahead, so this process holds only what is in
-  flight (the same bounds, over all workers together);
+  stretch at a time, ``ASKED_AHEAD`` stretches ahead, and each encodes what it is asked for
+  while this process packs and writes the stretches before: this process holds only what is in
+  flight (the same memory bound, over all workers together);
 - a build that outruns the horizon (the estimate was short) makes another pass for the next
   stretch of the permutation, decoding the groups again; the report counts the passes.
 
@@ -246,8 +248,8 @@ class Stream:
         self.stats.passes += 1
         wanted = self.order[start:end]
         groups = np.unique(self.source.group_of(wanted)).tolist()
-        # rows in memory at once: half encoded early, half waiting as Arrow data;
-        # the rest waits on disk
+        # rows in memory at once (here, half encoded early, half waiting as Arrow data; in the
+        # workers, all waiting as Arrow data); the rest waits on disk
         in_memory = max(
             2 * ENCODE_BATCH, int(MEMORY_ROWS_BYTES / max(1.0, self.source.bytes_per_row()))
         )
@@ -260,7 +262,6 @@ class Stream:
         if self.encoding.decodes_groups:
             share = {
                 "start": start,
-                "eager": eager,
                 "memory_end": memory_end,
                 "bucket": in_memory // 2,
                 "spill": str(spill),

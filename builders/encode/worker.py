@@ -12,15 +12,14 @@ the channel:
   each a JSON header and an Arrow IPC stream:
   ``{"group": G, "bounds": B, "share": S}`` and the rows of source row group G the pass wants
   (``row`` in the group, ``position``): the worker decodes the group itself, converting only
-  those rows. With S, the pass's bounds (``builders.encode.share``), it keeps them: those before the
-  eager bound encoded at once, the others decoded, in memory or spilled to the build's spill
-  folder; without (the plan's sample), it encodes them all and answers with them.
-  ``{"wanted": true}`` and ``position``s (ascending, all of
-  them its own): it sends those conversations it keeps, encoding held ones then. Closing the
-  channel ends the worker.
+  those rows. With S, the pass's bounds (``builders.encode.share``), it keeps them decoded, in
+  memory or spilled to the build's spill folder; without (the plan's sample), it encodes them
+  all and answers with them. ``{"wanted": true}`` and ``position``s (ascending, all of them its
+  own): it encodes those conversations it keeps and sends them, with the engine asked for (it
+  waits for the engine's choice if need be). Closing the channel ends the worker.
 - worker → build: a JSON header for each message: ``ready`` once it can encode (with the
-  reference engine, while the engine asked for loads beside it from its first answer on:
-  ``engines.Choosing``); ``engine``
+  reference engine, the plan's sample, while the engine asked for loads beside it from its first
+  answer on: ``engines.Choosing``); ``engine``
   once it has chosen (``builders.encode.engines.choose``: the same probes in every worker), and
   encodes with that from then on; for a group it keeps, ``kept``; for the sample's groups and
   the positions wanted, ``batch`` (with the conversations the contract cannot encode, by position
@@ -272,7 +271,11 @@ def serve(fd: int) -> None:
         while (task := _next_task(tasks, choosing)) is not None:
             header, body = task
             try:
-                if choosing is not None and choosing.done():
+                # the build's rows are encoded with the engine chosen: the reference costs
+                # many times the fast engine's CPU (docs/performance.md)
+                wanted = header is not None and "wanted" in header
+                if choosing is not None and (choosing.done() or wanted):
+                    choosing.start()
                     choice, choosing = choosing.result(), None
                     encoder = encoder.with_engine(choice.engine)
                     channel.send_bytes(json.dumps({"engine": choice.as_dict()}).encode("utf-8"))
@@ -319,7 +322,7 @@ class _Tasks:
             return encode(rows)
         if self.share is None or self.share.start != bounds["start"]:
             self.share = Share(bounds)
-        self.share.add(rows, encode)
+        self.share.add(rows)
         return {"kept": True}
 
 
