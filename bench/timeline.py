@@ -7,7 +7,7 @@ in.
 
     py-spy record --idle --threads --subprocesses --nonblocking -r 100 -f speedscope \\
         -o build.speedscope.json -- python3 data/generate_fixed_sft.py --manifest M --out O -q
-    python3 bench/timeline.py build.speedscope.json --slice 0.2
+    python3 bench/timeline.py build.speedscope.json --slice 0.25
 
 speedscope gives each thread's samples in order, not when the thread started: a thread is drawn
 ending when its process ends, and a worker's process ending ``--worker-end`` seconds before the

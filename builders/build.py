@@ -455,12 +455,6 @@ def _report(
         "workers": workers[1],
         "workers_requested": workers[0],
         "cores": len(os.sched_getaffinity(0)),
-        # with tokenizers chosen, nothing was compared (engines.Provisional sampled some before)
-        "engine": {
-            **chosen.as_dict(),
-            "conversations_cross_checked": stats.cross_checked
-            if chosen.name != "tokenizers"
-            else 0,
-        },
+        "engine": {**chosen.as_dict(), "conversations_cross_checked": stats.cross_checked},
         "argv": sys.argv,
     }

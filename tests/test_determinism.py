@@ -62,7 +62,7 @@ def test_build_bytes_do_not_depend_on_the_process(workers, env, fixture_cache, b
     )
     assert done.returncode == 0, done.stderr
     assert (out / f"{SELF_CONTAINED}.parquet").read_bytes() == reference
-    # workers encode with tokenizers until fastokens has loaded: the count is the same either way
+    # workers encode the plan's sample with tokenizers while fastokens loads: the same count
     engine = json.loads((out / f"{SELF_CONTAINED}.report.json").read_text())["engine"]
     in_process = json.loads(built(SELF_CONTAINED).report.read_text())["engine"]
     assert engine["name"] == in_process["name"] == "fastokens"

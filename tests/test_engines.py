@@ -323,15 +323,21 @@ def test_a_worker_encodes_its_sample_while_fastokens_loads_and_its_rows_with_fas
     spill.mkdir()
     site = in_workers(
         tmp_path,
-        "import os, time\n"
-        "from builders.encode import engines\n"
+        "import os, threading, time\n"
+        "from builders.encode import engines, share\n"
+        "def mark(why):\n"
+        f"    open(os.path.join({str(tmp_path)!r}, why + '-%d' % os.getpid()), 'w')\n"
         "real = engines.FastokensEngine.__init__\n"
         "def gated(self, text):\n"
+        "    # a worker that waits for its engine to keep a group would wait for ever\n"
+        "    deadline = time.monotonic() + 120\n"
         f"    while not os.path.exists({str(gate)!r}):\n"
+        "        if time.monotonic() > deadline:\n"
+        "            mark('gate-never-opened')\n"
+        "            break\n"
         "        time.sleep(0.01)\n"
         "    real(self, text)\n"
         "engines.FastokensEngine.__init__ = gated\n"
-        "from builders.encode import share\n"
         "keeping, keep = [], share.Share.add\n"
         "def kept(self, *args):\n"
         "    keeping.append(1)\n"
@@ -340,17 +346,20 @@ def test_a_worker_encodes_its_sample_while_fastokens_loads_and_its_rows_with_fas
         "    finally:\n"
         "        keeping.pop()\n"
         "share.Share.add = kept\n"
-        "provisional = engines.Provisional.encode\n"
+        "reference = engines.TokenizersEngine.encode\n"
         "def marked(self, texts):\n"
-        f"    if keeping or os.path.exists({str(gate)!r}):\n"
-        f"        open(os.path.join({str(tmp_path)!r}, 'late-%d' % os.getpid()), 'w')\n"
-        "    return provisional(self, texts)\n"
-        "engines.Provisional.encode = marked\n",
+        "    # the worker's own encoding (the cross-check and the probes have threads of theirs)\n"
+        "    if threading.current_thread() is threading.main_thread() and (\n"
+        f"        keeping or os.path.exists({str(gate)!r})\n"
+        "    ):\n"
+        "        mark('late')\n"
+        "    return reference(self, texts)\n"
+        "engines.TokenizersEngine.encode = marked\n",
     )
     monkeypatch.setenv("PYTHONPATH", str(site))
     monkeypatch.setattr(stream, "ENCODE_BATCH", 16)
     rows = synthetic_rows(seed=3, count=200)
-    # seed 11: a sample to cross-check (a source index that is a multiple of 64) in the first run
+    # seed 11: conversations to cross-check (source indices that are multiples of 64)
     manifest = load_manifest(lay_out_build(tmp_path / "hf", rows, seed=11, row_group_rows=10))
     hub = Hub(tmp_path / "hf" / "hub", offline=True)
 
@@ -380,7 +389,7 @@ def test_a_worker_encodes_its_sample_while_fastokens_loads_and_its_rows_with_fas
     here, here_engine = encoded(1)
     there, there_engine = encoded(2, none_chose_yet)
     assert here_engine == there_engine == "fastokens"
-    assert not list(tmp_path.glob("late-*"))
+    assert not list(tmp_path.glob("late-*")) + list(tmp_path.glob("gate-never-opened-*"))
     assert len(there) == len(here) == len(rows)
     assert [c.cross_checked for c in there] == [c.cross_checked for c in here]
     assert sum(c.cross_checked for c in here) >= 1

@@ -177,21 +177,6 @@ class Guarded(Engine):
                 )
 
 
-class Provisional(TokenizersEngine):
-    """The reference, encoding while a guarded engine is chosen beside it (``Choosing``).
-
-    It samples the conversations the guard would (``sampled``), so the count of those cross-checked
-    does not depend on when the guarded engine took over: a sampled conversation it encodes holds
-    the reference's own tokens, with nothing to compare. Where the choice falls back to tokenizers,
-    the build counts none.
-    """
-
-    def cross_check(
-        self, texts: list[str], ids: list[np.ndarray], indices: list[int]
-    ) -> list[bool]:
-        return sampled(ids, indices)
-
-
 def sampled(ids: list[np.ndarray], indices: list[int]) -> list[bool]:
     """Which encoded conversations a guard cross-checks.
 
@@ -271,11 +256,11 @@ def choose(requested: str, tokenizer: Tokenizer, tokenizer_json: str, chat_templ
 
 
 class Choosing:
-    """The engine of a worker, chosen (``choose``) in a thread while it encodes.
+    """The engine of a worker, chosen (``choose``) in a thread while it starts encoding.
 
-    Until then it encodes with ``provisional``: the reference, which gives the same rows. The
-    thread (from ``start``) loads the fast engine and runs its probes; ``chosen()`` is called when
-    it is done.
+    Until then it encodes the plan's sample with ``provisional``: the reference, which gives the
+    same tokens (only their lengths count there). The thread (from ``start``) loads the fast
+    engine and runs its probes; ``chosen()`` is called when it is done.
     """
 
     def __init__(
@@ -286,9 +271,7 @@ class Choosing:
         chat_template: str,
         chosen: Callable[[], None],
     ):
-        self.provisional = (
-            TokenizersEngine(tokenizer) if requested == "tokenizers" else Provisional(tokenizer)
-        )
+        self.provisional = TokenizersEngine(tokenizer)
         self._arguments = requested, tokenizer, tokenizer_json, chat_template
         self._chosen = chosen
         self._choice: Future | None = None

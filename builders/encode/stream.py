@@ -8,9 +8,9 @@ depends on the tokens, so it is known only at the end. The stream plans for it:
   the rows need (the whole source for a build that consumes all of it);
 - one pass decodes every row group once (``READ_THREADS`` at a time) and keeps its rows whose
   stream position lies before the horizon: in memory up to ``MEMORY_ROWS_BYTES`` of decoded rows
-  (half of them already encoded), the rest spilled to disk in position buckets (Arrow IPC files
-  in the build's spill folder, ``OUT/.NAME.PID.spill``, beside its outputs) and read back in
-  order;
+  (in this process, half of them already encoded), the rest spilled to disk in position buckets
+  (Arrow IPC files in the build's spill folder, ``OUT/.NAME.PID.spill``, beside its outputs) and
+  read back in order;
 - in this process, the conversations surely consumed (before ``EAGER_SHARE`` of the estimate)
   are encoded as soon as their row group is decoded, in whatever order, while the other groups
   decode (the engine's threads encode beside the reading); the rest are encoded in stream order,
@@ -254,6 +254,7 @@ class Stream:
             2 * ENCODE_BATCH, int(MEMORY_ROWS_BYTES / max(1.0, self.source.bytes_per_row()))
         )
         eager = min(eager, end, start + in_memory // 2)
+        # the same bound with workers (where nothing is eager), so the reading's figures are too
         memory_end = eager + in_memory // 2
         # the pass's plan, whatever the workers or the moment the rows complete: every group
         # decoded, every position from the memory bound on waiting on disk

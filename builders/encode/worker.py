@@ -15,8 +15,8 @@ the channel:
   those rows. With S, the pass's bounds (``builders.encode.share``), it keeps them decoded, in
   memory or spilled to the build's spill folder; without (the plan's sample), it encodes them
   all and answers with them. ``{"wanted": true}`` and ``position``s (ascending, all of them its
-  own): it encodes those conversations it keeps and sends them, with the engine asked for (it
-  waits for the engine's choice if need be). Closing the channel ends the worker.
+  own): it encodes those conversations it keeps and sends them, with the engine it chose (it
+  waits for the choice if need be). Closing the channel ends the worker.
 - worker → build: a JSON header for each message: ``ready`` once it can encode (with the
   reference engine, the plan's sample, while the engine asked for loads beside it from its first
   answer on: ``engines.Choosing``); ``engine``
