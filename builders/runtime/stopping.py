@@ -1,9 +1,11 @@
 """A stop that a signal asked for (SIGINT, SIGTERM), remembered; the command line's entry point.
 
 The handler raises KeyboardInterrupt, which unwinds the build (its temporaries are removed, exit
-130). But where the signal lands while a finalizer runs (a ``__del__``, in any library), Python
-prints "Exception ignored" and the build goes on. So the handler also remembers the stop, and the
-build checks it (``check``) at every row and before and after it puts its outputs in place. A
+130). But where the signal lands while a finalizer or a weak reference's callback runs (a
+``__del__``, in any library), Python swallows it and the build goes on. So the handler also
+remembers the stop, and the build checks it (``check``) at every row and before and after it puts
+its outputs in place; Python's "Exception ignored" report of that swallowed stop is left out
+(``quiet_stop``), so a stop still ends with one line. A
 block that must not be left half done (starting a worker and keeping its handle, reaping them)
 holds a stop back until it ends (``deferred``).
 
@@ -66,6 +68,17 @@ def install() -> None:
     """Make SIGINT and SIGTERM unwind (and be remembered)."""
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, ask)
+    sys.unraisablehook = quiet_stop
+
+
+def quiet_stop(unraisable) -> None:
+    """``sys.unraisablehook``: a stop swallowed in a finalizer is not reported.
+
+    It was remembered (``check`` unwinds); anything else is reported as Python reports it.
+    """
+    if unraisable.exc_type is KeyboardInterrupt and _asked.is_set():
+        return
+    sys.__unraisablehook__(unraisable)
 
 
 def run_command_line() -> int:
