@@ -32,7 +32,8 @@ worker's ``ready`` and first batch), read against the moment the bench started t
 - ``sample_sent_s``: the build handing the plan's sample to the workers (builders that do:
   from the start-up's second round on; before, the build encoded it itself);
 - ``first_group_s``: the build handing out the pass's first row group (it has planned);
-- ``workers_spawned_s``: the last worker's interpreter up; ``seconds``: the whole build;
+- ``workers_spawned_s``: the last worker's interpreter up (where the workers' parent forks them:
+  the last one forked); ``seconds``: the whole build;
   ``cpu_s``: the CPU time (user and system) of the build and every process it reaped, which a
   busy machine changes less than ``seconds``.
 - ``timings``: the build report's own stages.
@@ -187,7 +188,8 @@ def build(
         return round((max(times) if last else min(times)) - started, 3)
 
     ready = {p for p, e, _, _ in events if e == "sent ready"}
-    workers_python = [t for p, e, t, _ in events if e == "python" and p in ready]
+    # a worker's interpreter up, or (builders whose workers are forked) the worker forked
+    workers_python = [t for p, e, t, _ in events if e in ("python", "forked") and p in ready]
     return {
         "workers": workers,
         "workers_used": report["workers"],

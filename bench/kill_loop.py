@@ -37,14 +37,17 @@ CLI = REPO / "data" / "generate_fixed_sft.py"
 def workers_of(pid: int) -> list[int]:
     """The build's worker processes.
 
-    They are ``python -c ... builders.encode.worker ...``.
+    Their parent is the build's child ``python -c ... builders.encode.worker ...``; it forks them,
+    so they run the same command line.
     """
-    children = Path(f"/proc/{pid}/task/{pid}/children")
+    return [w for parent in _children(pid) if _is_worker(parent) for w in _children(parent)]
+
+
+def _children(pid: int) -> list[int]:
     try:
-        pids = [int(p) for p in children.read_text().split()]
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
-    return [p for p in pids if _is_worker(p)]
 
 
 def _is_worker(pid: int) -> bool:

@@ -143,6 +143,39 @@ def start_cli_ready(
     return process
 
 
+def worker_processes(pid: int) -> tuple[list[int], list[int]]:
+    """Build ``pid``'s workers' parents (its children running ``builders.encode.worker``), and the
+    workers they forked (theirs, which run the same command line)."""
+    parents = [c for c in _children(pid) if b"builders.encode.worker" in _cmdline(c)]
+    return parents, [w for parent in parents for w in _children(parent)]
+
+
+def _children(pid: int) -> list[int]:
+    children = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children.extend(int(c) for c in (task / "children").read_text().split())
+        except OSError:
+            # the task, or the process, has ended
+            continue
+    return children
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
 def wait_for(predicate, timeout: float = 120.0) -> bool:
     """Whether ``predicate()`` came true (polled) before ``timeout`` seconds.
 

@@ -40,8 +40,10 @@ from helpers import (
     in_workers,
     lay_out_build,
     run_cli,
+    running,
     start_cli_ready,
     wait_for,
+    worker_processes,
 )
 
 BIG = dict(name="big", row_tokens=512, build_rows=4800, shards=3, row_group_rows=200)
@@ -139,30 +141,9 @@ def test_a_stop_signal_landing_in_a_finalizer_still_stops_the_build(fixture_cach
     assert not out.exists() or not list(out.iterdir())
 
 
-def worker_pids(pid: int) -> list[int]:
-    """The build's worker processes.
-
-    Started as ``python -c ... builders.encode.worker ...``.
-    """
-    children = Path(f"/proc/{pid}/task/{pid}/children")
-    pids = [int(p) for p in children.read_text().split()] if children.exists() else []
-    return [p for p in pids if _is_worker(p)]
-
-
-def _is_worker(pid: int) -> bool:
-    try:
-        return b"builders.encode.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        # it has exited
-        return False
-
-
 def gone(pids: list[int]) -> bool:
-    """Whether these processes have exited and been reaped.
-
-    No zombie is left.
-    """
-    return not any(Path(f"/proc/{pid}").exists() and _is_worker(pid) for pid in pids)
+    """Whether these processes have exited (none running, none a zombie)."""
+    return not any(running(pid) for pid in pids)
 
 
 def temporaries_and_outputs(out: Path) -> list[Path]:
@@ -186,17 +167,24 @@ def parquet_written(out: Path) -> int:
 
 
 @pytest.mark.parametrize("moment", KILL_MOMENTS)
-def test_a_killed_worker_fails_the_build_clearly(big_build, tmp_path, moment):
-    """SIGKILL of one worker at any moment: exit 7.
+@pytest.mark.parametrize("whom", ["a worker", "their parent"])
+def test_a_killed_worker_fails_the_build_clearly(big_build, tmp_path, moment, whom):
+    """SIGKILL of one worker, or of the parent that forked them, at any moment: exit 7.
 
-    As the out-of-memory killer sends it. Then the documented message, the other worker ended and
-    reaped, nothing left.
+    As the out-of-memory killer sends it. Then the documented message, every other worker ended
+    and reaped, nothing left. A worker dies with its parent (the kernel ends it).
     """
     hf_home, manifest, expected = big_build
     out = tmp_path / "out"
     process = start_build(hf_home, manifest, out, "--workers", "2", "-q")
+
+    def family() -> list[int]:
+        parents, workers = worker_processes(process.pid)
+        return [*parents, *workers]
+
     if moment == "starting":
-        assert wait_for(lambda: worker_pids(process.pid)), "no worker seen"
+        # the parent is up; it forks the workers once it has parsed the tokenizer
+        assert wait_for(lambda: worker_processes(process.pid)[whom == "a worker"]), "none seen"
     else:
         numerator, _, denominator = moment.removeprefix("writing+").partition("/")
         share = int(numerator) / int(denominator or 1)
@@ -204,18 +192,21 @@ def test_a_killed_worker_fails_the_build_clearly(big_build, tmp_path, moment):
             lambda: (
                 any(p.suffix == ".tmp" for p in temporaries_and_outputs(out))
                 and parquet_written(out) >= share * len(expected)
-                and len(worker_pids(process.pid)) >= 2
+                and len(worker_processes(process.pid)[1]) >= 2
             )
         ), "no workers seen"
-    workers = worker_pids(process.pid)
-    if process.poll() is not None or not workers:
+    processes = family()
+    parents, workers = worker_processes(process.pid)
+    killed = workers[-1:] if whom == "a worker" else parents
+    if process.poll() is not None or not killed:
         pytest.fail(f"the build ended before the kill at {moment}: make the build longer")
-    os.kill(workers[-1], signal.SIGKILL)
+    os.kill(killed[0], signal.SIGKILL)
     # how soon it ends is bench/kill_loop.py's to measure: a test holds on a busy machine
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == 7 and "worker process died" in stderr, stderr
+    assert "killed by SIGKILL" in stderr, stderr
     assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
-    assert gone(workers), "a worker outlived the build"
+    assert gone(processes), "a worker outlived the build"
     assert not temporaries_and_outputs(out)
 
 
@@ -272,15 +263,17 @@ def test_interrupting_a_build_with_workers_prints_one_line(big_build, tmp_path, 
     out = tmp_path / "out"
     process = start_build(hf_home, manifest, out, "--workers", "2", "-q", start_new_session=True)
     if moment == "workers starting":
-        assert wait_for(lambda: len(worker_pids(process.pid)) >= 2), "no workers seen"
+        # their parent is up (it forks them once it has parsed the tokenizer)
+        assert wait_for(lambda: worker_processes(process.pid)[0]), "no workers seen"
     else:
         assert wait_for(
             lambda: (
                 any(p.suffix == ".tmp" for p in temporaries_and_outputs(out))
-                and len(worker_pids(process.pid)) >= 2
+                and len(worker_processes(process.pid)[1]) >= 2
             )
         ), "no workers seen"
-    workers = worker_pids(process.pid)
+    parents, workers = worker_processes(process.pid)
+    workers = [*parents, *workers]
     if signum == signal.SIGINT:
         os.killpg(process.pid, signum)
     else:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,7 +25,15 @@ from builders.fixture.hf_cache import MESSAGE, parquet_shards
 from builders.fixture.make import synthetic_rows, tokenizer_json
 from builders.inputs.pinned import Hub
 from builders.runtime import stopping
-from helpers import SELF_CONTAINED, lay_out_build, run_cli, start_cli_ready, wait_for
+from helpers import (
+    SELF_CONTAINED,
+    lay_out_build,
+    run_cli,
+    running,
+    start_cli_ready,
+    wait_for,
+    worker_processes,
+)
 
 BAD_SHARD = "data/train-00001-of-00002.parquet"
 
@@ -49,9 +55,9 @@ def _stopped_after_the_first(monkeypatch, name: str) -> list:
     """Every worker ``spawn.start`` starts; a SIGTERM to this process after the first ``NAME``."""
     started, start = [], spawn.start
 
-    def recorded():
-        started.append(start())
-        return started[-1]
+    def recorded(count):
+        started.extend(start(count))
+        return started[-count:]
 
     monkeypatch.setattr(spawn, "start", recorded)
     first, unstopped = [True], getattr(spawn, name)
@@ -69,13 +75,15 @@ def _stopped_after_the_first(monkeypatch, name: str) -> list:
 
 @pytest.mark.parametrize("when", ["start", "stop"])
 def test_a_stop_as_workers_start_or_are_reaped_leaves_none_running(stop_handler, monkeypatch, when):
-    """A stop that lands as one has just started, or while they are reaped, unwinds after."""
+    """A stop that lands as they have just started, or while they are reaped, unwinds after."""
     started = _stopped_after_the_first(monkeypatch, when)
     with pytest.raises(KeyboardInterrupt), spawn.early(3):
         # a build that fails: the workers are reaped
         raise RuntimeError("a refused manifest")
-    assert len(started) == 3 if when == "stop" else len(started) >= 1
-    assert [process.poll() is not None for process, _ in started] == [True] * len(started)
+    assert len(started) == 3
+    assert [process.poll() is not None for process, _ in started] == [True] * 3
+    # their parent too
+    assert started[0][0].family.process.poll() is not None
 
 
 # a stop that lands in a finalizer, after one that fails otherwise
@@ -145,68 +153,89 @@ def test_workers_started_early_are_taken_by_the_pool_or_reaped():
         assert started == []
 
 
-def test_workers_start_without_threads_and_one_refused_leaves_none(monkeypatch):
-    """Where no thread can start, this one starts them all; one the system refuses ends all."""
-
-    def no_thread(self):
-        raise RuntimeError("can't start new thread")
-
-    monkeypatch.setattr(threading.Thread, "start", no_thread)
-    with spawn.early(5) as started:
-        assert len({process.pid for process, _ in started}) == 5
-    assert [process.poll() is not None for process, _ in started] == [True] * 5
-    made, start = [], spawn.start
-
-    def third_refused():
-        if len(made) == 2:
-            made.append(None)
-            raise WorkerError("a tokenizing worker process could not start: EAGAIN")
-        made.append(start())
-        return made[-1]
-
-    monkeypatch.setattr(spawn, "start", third_refused)
-    with spawn.early(5) as started:
-        assert started == [] and spawn.taken(5) == []
-    assert len(made) == 5
-    assert all(one[0].poll() is not None for one in made if one is not None)
+def _descriptors() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
 
 
 @pytest.mark.parametrize(
-    "fault", [WorkerError("a tokenizing worker process could not start: EAGAIN"), ValueError("x")]
+    "fault", [OSError(errno.EAGAIN, "Resource temporarily unavailable"), ValueError("x")]
 )
-def test_a_start_that_fails_in_a_thread_leaves_none_running(monkeypatch, fault):
-    """Started from threads, one failed start ends every worker started; a fault is raised."""
-    calls, running, start, lock = [], [], spawn.start, threading.Lock()
+def test_a_refused_start_leaves_nothing_open(monkeypatch, fault):
+    """The system refusing the workers' parent: none early (the pool says why); else raised."""
+    before = _descriptors()
 
-    def third_fails():
-        with lock:
-            calls.append(None)
-            third = len(calls) == 3
-        if third:
-            raise fault
-        one = start()
-        running.append(one)
-        return one
+    def refused(*args, **kwargs):
+        raise fault
 
-    monkeypatch.setattr(spawn, "start", third_fails)
-    if isinstance(fault, WorkerError):
+    monkeypatch.setattr(subprocess, "Popen", refused)
+    if isinstance(fault, OSError):
         # the pool starts its own, and says why it cannot
         with spawn.early(6) as started:
             assert started == [] and spawn.taken(6) == []
+        with pytest.raises(WorkerError, match=r"could not start: .*Resource temporarily"):
+            spawn.start(6)
     else:
         with pytest.raises(ValueError), spawn.early(6):
             pass
-    assert len(calls) == 6 and len(running) == 5
-    assert all(process.poll() is not None for process, _ in running)
+    # every socket made for them closed
+    assert _descriptors() == before
+
+
+def test_the_workers_are_forked_by_one_parent_that_parses_once(tmp_path):
+    """Three workers: one parent parsed the tokenizer, with one thread as it forked them.
+
+    The build's process parses it too; the rows are those of one process.
+    """
+    manifest = lay_out_build(tmp_path / "hf", synthetic_rows(seed=4, count=40), build_rows=10)
+    site = tmp_path / "site"
+    site.mkdir()
+    trace = tmp_path / "trace"
+    (site / "sitecustomize.py").write_text(f"""\
+import os, tokenizers
+def traced(name, then):
+    def call(*args, **kwargs):
+        threads = open("/proc/self/status").read().split("\\nThreads:\\t")[1].split()[0]
+        with open({str(trace)!r}, "a") as out:
+            out.write(f"{{name}} {{os.getpid()}} {{threads}}\\n")
+        return then(*args, **kwargs)
+    return call
+tokenizers.Tokenizer.from_str = traced("parse", tokenizers.Tokenizer.from_str)
+os.fork = traced("fork", os.fork)
+""")
+    runs = {
+        workers: run_cli(
+            "--manifest",
+            str(manifest),
+            "--out",
+            str(tmp_path / workers),
+            "-q",
+            "--workers",
+            workers,
+            hf_home=tmp_path / "hf",
+            env={"PYTHONPATH": str(site)},
+        )
+        for workers in ("1", "3")
+    }
+    assert [done.returncode for done in runs.values()] == [0, 0], runs["3"].stderr
+    events = [line.split() for line in trace.read_text().splitlines()]
+    forks = [(pid, threads) for name, pid, threads in events if name == "fork"]
+    parents = {pid for pid, _ in forks}
+    assert len(forks) == 3 and len(parents) == 1 and {t for _, t in forks} == {"1"}, events
+    # the parent's parse, and each build process's own
+    assert [pid for name, pid, _ in events if name == "parse" and pid in parents] == [*parents]
+    assert sum(name == "parse" for name, _, _ in events) == 3, events
+    assert (tmp_path / "1" / "custom.parquet").read_bytes() == (
+        tmp_path / "3" / "custom.parquet"
+    ).read_bytes()
 
 
 def test_a_build_with_workers_takes_those_the_command_started(tmp_path, monkeypatch):
     manifest = lay_out_build(tmp_path / "hf", synthetic_rows(seed=4, count=40), build_rows=10)
     started = []
 
-    def counted():
-        started.append(start())
-        return started[-1]
+    def counted(count):
+        started.extend(start(count))
+        return started[-count:]
 
     start = spawn.start
     monkeypatch.setattr(spawn, "start", counted)
@@ -359,29 +388,6 @@ def test_a_tokenizer_json_that_does_not_parse_is_named_before_the_config(tmp_pat
     )
 
 
-def _workers_of(pid: int) -> set[int]:
-    """The worker processes ``pid`` has now (its children running ``builders.encode.worker``)."""
-    children = set()
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(OSError):
-            children.update(int(c) for c in (task / "children").read_text().split())
-    return {c for c in children if b"builders.encode.worker" in _cmdline(c)}
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
-def _running(pid: int) -> bool:
-    try:
-        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_build_stopped_once_its_workers_run_leaves_none_running(tmp_path, signum):
     """Stopped as its early workers start, the build ends as ever (exit 130), and they with it."""
@@ -393,15 +399,17 @@ def test_a_build_stopped_once_its_workers_run_leaves_none_running(tmp_path, sign
     workers = set()
 
     def both_seen() -> bool:
-        workers.update(_workers_of(process.pid))
-        return len(workers) == 2 or process.poll() is not None
+        parents, forked = worker_processes(process.pid)
+        workers.update(parents, forked)
+        return len(workers) == 3 or process.poll() is not None
 
-    assert wait_for(both_seen) and len(workers) == 2
+    # their parent, and the two it forked
+    assert wait_for(both_seen) and len(workers) == 3
     process.send_signal(signum)
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == 130 and stderr.strip().splitlines()[-1] == stopping.STOPPED
     assert "Traceback" not in stderr and not (out / "custom.parquet").exists()
-    assert [pid for pid in workers if _running(pid)] == []
+    assert [pid for pid in workers if running(pid)] == []
 
 
 def test_commands_that_encode_in_this_process_or_not_at_all_start_no_worker(
@@ -409,7 +417,7 @@ def test_commands_that_encode_in_this_process_or_not_at_all_start_no_worker(
 ):
     """Only build and plan with workers start them early: no other command, nor ``--help``."""
     started = []
-    monkeypatch.setattr(spawn, "start", lambda: started.append(1))
+    monkeypatch.setattr(spawn, "start", lambda count: started.append(count))
     monkeypatch.setattr(cli, "_hub", lambda args, manifest: hub)
     # auto, on two cores: this process
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
@@ -445,9 +453,9 @@ def test_auto_starts_the_workers_the_build_uses_and_its_rows_are_the_same(
     manifest = lay_out_build(tmp_path / "hf", synthetic_rows(seed=4, count=40), build_rows=10)
     started, start = [], spawn.start
 
-    def counted():
-        started.append(start())
-        return started[-1]
+    def counted(count):
+        started.extend(start(count))
+        return started[-count:]
 
     monkeypatch.setattr(spawn, "start", counted)
     monkeypatch.setattr(cli, "_hub", lambda args, _: Hub(tmp_path / "hf" / "hub", offline=True))
@@ -489,9 +497,9 @@ def test_auto_spreads_tool_traces_over_two_cores_and_their_rows_are_the_same(tmp
     manifest = lay_out_tool_build(hf_home, real_models.qwen3(), "tools", tool_conversations(5, 24))
     started, start = [], spawn.start
 
-    def counted():
-        started.append(start())
-        return started[-1]
+    def counted(count):
+        started.extend(start(count))
+        return started[-count:]
 
     monkeypatch.setattr(spawn, "start", counted)
     monkeypatch.setattr(cli, "_hub", lambda args, _: Hub(hf_home / "hub", offline=True))

@@ -7,7 +7,8 @@ wire protocol of ``builders.encode.worker`` (a JSON header's first key) and, whe
 in the command's process, from ``InProcess.submit``; so the same trace reads any version of the
 builder:
 
-- ``python``: this process's interpreter reached site (just before its own code);
+- ``python``: this process's interpreter reached site (just before its own code); ``forked``:
+  this process was forked (a worker, by the workers' parent);
 - ``imported MODULE``: a module named in ``MODULES`` finished importing;
 - ``sent tokenizer`` (the build told a worker where the tokenizer lies; builders from de0d367
   on), ``sent contract`` (the build sent a worker its start-up message), ``sent group`` (the build
@@ -20,6 +21,7 @@ builder:
 The environment's own sitecustomize, if another folder on the path holds one, runs after it.
 """
 
+import contextlib
 import importlib.abc
 import importlib.machinery
 import json
@@ -98,9 +100,31 @@ def patch_pool(module) -> None:
 
 def patch_spawn(module) -> None:
     """With ``POOL_OF_ONE``, the command starts its one worker early, as it starts several."""
-    start_into = module._start_into
-    if POOL_OF_ONE:
+    if not POOL_OF_ONE:
+        return
+    if hasattr(module, "_start_into"):
+        # builders before the workers were forked by one parent
+        start_into = module._start_into
         module._start_into = lambda started, count: start_into(started, count or 1)
+        return
+    early = module.early
+
+    @contextlib.contextmanager
+    def early_one(requested):
+        if requested != 1:
+            with early(requested) as started:
+                yield started
+            return
+        started = module.start(1)
+        module._waiting[:] = started
+        try:
+            yield started[:]
+        finally:
+            module._waiting.clear()
+            for one in started:
+                module.stop(one)
+
+    module.early = early_one
 
 
 PATCHES = {
@@ -145,5 +169,6 @@ def chain() -> None:
 
 if TRACE:
     event("python")
+    os.register_at_fork(after_in_child=lambda: event("forked"))
     sys.meta_path.insert(0, Watch())
 chain()

@@ -12,10 +12,11 @@ with the source runs in them, and the main process only orders, cuts and writes,
 than the answers in flight. At most ``2 × workers`` tasks are in flight: memory stays bounded.
 
 Start-up, where a pool's workers wait for nothing the build does not need to give them: their
-interpreters start (and import) before the command imports the build (``spawn.early``); each
-parses the pinned ``tokenizer.json`` (``load``) while the build checks the other inputs; it makes
-its encoder once it has the chat format (``start``), which the build reads from the checked files
-before it parses the tokenizer itself; and it encodes its first tasks, the plan's sample
+parent's interpreter starts (and imports) before the command imports the build (``spawn.early``);
+it parses the pinned ``tokenizer.json`` (``load``) while the build checks the other inputs, makes
+the encoder once it has the chat format (``start``), which the build reads from the checked files
+before it parses the tokenizer itself, and forks the workers, which share all that; each encodes
+its first tasks, the plan's sample
 (``sample``, handed out before the build parses the tokenizer or imports transformers), with the
 reference engine; the engine asked for loads and runs its probes beside it from the worker's first
 answer on (``engines.Choosing``). The build hands
@@ -172,13 +173,13 @@ class Pool:
 
     def __enter__(self):
         try:
-            # all start at once (or started before the command's imports: ``spawn.early``);
-            # each then waits for its start-up message
+            # started before the command's imports (``spawn.early``), else now; their parent
+            # then waits for its start-up message
             self.workers = [Worker(started) for started in spawn.taken(self.count)]
-            for _ in range(self.count - len(self.workers)):
-                # a stop while a worker starts lands once its handle is kept (and reaped)
+            if not self.workers:
+                # a stop while they start lands once their handles are kept (and reaped)
                 with stopping.deferred():
-                    self.workers.append(Worker())
+                    self.workers = [Worker(started) for started in spawn.start(self.count)]
         except BaseException:
             self._stop()
             raise

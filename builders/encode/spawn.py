@@ -1,11 +1,18 @@
 """Starting worker processes, light enough to do before the command's own imports.
 
-A worker is a fresh interpreter (``python -c``, so the caller's main module is never
-re-imported) in a session of its own (a terminal's Ctrl-C reaches only the build), with one end
-of a socket pair that no other process holds as its only channel (``builders.encode.worker``
-says what travels on it). This module imports nothing heavy: ``fixed-sft build`` and ``plan``
-start their workers (``early``) before they read the manifest and import the build's modules,
-so a worker's imports run beside the command's, and the pool takes them (``taken``).
+A build's workers are forked by one interpreter, their parent (``python -c``, so the caller's main
+module is never re-imported), started in a session of its own (a terminal's Ctrl-C reaches only
+the build). The parent imports what a worker needs, parses the pinned ``tokenizer.json`` and makes
+the encoder once, then forks every worker from that state (``builders.encode.worker.serve_family``):
+no worker imports, parses or makes anything again, so sixteen workers cost about one's start-up
+(docs/performance.md). Each worker holds one end of a socket pair that no other process holds as
+its only channel (``builders.encode.worker`` says what travels on it); the parent tells the build,
+on a channel of its own, each worker's process id and, once it has reaped it, its exit status.
+The kernel ends a worker whose parent is gone (``PR_SET_PDEATHSIG``).
+
+This module imports nothing heavy: ``fixed-sft build`` and ``plan`` start their workers
+(``early``) before they read the manifest and import the build's modules, so the parent's imports
+run beside the command's, and the pool takes them (``taken``).
 
 ``--workers auto`` (``worker_count``) is one process where the machine has at most
 ``IN_PROCESS_UP_TO`` cores (the engine's own threads use them; measured fastest there, see
@@ -17,13 +24,16 @@ for them and the pool starts its own.
 
 from __future__ import annotations
 
+import json
 import os
+import select
+import signal
 import socket
 import subprocess
 import sys
-import threading
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -32,20 +42,27 @@ from builders.runtime import stopping
 
 # cores on which --workers auto encodes in this process
 IN_PROCESS_UP_TO = 2
-# workers ``early`` starts at once
-STARTING_AT_ONCE = 4
 # the folder that holds this package: workers run the same code
 ROOT = Path(__file__).resolve().parents[2]
 BOOTSTRAP = (
     "import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
     "sys.path.insert(0, sys.argv[1]); "
-    "from builders.encode.worker import serve; serve(int(sys.argv[2]))"
+    "from builders.encode.worker import serve_family; "
+    "serve_family(int(sys.argv[2]), [int(fd) for fd in sys.argv[3:]])"
 )
+# the parent forks its workers: no thread may be running in it then (a thread's lock held at the
+# fork stays held in the child), so the libraries' own thread pools are not started there
+PARENT_ENVIRONMENT = {
+    # one thread each: the workers are the parallelism
+    "TOKENIZERS_PARALLELISM": "false",
+    "RAYON_NUM_THREADS": "1",
+    # numpy's OpenBLAS starts its threads at import
+    "OPENBLAS_NUM_THREADS": "1",
+    # pyarrow's jemalloc starts a purging thread at import
+    "JE_ARROW_MALLOC_CONF": "background_thread:false",
+}
 
 NOTHING_LEFT = "nothing was left at the final path"
-Started = tuple[subprocess.Popen, Connection]
-# started by ``early``, not yet taken by a pool
-_waiting: list[Started] = []
 
 
 def worker_count(requested: str | int, tool_traces: bool = False) -> int:
@@ -61,28 +78,156 @@ def worker_count(requested: str | int, tool_traces: bool = False) -> int:
     return 1 if cores <= in_process_up_to else cores
 
 
-def start() -> Started:
-    """Start one worker process; its channel is the build's end of the socket pair.
+class Family:
+    """The interpreter that forks a build's workers, and what it says of them.
 
-    The system refusing it (no process or file descriptor left) is a ``WorkerError``.
+    It reports each worker's process id as it forks it, and each worker's exit status as it
+    reaps it; a worker it never forked ended with it.
     """
-    # one thread each: the workers are the parallelism
-    environment = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}
+
+    def __init__(self, process: subprocess.Popen, control: Connection, count: int):
+        self.process, self.control, self.count = process, control, count
+        self.pids: dict[int, int] = {}
+        self.codes: dict[int, int] = {}
+
+    def pid(self, place: int) -> int | None:
+        """Worker ``place``'s process id, if it has been forked (and not reaped)."""
+        self._hear_all()
+        return None if place in self.codes else self.pids.get(place)
+
+    def code(self, place: int, timeout: float | None) -> int | None:
+        """Worker ``place``'s exit status once it has ended; None if it runs after ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while place not in self.codes:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not self._hear(left):
+                return None
+        if len(self.codes) == self.count:
+            # the parent exits once it has reaped every worker: reap it in turn
+            while self._hear(None):
+                pass
+        return self.codes[place]
+
+    def end(self) -> None:
+        """End the parent, and with it every worker (the kernel ends them)."""
+        if self.process.poll() is None:
+            self.process.kill()
+
+    def _hear_all(self) -> None:
+        while self._hear(0):
+            pass
+
+    def _hear(self, timeout: float | None) -> bool:
+        """Take one report within ``timeout``; False if none came, or nothing is left to come."""
+        if self.control.closed:
+            return False
+        try:
+            if not self.control.poll(timeout):
+                return False
+            kind, place, value = json.loads(self.control.recv_bytes())
+        except (EOFError, OSError):
+            self._ended()
+            return True
+        (self.pids if kind == "pid" else self.codes)[place] = value
+        return True
+
+    def _ended(self) -> None:
+        """The parent is gone: its workers not reaped by it ended with it."""
+        self.control.close()
+        code = self.process.wait()
+        for place in range(self.count):
+            if place in self.codes:
+                continue
+            if place in self.pids:
+                # the kernel sent it SIGKILL as the parent died (``PR_SET_PDEATHSIG``)
+                _wait_gone(self.pids[place])
+                self.codes[place] = -signal.SIGKILL
+            else:
+                self.codes[place] = code
+
+
+class Forked:
+    """A forked worker's process: what the build does with a ``subprocess.Popen``."""
+
+    def __init__(self, family: Family, place: int):
+        self.family, self.place = family, place
+
+    @property
+    def returncode(self) -> int | None:
+        """Its exit status, where it is known (``poll`` and ``wait`` learn it)."""
+        return self.family.codes.get(self.place)
+
+    def poll(self) -> int | None:
+        return self.family.code(self.place, 0)
+
+    def kill(self) -> None:
+        """SIGKILL to the worker; where it has not been forked, its parent ends (and all)."""
+        pid = self.family.pid(self.place)
+        if pid is None and self.place not in self.family.codes:
+            self.family.end()
+        elif pid is not None:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self.family.code(self.place, timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(f"worker {self.place}", timeout)
+        return code
+
+
+Started = tuple[Forked, Connection]
+# started by ``early``, not yet taken by a pool
+_waiting: list[Started] = []
+
+
+def _wait_gone(pid: int) -> None:
+    """Wait until process ``pid`` (not this process's child) has exited."""
     try:
-        ours, theirs = socket.socketpair()
-        with ours, theirs:
-            process = subprocess.Popen(
-                [sys.executable, "-c", BOOTSTRAP, str(ROOT), str(theirs.fileno())],
-                pass_fds=[theirs.fileno()],
-                stdin=subprocess.DEVNULL,
-                env=environment,
-                start_new_session=True,
-            )
-            return process, Connection(ours.detach())
-    except OSError as err:
-        raise WorkerError(
-            f"a tokenizing worker process could not start: {err}; {NOTHING_LEFT}"
-        ) from err
+        descriptor = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        # readable once the process has exited
+        select.select([descriptor], [], [])
+    finally:
+        os.close(descriptor)
+
+
+def start(count: int) -> list[Started]:
+    """Start ``count`` workers: their parent, which forks them once it has what they share.
+
+    Each worker's channel is the build's end of its socket pair. The system refusing the parent
+    (no process or file descriptor left) is a ``WorkerError``.
+    """
+    environment = {**os.environ, **PARENT_ENVIRONMENT}
+    pairs: list[tuple[socket.socket, socket.socket]] = []
+    try:
+        for _ in range(count + 1):
+            pairs.append(socket.socketpair())
+        theirs = [pair[1].fileno() for pair in pairs]
+        process = subprocess.Popen(
+            [sys.executable, "-c", BOOTSTRAP, str(ROOT), *map(str, theirs)],
+            pass_fds=theirs,
+            stdin=subprocess.DEVNULL,
+            env=environment,
+            start_new_session=True,
+        )
+    except BaseException as err:
+        for ours, theirs_end in pairs:
+            ours.close()
+            theirs_end.close()
+        if isinstance(err, OSError):
+            raise WorkerError(
+                f"a tokenizing worker process could not start: {err}; {NOTHING_LEFT}"
+            ) from err
+        raise
+    channels = []
+    for ours, theirs_end in pairs:
+        theirs_end.close()
+        channels.append(Connection(ours.detach()))
+    family = Family(process, channels[0], count)
+    return [(Forked(family, place), channel) for place, channel in enumerate(channels[1:])]
 
 
 @contextmanager
@@ -90,14 +235,17 @@ def early(requested: str | int) -> Iterator[list[Started]]:
     """Start the workers ``--workers`` asks for now; a pool entered in the block takes them.
 
     It gives them (none where the build encodes in this process, where only the manifest can say
-    whether it does, on ``IN_PROCESS_UP_TO`` cores or fewer, or where the system refuses one). All,
-    taken or not, are ended and reaped as the block ends, on any way out; a stop (SIGINT, SIGTERM)
-    waits while one starts or while they are reaped, so none is left running.
+    whether it does, on ``IN_PROCESS_UP_TO`` cores or fewer, or where the system refuses their
+    parent). All, taken or not, are ended and reaped as the block ends, on any way out; a stop
+    (SIGINT, SIGTERM) waits while they start or while they are reaped, so none is left running.
     """
     count = worker_count(requested)
     started: list[Started] = []
     try:
-        _start_into(started, count if count > 1 else 0)
+        if count > 1:
+            # the pool starts its own where the system refuses them, and says why it cannot
+            with stopping.deferred(), suppress(WorkerError):
+                started = start(count)
         _waiting[:] = started
         yield started[:]
     finally:
@@ -106,47 +254,6 @@ def early(requested: str | int) -> Iterator[list[Started]]:
         with stopping.deferred():
             for one in started:
                 stop(one)
-
-
-def _start_into(started: list[Started], count: int) -> None:
-    """Start ``count`` workers into ``started``, or none where the system refuses one.
-
-    Each start waits for its interpreter's exec, so they go ``STARTING_AT_ONCE`` at a time, from
-    threads (where the system has none to give, from this one); a stop waits until all have
-    started. The pool then starts them itself where the system refused one, and says why it
-    cannot where the build did before; any other fault is raised once all are ended.
-    """
-    outcomes: list[Started | Exception | None] = [None] * count
-
-    def start_every(first: int) -> None:
-        for k in range(first, count, STARTING_AT_ONCE):
-            try:
-                outcomes[k] = start()
-            except Exception as err:
-                # kept, so that every thread is joined and every worker started is known
-                outcomes[k] = err
-
-    with stopping.deferred():
-        helpers = []
-        for first in range(1, min(count, STARTING_AT_ONCE)):
-            helper = threading.Thread(target=start_every, args=(first,), name="worker-start")
-            try:
-                helper.start()
-                helpers.append(helper)
-            except RuntimeError:
-                # no thread to be had (the system's limit on processes)
-                start_every(first)
-        start_every(0)
-        for helper in helpers:
-            helper.join()
-        started.extend(o for o in outcomes if o is not None and not isinstance(o, Exception))
-        if len(started) < count:
-            while started:
-                stop(started.pop())
-        # a fault other than the system's refusal is raised, once every worker is ended
-        for fault in outcomes:
-            if isinstance(fault, Exception) and not isinstance(fault, WorkerError):
-                raise fault
 
 
 def taken(count: int) -> list[Started]:

@@ -1,14 +1,17 @@
 """A tokenizing worker process, and what travels to and from it.
 
-The build starts each worker (``builders.encode.spawn``) as a fresh interpreter in a session of
-its own, with one end of a socket pair that no other process holds as its only channel. A dead
-worker therefore closes its channel at once: the build sees the end of it, or a broken pipe, and
+The build starts the workers' parent (``builders.encode.spawn``), a fresh interpreter in a
+session of its own, with one end of a socket pair for each worker. The parent reads the first
+worker's start-up messages, makes what every worker shares (the parsed tokenizer, the encoder)
+and forks a worker for each socket (``serve_family``); each worker holds its own end and no other,
+so a dead worker closes its channel at once: the build sees the end of it, or a broken pipe, and
 no lock or pipe shared with other processes can be left blocked. Only JSON and Arrow IPC travel on
 the channel:
 
-- build → worker: where the pinned ``tokenizer.json`` lies and its sha256 (the worker reads,
+- build → worker: where the pinned ``tokenizer.json`` lies and its sha256 (the parent reads,
   checks and parses it while the build checks its other inputs), the start-up message (contract,
-  the engine ``--engine`` asks for, the chat format's inputs and the source's files), then tasks,
+  the engine ``--engine`` asks for, the chat format's inputs and the source's files; every
+  worker's the same, and a worker checks that they are its parent's), then tasks,
   each a JSON header and an Arrow IPC stream:
   ``{"group": G, "bounds": B, "share": S}`` and the rows of source row group G the pass wants
   (``row`` in the group, ``position``): the worker decodes the group itself, converting only
@@ -36,18 +39,23 @@ encoding to finish, and it exits quietly when the channel ends (the build finish
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import hashlib
 import itertools
 import json
+import os
 import queue
 import signal
 import subprocess
+import sys
 import threading
 import traceback
 from contextlib import suppress
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import pyarrow as pa
@@ -73,6 +81,8 @@ from builders.runtime import no_pandas
 
 # the task a worker finds in its queue once it has chosen its engine
 CHOSEN = (None, None)
+# prctl(2): the signal a process gets when its parent ends
+PR_SET_PDEATHSIG = 1
 
 
 class Worker:
@@ -81,9 +91,9 @@ class Worker:
     It holds the worker's channel, and counts the worker's tasks not yet answered.
     """
 
-    def __init__(self, started: spawn.Started | None = None):
-        """Take a worker ``started`` already (``spawn.early``), else start one."""
-        self.process, self.channel = started or spawn.start()
+    def __init__(self, started: spawn.Started):
+        """Take a worker ``started`` (``spawn.start``)."""
+        self.process, self.channel = started
         self.started = False  # it said ready
         # the engine it chose (``Choice.as_dict``), once it said so
         self.choice: dict | None = None
@@ -218,34 +228,114 @@ class Worker:
         )
 
 
-def serve(fd: int) -> None:
-    """A worker's life, from its start-up until the channel ends.
+def serve_family(control_fd: int, fds: list[int]) -> None:
+    """The workers' parent: what they share made once, then a worker forked for each channel.
 
     It parses the tokenizer and imports what rendering needs (transformers), whichever it can do
-    first: the import while the build has not yet said where the tokenizer lies. It starts up,
-    then does each task the build sends until the channel ends; the engine asked for loads once
-    its first answer is sent (or it waits for a task), as the load holds the GIL in stretches.
+    first (the import while the build has not yet said where the tokenizer lies), and makes the
+    encoder from the first channel's start-up message; a failure is said on every channel. Then it
+    forks a worker for each channel, and says on ``control_fd`` each worker's process id and, as
+    it reaps it, its exit status, until none is left.
     """
     no_pandas.refuse()
-    channel = Connection(fd)
+    control = Connection(control_fd)
+    channels = [Connection(fd) for fd in fds]
+    try:
+        prepared = _prepare(channels[0])
+    except (EOFError, OSError):
+        # the build is gone
+        return
+    except Exception as err:
+        for channel in channels:
+            _fail(channel, err)
+        return
+    # the collector leaves what the workers share alone: fewer of its pages copied in each
+    gc.freeze()
+    parent, places = os.getpid(), {}
+    for place, channel in enumerate(channels):
+        pid = os.fork()
+        if pid == 0:
+            _forked(place, channels, control, prepared, parent)
+        places[pid] = place
+        channel.close()
+        _report(control, "pid", place, pid)
+    while places:
+        pid, status = os.wait()
+        _report(control, "exit", places.pop(pid), os.waitstatus_to_exitcode(status))
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """What every worker shares, made once by their parent.
+
+    ``messages``: the tokenizer's and the start-up message, as the build sent them.
+    """
+
+    messages: tuple[bytes, bytes]
+    tokenizer_json: str
+    tokenizer: Tokenizer
+    encoder: ConversationEncoder
+    start_up: dict
+
+
+def _prepare(channel: Connection) -> _Prepared:
+    """The tokenizer and the encoder, from the build's first two messages on ``channel``."""
+    if not channel.poll(0):
+        _import_renderer()
+    # parsed while the build checks its other inputs
+    tokenizer_message = channel.recv_bytes()
+    tokenizer_json = _checked_text(json.loads(tokenizer_message))
+    tokenizer = Tokenizer.from_str(tokenizer_json)
+    _import_renderer()
+    start_up_message = channel.recv_bytes()
+    start_up = json.loads(start_up_message)
+    encoder = ConversationEncoder(
+        tokenizer, _format_spec(start_up["format"]), Contract(**start_up["contract"])
+    )
+    return _Prepared(
+        (tokenizer_message, start_up_message), tokenizer_json, tokenizer, encoder, start_up
+    )
+
+
+def _forked(
+    place: int, channels: list[Connection], control: Connection, prepared: _Prepared, parent: int
+) -> NoReturn:
+    """A forked worker's life: it serves the build on ``channels[place]``, then exits."""
+    _ends_with(parent)
+    control.close()
+    for other, channel in enumerate(channels):
+        if other != place:
+            channel.close()
+    channel, code = channels[place], 0
+    try:
+        _serve(channel, prepared, check_messages=place > 0)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+def _serve(channel: Connection, prepared: _Prepared, check_messages: bool) -> None:
+    """A worker's life after its parent forked it, until the channel ends.
+
+    Its start-up messages are its parent's (``check_messages``: read them, the same). It starts
+    up, then does each task the build sends; the engine asked for loads once its first answer is
+    sent (or it waits for a task), as the load holds the GIL in stretches.
+    """
     tasks: queue.SimpleQueue = queue.SimpleQueue()
     try:
-        if not channel.poll(0):
-            _import_renderer()
-        # parsed while the build checks its other inputs
-        tokenizer_json = _checked_text(json.loads(channel.recv_bytes()))
-        tokenizer = Tokenizer.from_str(tokenizer_json)
-        _import_renderer()
-        start_up = json.loads(channel.recv_bytes())
+        if check_messages and any(channel.recv_bytes() != sent for sent in prepared.messages):
+            raise RuntimeError("the build sent its workers different start-up messages")
         threading.Thread(target=_receive, args=(channel, tasks), daemon=True).start()
-        encoder = ConversationEncoder(
-            tokenizer, _format_spec(start_up["format"]), Contract(**start_up["contract"])
-        )
+        encoder, start_up = prepared.encoder, prepared.start_up
         # the reference encodes until the engine asked for has loaded and passed its probes
         choosing = engines.Choosing(
             start_up["engine"],
-            tokenizer,
-            tokenizer_json,
+            prepared.tokenizer,
+            prepared.tokenizer_json,
             encoder.spec.chat_template,
             chosen=lambda: tasks.put(CHOSEN),
         )
@@ -339,6 +429,21 @@ def _send_results(channel: Connection, results: list[tuple[int, object]]) -> Non
             _conversations_table([(p, c) for p, c in results if isinstance(c, EncodedConversation)])
         )
     )
+
+
+def _ends_with(parent: int) -> None:
+    """Have the kernel end this process (SIGKILL) when ``parent``, its parent, ends."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        # it ended before the request took
+        os._exit(1)
+
+
+def _report(control: Connection, kind: str, place: int, value: int) -> None:
+    """Tell the build a worker's process id (``pid``) or exit status (``exit``)."""
+    # OSError: the build is gone
+    with suppress(OSError):
+        control.send_bytes(json.dumps([kind, place, value]).encode("utf-8"))
 
 
 def _import_renderer() -> None:
