@@ -43,22 +43,29 @@ CLI = (
     + """
 import gc, json, os, resource, sys, threading, time
 sys.argv = ["generate_fixed_sft.py", *sys.argv[1:]]
-# each child process's own peak RSS: the last VmHWM read of it (a child started by vfork shares
-# this process's memory until its exec, and its ru_maxrss keeps this process's peak from then)
+# each descendant process's own peak RSS: the last VmHWM read of it (a child started by vfork
+# shares this process's memory until its exec, and its ru_maxrss keeps this process's peak from
+# then); the workers are the children of their parent, the build's child
 children_peak = {}
+def children_of(pid):
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            found += open(f"/proc/{pid}/task/{task}/children").read().split()
+        except OSError:
+            continue
+    return found
 def watch_children():
     while True:
-        for task in os.listdir("/proc/self/task"):
+        waiting = children_of("self")
+        while waiting:
+            pid = waiting.pop()
             try:
-                pids = open(f"/proc/self/task/{task}/children").read().split()
-            except OSError:
-                continue
-            for pid in pids:
-                try:
-                    status = open(f"/proc/{pid}/status").read()
-                    children_peak[pid] = int(status.split("VmHWM:")[1].split()[0]) / 1024
-                except (OSError, IndexError):
-                    pass
+                status = open(f"/proc/{pid}/status").read()
+                children_peak[pid] = int(status.split("VmHWM:")[1].split()[0]) / 1024
+                waiting += children_of(pid)
+            except (OSError, IndexError):
+                pass
         time.sleep(0.2)
 threading.Thread(target=watch_children, daemon=True).start()
 # the CPU the garbage collector's full passes take, in the thread that runs them
