@@ -178,10 +178,6 @@ def test_a_killed_worker_fails_the_build_clearly(big_build, tmp_path, moment, wh
     out = tmp_path / "out"
     process = start_build(hf_home, manifest, out, "--workers", "2", "-q")
 
-    def family() -> list[int]:
-        parents, workers = worker_processes(process.pid)
-        return [*parents, *workers]
-
     if moment == "starting":
         # the parent is up; it forks the workers once it has parsed the tokenizer
         assert wait_for(lambda: worker_processes(process.pid)[whom == "a worker"]), "none seen"
@@ -195,7 +191,6 @@ def test_a_killed_worker_fails_the_build_clearly(big_build, tmp_path, moment, wh
                 and len(worker_processes(process.pid)[1]) >= 2
             )
         ), "no workers seen"
-    processes = family()
     parents, workers = worker_processes(process.pid)
     killed = workers[-1:] if whom == "a worker" else parents
     if process.poll() is not None or not killed:
@@ -206,22 +201,31 @@ def test_a_killed_worker_fails_the_build_clearly(big_build, tmp_path, moment, wh
     assert process.returncode == 7 and "worker process died" in stderr, stderr
     assert "killed by SIGKILL" in stderr, stderr
     assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
-    assert gone(processes), "a worker outlived the build"
+    # the build reaped what it knew of; one forked as their parent was killed ends with it
+    assert wait_for(lambda: gone([*parents, *workers])), "a worker outlived the build"
     assert not temporaries_and_outputs(out)
 
 
 def worker_fault(tmp_path: Path, fault: str) -> dict:
     """An environment whose worker processes meet ``fault``.
 
-    Only they do, as their interpreter starts.
+    Only they do, as their parent's interpreter starts (``no second fork``: as it forks).
     """
     folder = tmp_path / "fault"
     folder.mkdir()
     (folder / "sitecustomize.py").write_text(f"""\
-import os, signal, sys
+import errno, os, signal, sys
 if any("builders.encode.worker" in a for a in sys.orig_argv):
     if {fault!r} == "killed":
         os.kill(os.getpid(), signal.SIGKILL)
+    elif {fault!r} == "no second fork":
+        forks, fork = [], os.fork
+        def refused():
+            forks.append(None)
+            if len(forks) == 2:
+                raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+            return fork()
+        os.fork = refused
     else:
         sys.path.insert(0, {str(REPO)!r})
         import builders.encode.encoder
@@ -237,6 +241,10 @@ if any("builders.encode.worker" in a for a in sys.orig_argv):
     [
         ("killed", "worker process died while starting (killed by SIGKILL"),
         ("init raises", "worker process could not start: RuntimeError: injected start-up failure"),
+        (
+            "no second fork",
+            "worker process could not start: BlockingIOError: [Errno 11] Resource temporarily",
+        ),
     ],
 )
 def test_a_worker_that_cannot_start_fails_the_build_at_once(big_build, tmp_path, fault, message):
@@ -383,7 +391,7 @@ def test_a_failed_build_ends_its_workers_before_it_removes_its_spill_folder(tmp_
 
     def rmtree(path, *args, **kwargs):
         if Path(path).suffix == ".spill":
-            removed.append((Path(path).name, [w.process.returncode for w in workers]))
+            removed.append((Path(path).name, [w.process.poll() for w in workers]))
         return real_rmtree(path, *args, **kwargs)
 
     monkeypatch.setattr(pool_module.Pool, "__enter__", enter)
@@ -431,7 +439,7 @@ def test_a_plan_that_stops_ends_its_workers_before_it_removes_its_spill_folder(
 
     def cleanup(self):
         if Path(self.name).name.startswith("fixed-sft-spill-"):
-            removed.append([w.process.returncode for w in workers])
+            removed.append([w.process.poll() for w in workers])
         real_cleanup(self)
 
     monkeypatch.setattr(pool_module.Pool, "__enter__", enter)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -82,8 +83,18 @@ def test_a_stop_as_workers_start_or_are_reaped_leaves_none_running(stop_handler,
         raise RuntimeError("a refused manifest")
     assert len(started) == 3
     assert [process.poll() is not None for process, _ in started] == [True] * 3
-    # their parent too
-    assert started[0][0].family.process.poll() is not None
+
+
+def test_a_stop_inside_nested_deferred_blocks_unwinds_as_the_outer_one_ends(stop_handler):
+    """The teardown reaps its workers in a block a stop does not break into, and reads each
+    report of their parent in a block of its own: a stop unwinds once the teardown is done."""
+    done = []
+    with pytest.raises(KeyboardInterrupt), stopping.deferred():
+        with stopping.deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            done.append("a report read and kept")
+        done.append("the other workers reaped")
+    assert done == ["a report read and kept", "the other workers reaped"]
 
 
 # a stop that lands in a finalizer, after one that fails otherwise
@@ -143,8 +154,7 @@ def test_workers_started_early_are_taken_by_the_pool_or_reaped():
     with spawn.early(2) as started:
         assert spawn.taken(2) == started and len(started) == 2
         assert spawn.taken(2) == []
-    for started_one in started:
-        spawn.stop(started_one)
+    spawn.stop(started)
     with spawn.early(3) as started:
         # a pool of another size takes none of them
         assert spawn.taken(2) == []
@@ -154,7 +164,14 @@ def test_workers_started_early_are_taken_by_the_pool_or_reaped():
 
 
 def _descriptors() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
+    """This process's open sockets."""
+    sockets = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith("socket:"):
+                sockets.add(target)
+    return sockets
 
 
 @pytest.mark.parametrize(

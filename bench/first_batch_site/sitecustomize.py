@@ -121,8 +121,7 @@ def patch_spawn(module) -> None:
             yield started[:]
         finally:
             module._waiting.clear()
-            for one in started:
-                module.stop(one)
+            module.stop(started)
 
     module.early = early_one
 

@@ -155,9 +155,10 @@ class InProcess:
 class Pool:
     """Encodes in ``workers`` processes.
 
-    Each has its own encoder, its own choice of the engine and its own reader of the source's
-    files. Their interpreters start (and import) when the pool is entered, before the build has
-    opened its inputs; ``start`` tells them what to encode with.
+    Each has its own encoder (made by their parent, which forks them), its own choice of the
+    engine and its own reader of the source's files. Their parent starts (and imports) when the
+    pool is entered, or earlier (``spawn.early``), before the build has opened its inputs;
+    ``load`` and ``start`` tell it what to encode with.
     """
 
     # the stream hands row groups to the workers (``keep_group``)
@@ -190,9 +191,9 @@ class Pool:
         return False
 
     def load(self, tokenizer_file: Path, sha256: str) -> None:
-        """Have each worker parse the pinned ``tokenizer.json``.
+        """Have the workers' parent parse the pinned ``tokenizer.json``, for all of them.
 
-        Each reads ``tokenizer_file`` itself and checks it against ``sha256``.
+        It reads ``tokenizer_file`` itself and checks it against ``sha256``.
         """
         for worker in self.workers:
             worker.send_tokenizer(tokenizer_file, sha256)
@@ -307,9 +308,10 @@ class Pool:
         return chosen or min(self.workers, key=lambda worker: worker.in_flight)
 
     def _stop(self) -> None:
-        for worker in self.workers:
-            worker.stop()
-        self.workers = []
+        # a stop waits while they are reaped, so none is left running
+        with stopping.deferred():
+            spawn.stop([(worker.process, worker.channel) for worker in self.workers])
+            self.workers = []
 
 
 def encoding(workers: int) -> Encoding:

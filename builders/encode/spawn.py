@@ -102,7 +102,7 @@ class Family:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not self._hear(left):
                 return None
-        if len(self.codes) == self.count:
+        if len(self.codes) == self.count and timeout is None:
             # the parent exits once it has reaped every worker: reap it in turn
             while self._hear(None):
                 pass
@@ -118,17 +118,21 @@ class Family:
             pass
 
     def _hear(self, timeout: float | None) -> bool:
-        """Take one report within ``timeout``; False if none came, or nothing is left to come."""
+        """Take one report within ``timeout``; False if none came, or nothing is left to come.
+
+        A stop waits while a report is read and kept (one read half would leave the channel out
+        of step, and a report lost, a wait for it unending).
+        """
         if self.control.closed:
             return False
         try:
             if not self.control.poll(timeout):
                 return False
-            kind, place, value = json.loads(self.control.recv_bytes())
+            with stopping.deferred():
+                kind, place, value = json.loads(self.control.recv_bytes())
+                (self.pids if kind == "pid" else self.codes)[place] = value
         except (EOFError, OSError):
             self._ended()
-            return True
-        (self.pids if kind == "pid" else self.codes)[place] = value
         return True
 
     def _ended(self) -> None:
@@ -152,22 +156,19 @@ class Forked:
     def __init__(self, family: Family, place: int):
         self.family, self.place = family, place
 
-    @property
-    def returncode(self) -> int | None:
-        """Its exit status, where it is known (``poll`` and ``wait`` learn it)."""
-        return self.family.codes.get(self.place)
-
     def poll(self) -> int | None:
         return self.family.code(self.place, 0)
 
     def kill(self) -> None:
         """SIGKILL to the worker; where it has not been forked, its parent ends (and all)."""
         pid = self.family.pid(self.place)
-        if pid is None and self.place not in self.family.codes:
+        if self.place in self.family.codes:
+            return
+        if pid is None:
             self.family.end()
-        elif pid is not None:
-            with suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+            return
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
     def wait(self, timeout: float | None = None) -> int:
         code = self.family.code(self.place, timeout)
@@ -182,14 +183,20 @@ _waiting: list[Started] = []
 
 
 def _wait_gone(pid: int) -> None:
-    """Wait until process ``pid`` (not this process's child) has exited."""
+    """Wait until process ``pid`` (not this process's child) has exited.
+
+    Where the system cannot say (no pidfd before Linux 5.3), it does not wait: the build has
+    closed the process's channel, and a worker ends at the end of its channel.
+    """
     try:
         descriptor = os.pidfd_open(pid)
-    except ProcessLookupError:
+    except OSError:
         return
     try:
         # readable once the process has exited
-        select.select([descriptor], [], [])
+        waiting = select.poll()
+        waiting.register(descriptor, select.POLLIN)
+        waiting.poll()
     finally:
         os.close(descriptor)
 
@@ -252,8 +259,7 @@ def early(requested: str | int) -> Iterator[list[Started]]:
         _waiting.clear()
         # a pool that took them ended them already, unless it was stopped as it took them
         with stopping.deferred():
-            for one in started:
-                stop(one)
+            stop(started)
 
 
 def taken(count: int) -> list[Started]:
@@ -265,10 +271,16 @@ def taken(count: int) -> list[Started]:
     return started
 
 
-def stop(started: Started) -> None:
-    """Close a worker's channel, end the process and reap it (again: nothing more)."""
-    process, channel = started
-    channel.close()
-    if process.poll() is None:
-        process.kill()
-    process.wait()
+def stop(started: list[Started]) -> None:
+    """Close the workers' channels, end them and reap them (again: nothing more).
+
+    Every channel is closed first: a worker ends at the end of its channel, so none waits for
+    the others to be ended.
+    """
+    for _, channel in started:
+        channel.close()
+    for process, _ in started:
+        if process.poll() is None:
+            process.kill()
+    for process, _ in started:
+        process.wait()

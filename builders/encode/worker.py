@@ -100,9 +100,10 @@ class Worker:
         self.in_flight = 0  # tasks sent, not yet answered
 
     def send_tokenizer(self, path: Path, sha256: str) -> None:
-        """Have the worker parse the pinned ``tokenizer.json`` at ``path``.
+        """Tell the worker where the pinned ``tokenizer.json`` lies (``path``), and its sha256.
 
-        It does if the file's sha256 is ``sha256``.
+        The first worker's parent parses it (for every worker) if the file's sha256 is
+        ``sha256``.
         """
         self._send(json.dumps({"tokenizer": str(path), "sha256": sha256}).encode("utf-8"))
 
@@ -179,13 +180,6 @@ class Worker:
         failed = [(error[0], RefusedConversation(*error[1:])) for error in header["errors"]]
         return _conversations(results) + failed
 
-    def stop(self) -> None:
-        """Close the channel, end the process and reap it.
-
-        It holds nothing worth a goodbye.
-        """
-        spawn.stop((self.process, self.channel))
-
     def _send_task(self, header: dict, body: pa.Buffer) -> None:
         self._send(json.dumps(header).encode("utf-8"))
         self._send(body)
@@ -251,9 +245,19 @@ def serve_family(control_fd: int, fds: list[int]) -> None:
         return
     # the collector leaves what the workers share alone: fewer of its pages copied in each
     gc.freeze()
+    # nothing buffered is written again by a worker
+    sys.stdout.flush()
+    sys.stderr.flush()
     parent, places = os.getpid(), {}
     for place, channel in enumerate(channels):
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as err:
+            # the system has no process to give: the workers not forked say so
+            for unforked in channels[place:]:
+                _fail(unforked, err)
+                unforked.close()
+            break
         if pid == 0:
             _forked(place, channels, control, prepared, parent)
         places[pid] = place
@@ -300,22 +304,27 @@ def _prepare(channel: Connection) -> _Prepared:
 def _forked(
     place: int, channels: list[Connection], control: Connection, prepared: _Prepared, parent: int
 ) -> NoReturn:
-    """A forked worker's life: it serves the build on ``channels[place]``, then exits."""
-    _ends_with(parent)
-    control.close()
-    for other, channel in enumerate(channels):
-        if other != place:
-            channel.close()
-    channel, code = channels[place], 0
+    """A forked worker's life: it serves the build on ``channels[place]``, then exits.
+
+    It never returns into its parent's code, whatever happens (``os._exit``).
+    """
+    code = 1
     try:
-        _serve(channel, prepared, check_messages=place > 0)
+        _ends_with(parent)
+        control.close()
+        for other, channel in enumerate(channels):
+            if other != place:
+                channel.close()
+        _serve(channels[place], prepared, check_messages=place > 0)
+        code = 0
     except BaseException:
-        traceback.print_exc()
-        code = 1
+        with suppress(BaseException):
+            traceback.print_exc()
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    os._exit(code)
+        with suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
 
 
 def _serve(channel: Connection, prepared: _Prepared, check_messages: bool) -> None:
@@ -432,8 +441,12 @@ def _send_results(channel: Connection, results: list[tuple[int, object]]) -> Non
 
 
 def _ends_with(parent: int) -> None:
-    """Have the kernel end this process (SIGKILL) when ``parent``, its parent, ends."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    """Have the kernel end this process (SIGKILL) when ``parent``, its parent, ends.
+
+    Where the system refuses (a sandbox's filter), it ends anyway at the end of its channel, which
+    the build closes as it stops.
+    """
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:
         # it ended before the request took
         os._exit(1)

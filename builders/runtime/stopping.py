@@ -44,7 +44,8 @@ def ask(signum, frame) -> None:
 def deferred() -> Iterator[None]:
     """A block that a stop does not break into: it unwinds as the block ends.
 
-    For what must not be left half done, such as starting a process and keeping its handle.
+    For what must not be left half done, such as starting a process and keeping its handle. A
+    block inside another unwinds as the outer one ends.
     """
     global _deferring
     _deferring += 1
@@ -52,7 +53,8 @@ def deferred() -> Iterator[None]:
         yield
     finally:
         _deferring -= 1
-    check()
+    if not _deferring:
+        check()
 
 
 def check() -> None:
