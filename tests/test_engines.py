@@ -304,14 +304,15 @@ def test_workers_choose_the_engine_by_its_probes(fixture_cache, built, tmp_path)
 def test_a_worker_encodes_its_sample_while_fastokens_loads_and_its_rows_with_fastokens(
     tmp_path, monkeypatch
 ):
-    """A pool's workers encode the plan's sample with the reference while fastokens loads.
+    """A pool's workers encode the plan's sample with the reference while their engine is chosen.
 
     The stream's rows are kept decoded, and encoded when asked for with the engine chosen: the
-    reference costs many times fastokens' CPU. Their fastokens load waits for a file the test
-    makes once every row group of the pass is kept, just before the first rows are asked for (no
-    worker has chosen then); a worker that encodes with the reference as it keeps a group, or
-    after that file exists, leaves a mark. Every conversation is what this process encodes with
-    the guarded engine from the start: the same tokens, masks and cross-checked samples.
+    reference costs many times fastokens' CPU. Their choice (the probes, after fastokens has
+    loaded in their parent) waits for a file the test makes once every row group of the pass is
+    kept, just before the first rows are asked for (no worker has chosen then); a worker that
+    encodes with the reference as it keeps a group, or after that file exists, leaves a mark.
+    Every conversation is what this process encodes with the guarded engine from the start: the
+    same tokens, masks and cross-checked samples.
     """
     from builders.build import prepared
     from builders.encode import stream
@@ -327,8 +328,8 @@ def test_a_worker_encodes_its_sample_while_fastokens_loads_and_its_rows_with_fas
         "from builders.encode import engines, share\n"
         "def mark(why):\n"
         f"    open(os.path.join({str(tmp_path)!r}, why + '-%d' % os.getpid()), 'w')\n"
-        "real = engines.FastokensEngine.__init__\n"
-        "def gated(self, text):\n"
+        "real = engines._disagreements\n"
+        "def gated(*args):\n"
         "    # a worker that waits for its engine to keep a group would wait for ever\n"
         "    deadline = time.monotonic() + 120\n"
         f"    while not os.path.exists({str(gate)!r}):\n"
@@ -336,8 +337,8 @@ def test_a_worker_encodes_its_sample_while_fastokens_loads_and_its_rows_with_fas
         "            mark('gate-never-opened')\n"
         "            break\n"
         "        time.sleep(0.01)\n"
-        "    real(self, text)\n"
-        "engines.FastokensEngine.__init__ = gated\n"
+        "    return real(*args)\n"
+        "engines._disagreements = gated\n"
         "keeping, keep = [], share.Share.add\n"
         "def kept(self, *args):\n"
         "    keeping.append(1)\n"

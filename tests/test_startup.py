@@ -199,7 +199,8 @@ def test_a_refused_start_leaves_nothing_open(monkeypatch, fault):
 
 
 def test_the_workers_are_forked_by_one_parent_that_parses_once(tmp_path):
-    """Three workers: one parent parsed the tokenizer, with one thread as it forked them.
+    """Three workers: one parent parsed the tokenizer and loaded fastokens, with one thread as it
+    forked them.
 
     The build's process parses it too; the rows are those of one process.
     """
@@ -208,7 +209,7 @@ def test_the_workers_are_forked_by_one_parent_that_parses_once(tmp_path):
     site.mkdir()
     trace = tmp_path / "trace"
     (site / "sitecustomize.py").write_text(f"""\
-import os, tokenizers
+import os, fastokens, tokenizers
 def traced(name, then):
     def call(*args, **kwargs):
         threads = open("/proc/self/status").read().split("\\nThreads:\\t")[1].split()[0]
@@ -217,6 +218,7 @@ def traced(name, then):
         return then(*args, **kwargs)
     return call
 tokenizers.Tokenizer.from_str = traced("parse", tokenizers.Tokenizer.from_str)
+fastokens.Tokenizer.from_json_str = traced("fastokens", fastokens.Tokenizer.from_json_str)
 os.fork = traced("fork", os.fork)
 """)
     runs = {
@@ -238,9 +240,10 @@ os.fork = traced("fork", os.fork)
     forks = [(pid, threads) for name, pid, threads in events if name == "fork"]
     parents = {pid for pid, _ in forks}
     assert len(forks) == 3 and len(parents) == 1 and {t for _, t in forks} == {"1"}, events
-    # the parent's parse, and each build process's own
-    assert [pid for name, pid, _ in events if name == "parse" and pid in parents] == [*parents]
-    assert sum(name == "parse" for name, _, _ in events) == 3, events
+    # the parent's parse and fastokens' load; the one-process build's own; the build's own parse
+    for name, count in (("parse", 3), ("fastokens", 2)):
+        assert [pid for kind, pid, _ in events if kind == name and pid in parents] == [*parents]
+        assert sum(kind == name for kind, _, _ in events) == count, events
     assert (tmp_path / "1" / "custom.parquet").read_bytes() == (
         tmp_path / "3" / "custom.parquet"
     ).read_bytes()

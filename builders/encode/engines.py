@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import itertools
 import re
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass
 
 import numpy as np
@@ -222,11 +224,18 @@ class Choice:
         }
 
 
-def choose(requested: str, tokenizer: Tokenizer, tokenizer_json: str, chat_template: str) -> Choice:
+def choose(
+    requested: str,
+    tokenizer: Tokenizer,
+    tokenizer_json: str,
+    chat_template: str,
+    fast: FastokensEngine | None = None,
+) -> Choice:
     """The engine for a build.
 
     ``auto`` uses fastokens when it loads the pinned ``tokenizer.json`` and agrees with tokenizers
-    on every probe, else tokenizers (with a note).
+    on every probe, else tokenizers (with a note). ``fast``: fastokens loaded already
+    (``loading_fast``), else it loads here.
     """
     if requested not in ENGINES:
         raise UsageError(f"unknown engine {requested!r} (known: {', '.join(ENGINES)})")
@@ -234,7 +243,7 @@ def choose(requested: str, tokenizer: Tokenizer, tokenizer_json: str, chat_templ
     if requested == "tokenizers":
         return Choice.of(reference, requested, None)
     try:
-        fast = FastokensEngine(tokenizer_json)
+        fast = fast or FastokensEngine(tokenizer_json)
     except Exception as err:
         # not installed, or cannot load this tokenizer.json
         problem = f"fastokens cannot load the pinned tokenizer.json ({type(err).__name__}: {err})"
@@ -260,7 +269,8 @@ class Choosing:
 
     Until then it encodes the plan's sample with ``provisional``: the reference, which gives the
     same tokens (only their lengths count there). The thread (from ``start``) loads the fast
-    engine and runs its probes; ``chosen()`` is called when it is done.
+    engine (unless ``fast`` has it loaded already) and runs its probes; ``chosen()`` is called
+    when it is done.
     """
 
     def __init__(
@@ -270,9 +280,10 @@ class Choosing:
         tokenizer_json: str,
         chat_template: str,
         chosen: Callable[[], None],
+        fast: FastokensEngine | None = None,
     ):
         self.provisional = TokenizersEngine(tokenizer)
-        self._arguments = requested, tokenizer, tokenizer_json, chat_template
+        self._arguments = requested, tokenizer, tokenizer_json, chat_template, fast
         self._chosen = chosen
         self._choice: Future | None = None
 
@@ -290,6 +301,33 @@ class Choosing:
     def result(self) -> Choice:
         """The engine chosen; a refused ``--engine`` raises here."""
         return self._choice.result()
+
+
+def loading_fast(requested: str, tokenizer_json: str) -> Callable[[], FastokensEngine | None]:
+    """Load fastokens in a thread, where ``requested`` may use it; the call returned waits for it.
+
+    The load leaves the GIL as it parses, so it runs beside the caller's own start-up; the caller
+    waits for it on every way out (a process must not end while the load runs). The call gives
+    None where ``requested`` is tokenizers or fastokens cannot load (``choose`` then tries again,
+    and says why).
+    """
+    loaded: list[FastokensEngine] = []
+    if requested == "tokenizers":
+        return lambda: None
+
+    def load() -> None:
+        # a failure is choose's to report
+        with suppress(Exception):
+            loaded.append(FastokensEngine(tokenizer_json))
+
+    thread = threading.Thread(target=load, name="fastokens-load")
+    thread.start()
+
+    def result() -> FastokensEngine | None:
+        thread.join()
+        return loaded[0] if loaded else None
+
+    return result
 
 
 def _disagreements(fast, reference, texts: list[str]) -> list[str]:

@@ -21,8 +21,8 @@ the channel:
   own): it encodes those conversations it keeps and sends them, with the engine it chose (it
   waits for the choice if need be). Closing the channel ends the worker.
 - worker → build: a JSON header for each message: ``ready`` once it can encode (with the
-  reference engine, the plan's sample, while the engine asked for loads beside it from its first
-  answer on: ``engines.Choosing``); ``engine``
+  reference engine, the plan's sample, while the engine asked for is chosen beside it from its
+  first answer on: ``engines.Choosing``; the parent loaded fastokens for all); ``engine``
   once it has chosen (``builders.encode.engines.choose``: the same probes in every worker), and
   encodes with that from then on; for a group it keeps, ``kept``; for the sample's groups and
   the positions wanted, ``batch`` (with the conversations the contract cannot encode, by position
@@ -226,8 +226,9 @@ def serve_family(control_fd: int, fds: list[int]) -> None:
     """The workers' parent: what they share made once, then a worker forked for each channel.
 
     It parses the tokenizer and imports what rendering needs (transformers), whichever it can do
-    first (the import while the build has not yet said where the tokenizer lies), and makes the
-    encoder from the first channel's start-up message; a failure is said on every channel. Then it
+    first (the import while the build has not yet said where the tokenizer lies), loads fastokens
+    beside them, and makes the encoder from the first channel's start-up message; a failure is
+    said on every channel. Then it
     forks a worker for each channel, and says on ``control_fd`` each worker's process id and, as
     it reaps it, its exit status, until none is left.
     """
@@ -272,7 +273,8 @@ def serve_family(control_fd: int, fds: list[int]) -> None:
 class _Prepared:
     """What every worker shares, made once by their parent.
 
-    ``messages``: the tokenizer's and the start-up message, as the build sent them.
+    ``messages``: the tokenizer's and the start-up message, as the build sent them; ``fast``:
+    fastokens, loaded (None: not asked for, or it cannot load).
     """
 
     messages: tuple[bytes, bytes]
@@ -280,24 +282,33 @@ class _Prepared:
     tokenizer: Tokenizer
     encoder: ConversationEncoder
     start_up: dict
+    fast: engines.FastokensEngine | None
 
 
 def _prepare(channel: Connection) -> _Prepared:
-    """The tokenizer and the encoder, from the build's first two messages on ``channel``."""
+    """The tokenizer, fastokens and the encoder, from the build's first two messages on ``channel``.
+
+    fastokens loads in a thread beside the parse and the renderer's import; the thread has ended
+    by the time this returns (the workers are forked from one thread).
+    """
     if not channel.poll(0):
         _import_renderer()
-    # parsed while the build checks its other inputs
     tokenizer_message = channel.recv_bytes()
     tokenizer_json = _checked_text(json.loads(tokenizer_message))
-    tokenizer = Tokenizer.from_str(tokenizer_json)
-    _import_renderer()
+    # the engine asked for: it follows at once, while the build checks its other inputs
     start_up_message = channel.recv_bytes()
     start_up = json.loads(start_up_message)
-    encoder = ConversationEncoder(
-        tokenizer, _format_spec(start_up["format"]), Contract(**start_up["contract"])
-    )
+    fast = engines.loading_fast(start_up["engine"], tokenizer_json)
+    try:
+        tokenizer = Tokenizer.from_str(tokenizer_json)
+        _import_renderer()
+        encoder = ConversationEncoder(
+            tokenizer, _format_spec(start_up["format"]), Contract(**start_up["contract"])
+        )
+    finally:
+        loaded = fast()
     return _Prepared(
-        (tokenizer_message, start_up_message), tokenizer_json, tokenizer, encoder, start_up
+        (tokenizer_message, start_up_message), tokenizer_json, tokenizer, encoder, start_up, loaded
     )
 
 
@@ -331,8 +342,8 @@ def _serve(channel: Connection, prepared: _Prepared, check_messages: bool) -> No
     """A worker's life after its parent forked it, until the channel ends.
 
     Its start-up messages are its parent's (``check_messages``: read them, the same). It starts
-    up, then does each task the build sends; the engine asked for loads once its first answer is
-    sent (or it waits for a task), as the load holds the GIL in stretches.
+    up, then does each task the build sends; the engine asked for is chosen (its probes) once its
+    first answer is sent (or it waits for a task).
     """
     tasks: queue.SimpleQueue = queue.SimpleQueue()
     try:
@@ -347,6 +358,7 @@ def _serve(channel: Connection, prepared: _Prepared, check_messages: bool) -> No
             prepared.tokenizer_json,
             encoder.spec.chat_template,
             chosen=lambda: tasks.put(CHOSEN),
+            fast=prepared.fast,
         )
         encoder = encoder.with_engine(choosing.provisional)
         datasets = start_up["source"], start_up["conversation_chars"]
