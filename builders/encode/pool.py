@@ -13,13 +13,13 @@ than the answers in flight. At most ``2 × workers`` tasks are in flight: memory
 
 Start-up, where a pool's workers wait for nothing the build does not need to give them: their
 parent's interpreter starts (and imports) before the command imports the build (``spawn.early``);
-it parses the pinned ``tokenizer.json`` (``load``) while the build checks the other inputs, makes
-the encoder once it has the chat format (``start``), which the build reads from the checked files
-before it parses the tokenizer itself, and forks the workers, which share all that; each encodes
-its first tasks, the plan's sample
-(``sample``, handed out before the build parses the tokenizer or imports transformers), with the
-reference engine; the engine asked for loads and runs its probes beside it from the worker's first
-answer on (``engines.Choosing``). The build hands
+it parses the pinned ``tokenizer.json`` (``load``) while the build checks the other inputs, loads
+fastokens beside that, makes the encoder once it has the chat format (``start``), which the build
+reads from the checked files before it parses the tokenizer itself, and forks the workers, which
+share all that; each encodes its first tasks, the plan's sample (``sample``, handed out before
+the build parses the tokenizer or imports transformers), with the reference engine; the engine
+asked for is chosen (its probes) beside it from the worker's first answer on
+(``engines.Choosing``). The build hands
 out tasks without waiting for them, and ``settle`` (after the rows) gives the engine every worker
 chose. In this process the engine is chosen in a thread while the build plans (from ``begin``),
 and the first batch waits for it.
