@@ -198,6 +198,24 @@ def test_a_refused_start_leaves_nothing_open(monkeypatch, fault):
     assert _descriptors() == before
 
 
+def _built_with(manifest: Path, tmp_path: Path, counts: tuple[str, ...], *more, env=None) -> dict:
+    """The command line's build of ``manifest`` with each ``--workers`` count, into its folder."""
+    return {
+        workers: run_cli(
+            "--manifest",
+            str(manifest),
+            "--out",
+            str(tmp_path / workers),
+            *more,
+            "--workers",
+            workers,
+            hf_home=tmp_path / "hf",
+            env=env,
+        )
+        for workers in counts
+    }
+
+
 def test_the_workers_are_forked_by_one_parent_that_parses_once(tmp_path):
     """Three workers: one parent parsed the tokenizer and loaded fastokens, with one thread as it
     forked them.
@@ -221,20 +239,7 @@ tokenizers.Tokenizer.from_str = traced("parse", tokenizers.Tokenizer.from_str)
 fastokens.Tokenizer.from_json_str = traced("fastokens", fastokens.Tokenizer.from_json_str)
 os.fork = traced("fork", os.fork)
 """)
-    runs = {
-        workers: run_cli(
-            "--manifest",
-            str(manifest),
-            "--out",
-            str(tmp_path / workers),
-            "-q",
-            "--workers",
-            workers,
-            hf_home=tmp_path / "hf",
-            env={"PYTHONPATH": str(site)},
-        )
-        for workers in ("1", "3")
-    }
+    runs = _built_with(manifest, tmp_path, ("1", "3"), "-q", env={"PYTHONPATH": str(site)})
     assert [done.returncode for done in runs.values()] == [0, 0], runs["3"].stderr
     events = [line.split() for line in trace.read_text().splitlines()]
     forks = [(pid, threads) for name, pid, threads in events if name == "fork"]
@@ -367,18 +372,7 @@ def test_a_refused_template_is_named_first_whatever_the_workers(tmp_path, also):
         dataset_files=dataset,
         tokenizer_files={"tokenizer.json": tokenizer_json(), "chat_template.jinja": b"{% if %}"},
     )
-    runs = {
-        workers: run_cli(
-            "--manifest",
-            str(manifest),
-            "--out",
-            str(tmp_path / workers),
-            "--workers",
-            workers,
-            hf_home=tmp_path / "hf",
-        )
-        for workers in ("1", "2")
-    }
+    runs = _built_with(manifest, tmp_path, ("1", "2"))
     for workers, done in runs.items():
         assert done.returncode == 3, done.stderr
         last = done.stderr.strip().splitlines()[-1]
