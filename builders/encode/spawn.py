@@ -2,10 +2,10 @@
 
 A build's workers are forked by one interpreter, their parent (``python -c``, so the caller's main
 module is never re-imported), started in a session of its own (a terminal's Ctrl-C reaches only
-the build). The parent imports what a worker needs, parses the pinned ``tokenizer.json`` and makes
-the encoder once, then forks every worker from that state (``builders.encode.worker.serve_family``):
-no worker imports, parses or makes anything again, so sixteen workers cost about one's start-up
-(docs/performance.md). Each worker holds one end of a socket pair that no other process holds as
+the build). The parent imports what a worker needs, parses the pinned ``tokenizer.json``, loads
+fastokens and makes the encoder once, then forks every worker from that state
+(``builders.encode.worker.serve_family``): no worker imports, parses or makes anything again, so
+sixteen workers cost about one's start-up (docs/performance.md). Each worker holds one end of a socket pair that no other process holds as
 its only channel (``builders.encode.worker`` says what travels on it); the parent tells the build,
 on a channel of its own, each worker's process id and, once it has reaped it, its exit status.
 The kernel ends a worker whose parent is gone (``PR_SET_PDEATHSIG``).
@@ -136,18 +136,22 @@ class Family:
         return True
 
     def _ended(self) -> None:
-        """The parent is gone: its workers not reaped by it ended with it."""
-        self.control.close()
-        code = self.process.wait()
-        for place in range(self.count):
-            if place in self.codes:
-                continue
-            if place in self.pids:
-                # the kernel sent it SIGKILL as the parent died (``PR_SET_PDEATHSIG``)
-                _wait_gone(self.pids[place])
-                self.codes[place] = -signal.SIGKILL
-            else:
-                self.codes[place] = code
+        """The parent is gone: its workers not reaped by it ended with it.
+
+        A stop waits until every worker's status is kept.
+        """
+        with stopping.deferred():
+            self.control.close()
+            code = self.process.wait()
+            for place in range(self.count):
+                if place in self.codes:
+                    continue
+                if place in self.pids:
+                    # the kernel sent it SIGKILL as the parent died (``PR_SET_PDEATHSIG``)
+                    _wait_gone(self.pids[place])
+                    self.codes[place] = -signal.SIGKILL
+                else:
+                    self.codes[place] = code
 
 
 class Forked:
