@@ -5,9 +5,10 @@ module is never re-imported), started in a session of its own (a terminal's Ctrl
 the build). The parent imports what a worker needs, parses the pinned ``tokenizer.json``, loads
 fastokens and makes the encoder once, then forks every worker from that state
 (``builders.encode.worker.serve_family``): no worker imports, parses or makes anything again, so
-sixteen workers cost about one's start-up (docs/performance.md). Each worker holds one end of a socket pair that no other process holds as
-its only channel (``builders.encode.worker`` says what travels on it); the parent tells the build,
-on a channel of its own, each worker's process id and, once it has reaped it, its exit status.
+sixteen workers cost about one's start-up (docs/performance.md). Each worker holds one end of a
+socket pair that no other process holds as its only channel (``builders.encode.worker`` says what
+travels on it); the parent tells the build, on a channel of its own, each worker's process id
+and, once it has reaped it, its exit status.
 The kernel ends a worker whose parent is gone (``PR_SET_PDEATHSIG``).
 
 This module imports nothing heavy: ``fixed-sft build`` and ``plan`` start their workers

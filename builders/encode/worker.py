@@ -2,11 +2,11 @@
 
 The build starts the workers' parent (``builders.encode.spawn``), a fresh interpreter in a
 session of its own, with one end of a socket pair for each worker. The parent reads the first
-worker's start-up messages, makes what every worker shares (the parsed tokenizer, the encoder)
-and forks a worker for each socket (``serve_family``); each worker holds its own end and no other,
-so a dead worker closes its channel at once: the build sees the end of it, or a broken pipe, and
-no lock or pipe shared with other processes can be left blocked. Only JSON and Arrow IPC travel on
-the channel:
+worker's start-up messages, makes what every worker shares (the parsed tokenizer, fastokens, the
+encoder) and forks a worker for each socket (``serve_family``); each worker holds its own end and
+no other, so a dead worker closes its channel at once: the build sees the end of it, or a broken
+pipe, and no lock or pipe shared with other processes can be left blocked. Only JSON and Arrow IPC
+travel on the channel:
 
 - build → worker: where the pinned ``tokenizer.json`` lies and its sha256 (the parent reads,
   checks and parses it while the build checks its other inputs), the start-up message (contract,
@@ -228,9 +228,8 @@ def serve_family(control_fd: int, fds: list[int]) -> None:
     It parses the tokenizer and imports what rendering needs (transformers), whichever it can do
     first (the import while the build has not yet said where the tokenizer lies), loads fastokens
     beside them, and makes the encoder from the first channel's start-up message; a failure is
-    said on every channel. Then it
-    forks a worker for each channel, and says on ``control_fd`` each worker's process id and, as
-    it reaps it, its exit status, until none is left.
+    said on every channel. Then it forks a worker for each channel, and says on ``control_fd``
+    each worker's process id and, as it reaps it, its exit status, until none is left.
     """
     no_pandas.refuse()
     control = Connection(control_fd)
