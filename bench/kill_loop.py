@@ -37,7 +37,7 @@ CLI = REPO / "data" / "generate_fixed_sft.py"
 def workers_of(pid: int) -> list[int]:
     """The build's worker processes.
 
-    Their parent is the build's child ``python -c ... builders.encode.worker ...``; it forks them,
+    Their parent is the build's child ``python -c ... builders.encode.family ...``; it forks them,
     so they run the same command line.
     """
     return [w for parent in _children(pid) if _is_worker(parent) for w in _children(parent)]
@@ -52,7 +52,7 @@ def _children(pid: int) -> list[int]:
 
 def _is_worker(pid: int) -> bool:
     try:
-        return b"builders.encode.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"builders.encode.family" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 

@@ -144,10 +144,15 @@ def start_cli_ready(
 
 
 def worker_processes(pid: int) -> tuple[list[int], list[int]]:
-    """Build ``pid``'s workers' parents (its children running ``builders.encode.worker``), and the
-    workers they forked (theirs, which run the same command line)."""
-    parents = [c for c in _children(pid) if b"builders.encode.worker" in _cmdline(c)]
-    return parents, [w for parent in parents for w in _children(parent)]
+    """Build ``pid``'s workers' parents (its children running ``builders.encode.family``), and the
+    processes they forked, and those forked in turn (the sampler's), all on the same command line.
+    """
+    parents = [c for c in _children(pid) if b"builders.encode.family" in _cmdline(c)]
+    forked, generation = [], parents
+    while generation:
+        generation = [child for process in generation for child in _children(process)]
+        forked.extend(generation)
+    return parents, forked
 
 
 def _children(pid: int) -> list[int]:
@@ -403,7 +408,7 @@ def in_workers(tmp_path: Path, code: str) -> Path:
     site.mkdir()
     (site / "sitecustomize.py").write_text(
         "import sys\n"
-        "if any('builders.encode.worker' in a for a in sys.orig_argv):\n"
+        "if any('builders.encode.family' in a for a in sys.orig_argv):\n"
         + textwrap.indent(code, "    ")
     )
     return site

@@ -22,6 +22,7 @@ import builders.encode.held as held_module
 import builders.encode.stream as stream_module
 from builders.build import build
 from builders.cli import main as cli_main
+from builders.encode import family
 from builders.errors import ManifestError, SourceDataError
 from builders.fixture.hf_cache import MESSAGE, parquet_shards
 from builders.fixture.make import FIXTURE_TEMPLATE, synthetic_rows
@@ -206,6 +207,43 @@ def test_a_killed_worker_fails_the_build_clearly(big_build, tmp_path, moment, wh
     assert not temporaries_and_outputs(out)
 
 
+# the sample workers never send the plan's sample: the sampler and they stay until the kill
+HELD_SAMPLE = f"""
+import threading
+sys.path.insert(0, {str(REPO)!r})
+from builders.encode import worker
+work = worker._work
+def held(channel, tasks, prepared, choosing):
+    if choosing is None:
+        threading.Event().wait()
+    return work(channel, tasks, prepared, choosing)
+worker._work = held
+"""
+
+
+@pytest.mark.parametrize("whom", ["the sampler", "a sample worker"])
+def test_a_killed_sampler_or_sample_worker_fails_the_build_clearly(big_build, tmp_path, whom):
+    """SIGKILL of the sampler, or of a sample worker, as they hold the plan's sample: exit 7.
+
+    The documented message, every process ended and reaped, nothing left; the sample workers end
+    with the sampler (the kernel ends them).
+    """
+    hf_home, manifest, _ = big_build
+    out = tmp_path / "out"
+    environment = {"PYTHONPATH": str(in_workers(tmp_path, HELD_SAMPLE)), family.SAMPLER: "1"}
+    process = start_build(hf_home, manifest, out, "--workers", "2", "-q", env=environment)
+    # the sampler, then its two sample workers: the parent's other workers come after the sample
+    assert wait_for(lambda: len(worker_processes(process.pid)[1]) == 3), "no sample workers seen"
+    parents, (sampler, *sample_workers) = worker_processes(process.pid)
+    os.kill(sampler if whom == "the sampler" else sample_workers[-1], signal.SIGKILL)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 7 and "worker process died" in stderr, stderr
+    assert "killed by SIGKILL" in stderr, stderr
+    assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
+    assert wait_for(lambda: gone([*parents, sampler, *sample_workers])), "a process outlived it"
+    assert not temporaries_and_outputs(out)
+
+
 def worker_fault(tmp_path: Path, fault: str) -> dict:
     """An environment whose worker processes meet ``fault``.
 
@@ -215,7 +253,7 @@ def worker_fault(tmp_path: Path, fault: str) -> dict:
     folder.mkdir()
     (folder / "sitecustomize.py").write_text(f"""\
 import errno, os, signal, sys
-if any("builders.encode.worker" in a for a in sys.orig_argv):
+if any("builders.encode.family" in a for a in sys.orig_argv):
     if {fault!r} == "killed":
         os.kill(os.getpid(), signal.SIGKILL)
     elif {fault!r} == "no second fork":

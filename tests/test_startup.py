@@ -20,7 +20,7 @@ from tool_conversations import tool_conversations
 import real_models
 from builders import cli
 from builders.cli import main as cli_main
-from builders.encode import spawn
+from builders.encode import family, spawn
 from builders.errors import WorkerError
 from builders.fixture.hf_cache import MESSAGE, parquet_shards
 from builders.fixture.make import synthetic_rows, tokenizer_json
@@ -239,7 +239,9 @@ tokenizers.Tokenizer.from_str = traced("parse", tokenizers.Tokenizer.from_str)
 fastokens.Tokenizer.from_json_str = traced("fastokens", fastokens.Tokenizer.from_json_str)
 os.fork = traced("fork", os.fork)
 """)
-    runs = _built_with(manifest, tmp_path, ("1", "3"), "-q", env={"PYTHONPATH": str(site)})
+    # the sampler is left out (it is forked from 3 cores: the next test's)
+    environment = {"PYTHONPATH": str(site), family.SAMPLER: "0"}
+    runs = _built_with(manifest, tmp_path, ("1", "3"), "-q", env=environment)
     assert [done.returncode for done in runs.values()] == [0, 0], runs["3"].stderr
     events = [line.split() for line in trace.read_text().splitlines()]
     forks = [(pid, threads) for name, pid, threads in events if name == "fork"]
@@ -249,6 +251,84 @@ os.fork = traced("fork", os.fork)
     for name, count in (("parse", 3), ("fastokens", 2)):
         assert [pid for kind, pid, _ in events if kind == name and pid in parents] == [*parents]
         assert sum(kind == name for kind, _, _ in events) == count, events
+    assert (tmp_path / "1" / "custom.parquet").read_bytes() == (
+        tmp_path / "3" / "custom.parquet"
+    ).read_bytes()
+
+
+# in the workers' parent and every process it forks: each parse, fastokens load, fork and batch
+# sent, with the process, its parent and its threads; the parent's fastokens load waits until a
+# batch has been sent
+SAMPLER_TRACE = """
+import os, sys, time
+if any("builders.encode.family" in a for a in sys.orig_argv):
+    import fastokens, tokenizers
+    from multiprocessing import connection
+    TRACE = TRACE_FILE
+    def note(name):
+        threads = open("/proc/self/status").read().split("\\nThreads:\\t")[1].split()[0]
+        with open(TRACE, "a") as out:
+            out.write(f"{name} {os.getpid()} {os.getppid()} {threads}\\n")
+    def traced(name, then):
+        def call(*args, **kwargs):
+            note(name)
+            return then(*args, **kwargs)
+        return call
+    def batch_sent():
+        return os.path.exists(TRACE) and "batch " in open(TRACE).read()
+    def gated(then):
+        def call(*args, **kwargs):
+            # what the test waits for, not a duration: 120 s only ends a builder that never sends
+            deadline = time.monotonic() + 120
+            while not batch_sent() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            note("fastokens")
+            return then(*args, **kwargs)
+        return call
+    send = connection.Connection.send_bytes
+    def sent(self, data, *args, **kwargs):
+        if bytes(data[:8]) == b'{"batch"':
+            note("batch")
+        return send(self, data, *args, **kwargs)
+    tokenizers.Tokenizer.from_str = traced("parse", tokenizers.Tokenizer.from_str)
+    fastokens.Tokenizer.from_json_str = gated(fastokens.Tokenizer.from_json_str)
+    os.fork = traced("fork", os.fork)
+    connection.Connection.send_bytes = sent
+"""
+
+
+def test_the_sample_is_encoded_while_fastokens_loads(tmp_path):
+    """With the sampler, three sample workers send the plan's sample before fastokens has loaded.
+
+    The parent forks the sampler, which parses the tokenizer too and forks the sample workers;
+    the parent loads fastokens once, and forks the three workers of the rest of the build as the
+    sample workers hand over: one thread at every fork, and the rows are those of one process.
+    """
+    manifest = lay_out_build(tmp_path / "hf", synthetic_rows(seed=4, count=40), build_rows=10)
+    site = tmp_path / "site"
+    site.mkdir()
+    trace = tmp_path / "trace"
+    (site / "sitecustomize.py").write_text(SAMPLER_TRACE.replace("TRACE_FILE", repr(str(trace))))
+    environment = {"PYTHONPATH": str(site), family.SAMPLER: "1"}
+    runs = _built_with(manifest, tmp_path, ("1", "3"), env=environment)
+    assert [done.returncode for done in runs.values()] == [0, 0], runs["3"].stderr
+    assert "encoding with fastokens" in runs["3"].stderr, runs["3"].stderr
+    events = [line.split() for line in trace.read_text().splitlines()]
+    forks = {}
+    for name, pid, _, threads in events:
+        if name == "fork":
+            forks.setdefault(pid, []).append(threads)
+    assert len(forks) == 2 and all(set(t) == {"1"} for t in forks.values()), events
+    (parent, sampler) = sorted(forks, key=lambda pid: -len(forks[pid]))
+    # the parent forks the sampler and the three workers; the sampler, three sample workers
+    assert (len(forks[parent]), len(forks[sampler])) == (4, 3), events
+    assert sorted(pid for name, pid, _, _ in events if name == "parse") == sorted([parent, sampler])
+    loads = [k for k, (name, pid, _, _) in enumerate(events) if name == "fastokens"]
+    assert [events[k][1] for k in loads] == [parent], events
+    batches = [(k, ppid) for k, (name, _, ppid, _) in enumerate(events) if name == "batch"]
+    # the first batch before the load, from a sample worker; the pass's from the workers after
+    assert batches[0][0] < loads[0] and batches[0][1] == sampler, events
+    assert any(ppid == parent for _, ppid in batches), events
     assert (tmp_path / "1" / "custom.parquet").read_bytes() == (
         tmp_path / "3" / "custom.parquet"
     ).read_bytes()

@@ -17,9 +17,12 @@ never trusted on its word:
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
+import os
 import re
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
@@ -303,16 +306,22 @@ class Choosing:
         return self._choice.result()
 
 
+def may_load_fast(requested: str) -> bool:
+    """Whether the engine ``requested`` may be fastokens, and fastokens is installed."""
+    return requested != "tokenizers" and importlib.util.find_spec("fastokens") is not None
+
+
 def loading_fast(requested: str, tokenizer_json: str) -> Callable[[], FastokensEngine | None]:
     """Load fastokens in a thread, where ``requested`` may use it; the call returned waits for it.
 
     The load leaves the GIL as it parses, so it runs beside the caller's own start-up; the caller
-    waits for it on every way out (a process must not end while the load runs). The call gives
-    None where ``requested`` is tokenizers or fastokens cannot load (``choose`` then tries again,
-    and says why).
+    waits for it on every way out (a process must not end while the load runs), and may fork once
+    the call returned: its thread has ended. The call gives
+    None where ``requested`` is tokenizers, or fastokens is not installed or cannot load (``choose``
+    then tries again, and says why).
     """
     loaded: list[FastokensEngine] = []
-    if requested == "tokenizers":
+    if not may_load_fast(requested):
         return lambda: None
 
     def load() -> None:
@@ -325,6 +334,9 @@ def loading_fast(requested: str, tokenizer_json: str) -> Callable[[], FastokensE
 
     def result() -> FastokensEngine | None:
         thread.join()
+        # the system's thread outlives the join for a moment: gone, the process has one thread
+        while os.path.exists(f"/proc/self/task/{thread.native_id}"):
+            time.sleep(0.001)
         return loaded[0] if loaded else None
 
     return result

@@ -171,6 +171,8 @@ class Pool:
         self.source: Source | None = None
         # each row group's worker in the pass (its place in ``workers``; -1: none)
         self.holder = np.zeros(0, dtype=np.int64)
+        # the workers were told the plan's sample is over (``_end_sample``)
+        self.sample_ended = False
 
     def __enter__(self):
         try:
@@ -220,6 +222,7 @@ class Pool:
         Answers to tasks still on their way are not wanted. A worker that could not start, or a
         refused ``--engine``, raises here.
         """
+        self._end_sample()
         while not all(worker.choice is not None for worker in self.workers):
             self._collect({}, block=True)
         chosen = {json.dumps(worker.choice, sort_keys=True) for worker in self.workers}
@@ -249,6 +252,7 @@ class Pool:
         """The sample's conversations (``sample``), encoded, in no particular order."""
         encoded: Encoded = {}
         self.wait_all(encoded)
+        self._end_sample()
         return list(encoded.values())
 
     def keep_group(
@@ -264,6 +268,7 @@ class Pool:
         It keeps them as its ``share`` of the pass says (``builders.encode.share``) until the
         stream asks for them (``ask``).
         """
+        self._end_sample()
         worker = self._least_busy(encoded)
         worker.send_group(group, self.source.group_rows(group), rows, positions, share)
         self.holder[group] = self.workers.index(worker)
@@ -273,6 +278,7 @@ class Pool:
 
         ``groups`` is each one's row group; the answers land in ``encoded``.
         """
+        self._end_sample()
         holders = self.holder[groups]
         for k in np.unique(holders).tolist():
             self._when_room(encoded, self.workers[k]).send_wanted(positions[holders == k])
@@ -288,6 +294,17 @@ class Pool:
                 raise RuntimeError(f"stream position {position} was never asked of a worker")
             self._collect(encoded, block=True)
         return encoded.pop(position)
+
+    def _end_sample(self) -> None:
+        """Tell every worker the plan's sample is over, before any later task (again: nothing).
+
+        A sample worker then hands its channel to the worker that serves the rest
+        (``builders.encode.family``).
+        """
+        if not self.sample_ended:
+            self.sample_ended = True
+            for worker in self.workers:
+                worker.send_sampled()
 
     def _collect(self, encoded: Encoded, block: bool) -> None:
         """Take what the workers have sent.

@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BOOTSTRAP = (
     "import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
     "sys.path.insert(0, sys.argv[1]); "
-    "from builders.encode.worker import serve_family; "
+    "from builders.encode.family import serve_family; "
     "serve_family(int(sys.argv[2]), [int(fd) for fd in sys.argv[3:]])"
 )
 # the parent forks its workers: no thread may be running in it then (a thread's lock held at the
@@ -147,9 +147,9 @@ class Family:
             for place in range(self.count):
                 if place in self.codes:
                     continue
-                if place in self.pids:
+                if self.pids.get(place) is not None:
                     # the kernel sent it SIGKILL as the parent died (``PR_SET_PDEATHSIG``)
-                    _wait_gone(self.pids[place])
+                    wait_gone(self.pids[place])
                     self.codes[place] = -signal.SIGKILL
                 else:
                     self.codes[place] = code
@@ -187,7 +187,7 @@ Started = tuple[Forked, Connection]
 _waiting: list[Started] = []
 
 
-def _wait_gone(pid: int) -> None:
+def wait_gone(pid: int) -> None:
     """Wait until process ``pid`` (not this process's child) has exited.
 
     Where the system cannot say (no pidfd before Linux 5.3), it does not wait: the build has

@@ -39,27 +39,21 @@ encoding to finish, and it exits quietly when the channel ends (the build finish
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import hashlib
 import itertools
 import json
-import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 import traceback
 from contextlib import suppress
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import NoReturn
 
 import numpy as np
 import pyarrow as pa
-from tokenizers import Tokenizer
 
 from builders import errors
 from builders.contract import Contract
@@ -77,12 +71,15 @@ from builders.inputs.layout import conversations
 from builders.inputs.source import Source
 from builders.limits import Limits
 from builders.manifest import DatasetPin
-from builders.runtime import no_pandas
 
 # the task a worker finds in its queue once it has chosen its engine
 CHOSEN = (None, None)
-# prctl(2): the signal a process gets when its parent ends
-PR_SET_PDEATHSIG = 1
+# the reader's mark in a sample worker's queue: the build said the sample is over
+HAND_OVER = ("sampled", None)
+# what a forked worker serves (``builders.encode.family``): every task (``WHOLE``); the plan's
+# sample, with the reference, until the build says it is over (``SAMPLE``); or every task after
+# it, once the channel's sample worker has handed it over (``REST``)
+WHOLE, SAMPLE, REST = "whole", "sample", "rest"
 
 
 class Worker:
@@ -137,6 +134,11 @@ class Worker:
             {"group": group, "bounds": list(bounds), "share": share},
             _ipc(pa.table({"row": _int64(rows), "position": _int64(positions)})),
         )
+
+    def send_sampled(self) -> None:
+        """Say that the plan's sample is over: a sample worker hands its channel over."""
+        self._send(json.dumps({"sampled": True}).encode("utf-8"))
+        self._send(b"")
 
     def send_wanted(self, positions: np.ndarray) -> None:
         """Have the worker send its kept conversations at ``positions`` (ascending)."""
@@ -222,191 +224,103 @@ class Worker:
         )
 
 
-def serve_family(control_fd: int, fds: list[int]) -> None:
-    """The workers' parent: what they share made once, then a worker forked for each channel.
+def serve(channel: Connection, prepared, role: str, reads_messages: bool) -> bool:
+    """A worker's life after its parent forked it, in ``role``; True once it has handed over.
 
-    It parses the tokenizer and imports what rendering needs (transformers), whichever it can do
-    first (the import while the build has not yet said where the tokenizer lies), loads fastokens
-    beside them, and makes the encoder from the first channel's start-up message; a failure is
-    said on every channel. Then it forks a worker for each channel, and says on ``control_fd``
-    each worker's process id and, as it reaps it, its exit status, until none is left.
-    """
-    no_pandas.refuse()
-    control = Connection(control_fd)
-    channels = [Connection(fd) for fd in fds]
-    try:
-        prepared = _prepare(channels[0])
-    except (EOFError, OSError):
-        # the build is gone
-        return
-    except Exception as err:
-        for channel in channels:
-            _fail(channel, err)
-        return
-    # the collector leaves what the workers share alone: fewer of its pages copied in each
-    gc.freeze()
-    # nothing buffered is written again by a worker
-    sys.stdout.flush()
-    sys.stderr.flush()
-    parent, places = os.getpid(), {}
-    for place, channel in enumerate(channels):
-        try:
-            pid = os.fork()
-        except OSError as err:
-            # the system has no process to give: the workers not forked say so
-            for unforked in channels[place:]:
-                _fail(unforked, err)
-                unforked.close()
-            break
-        if pid == 0:
-            _forked(place, channels, control, prepared, parent)
-        places[pid] = place
-        channel.close()
-        _report(control, "pid", place, pid)
-    while places:
-        pid, status = os.wait()
-        _report(control, "exit", places.pop(pid), os.waitstatus_to_exitcode(status))
-
-
-@dataclass(frozen=True)
-class _Prepared:
-    """What every worker shares, made once by their parent.
-
-    ``messages``: the tokenizer's and the start-up message, as the build sent them; ``fast``:
-    fastokens, loaded (None: not asked for, or it cannot load).
-    """
-
-    messages: tuple[bytes, bytes]
-    tokenizer_json: str
-    tokenizer: Tokenizer
-    encoder: ConversationEncoder
-    start_up: dict
-    fast: engines.FastokensEngine | None
-
-
-def _prepare(channel: Connection) -> _Prepared:
-    """The tokenizer, fastokens and the encoder, from the build's first two messages on ``channel``.
-
-    fastokens loads in a thread beside the parse and the renderer's import; the thread has ended
-    by the time this returns (the workers are forked from one thread).
-    """
-    if not channel.poll(0):
-        _import_renderer()
-    tokenizer_message = channel.recv_bytes()
-    tokenizer_json = _checked_text(json.loads(tokenizer_message))
-    # the engine asked for: it follows at once, while the build checks its other inputs
-    start_up_message = channel.recv_bytes()
-    start_up = json.loads(start_up_message)
-    fast = engines.loading_fast(start_up["engine"], tokenizer_json)
-    try:
-        tokenizer = Tokenizer.from_str(tokenizer_json)
-        _import_renderer()
-        encoder = ConversationEncoder(
-            tokenizer, _format_spec(start_up["format"]), Contract(**start_up["contract"])
-        )
-    finally:
-        loaded = fast()
-    return _Prepared(
-        (tokenizer_message, start_up_message), tokenizer_json, tokenizer, encoder, start_up, loaded
-    )
-
-
-def _forked(
-    place: int, channels: list[Connection], control: Connection, prepared: _Prepared, parent: int
-) -> NoReturn:
-    """A forked worker's life: it serves the build on ``channels[place]``, then exits.
-
-    It never returns into its parent's code, whatever happens (``os._exit``).
-    """
-    code = 1
-    try:
-        _ends_with(parent)
-        control.close()
-        for other, channel in enumerate(channels):
-            if other != place:
-                channel.close()
-        _serve(channels[place], prepared, check_messages=place > 0)
-        code = 0
-    except BaseException:
-        with suppress(BaseException):
-            traceback.print_exc()
-    finally:
-        with suppress(BaseException):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
-
-
-def _serve(channel: Connection, prepared: _Prepared, check_messages: bool) -> None:
-    """A worker's life after its parent forked it, until the channel ends.
-
-    Its start-up messages are its parent's (``check_messages``: read them, the same). It starts
-    up, then does each task the build sends; the engine asked for is chosen (its probes) once its
-    first answer is sent (or it waits for a task).
+    ``prepared`` is what its parent made (``builders.encode.family.Prepared``). Its start-up
+    messages are its parent's (``reads_messages``: read them, the same). It says it is ready (not
+    in ``REST``: its predecessor did), then does each task the build sends; in ``WHOLE`` and
+    ``REST`` the engine asked for is chosen (its probes) once its first answer is sent (or it
+    waits for a task). In ``SAMPLE`` it encodes with the reference, and hands over where the build
+    says the sample is over, having read no further.
     """
     tasks: queue.SimpleQueue = queue.SimpleQueue()
+    messages = prepared.messages
     try:
-        if check_messages and any(channel.recv_bytes() != sent for sent in prepared.messages):
+        if reads_messages and any(channel.recv_bytes() != sent for sent in messages.raw):
             raise RuntimeError("the build sent its workers different start-up messages")
-        threading.Thread(target=_receive, args=(channel, tasks), daemon=True).start()
-        encoder, start_up = prepared.encoder, prepared.start_up
-        # the reference encodes until the engine asked for has loaded and passed its probes
-        choosing = engines.Choosing(
-            start_up["engine"],
-            prepared.tokenizer,
-            prepared.tokenizer_json,
-            encoder.spec.chat_template,
-            chosen=lambda: tasks.put(CHOSEN),
-            fast=prepared.fast,
-        )
-        encoder = encoder.with_engine(choosing.provisional)
-        datasets = start_up["source"], start_up["conversation_chars"]
+        threading.Thread(
+            target=_receive, args=(channel, tasks, role == SAMPLE), daemon=True
+        ).start()
+        choosing = None
+        if role != SAMPLE:
+            # the reference encodes until the engine asked for has passed its probes
+            choosing = engines.Choosing(
+                messages.start_up["engine"],
+                prepared.tokenizer,
+                messages.tokenizer_json,
+                prepared.encoder.spec.chat_template,
+                chosen=lambda: tasks.put(CHOSEN),
+                fast=prepared.fast,
+            )
     except (EOFError, OSError):
         # the build is gone
-        return
+        return False
     except Exception as err:
-        _fail(channel, err)
-        return
+        fail(channel, err)
+        return False
     try:
-        channel.send_bytes(json.dumps({"ready": True}).encode("utf-8"))
-        doing = _Tasks(datasets)
-
-        def encode(rows: pa.Table) -> list[tuple[int, object]]:
-            return encode_rows(
-                encoder,
-                conversations(rows.drop_columns(["position"])),
-                rows.column("position").to_numpy(),
-            )
-
-        while (task := _next_task(tasks, choosing)) is not None:
-            header, body = task
-            try:
-                # the build's rows are encoded with the engine chosen: the reference costs
-                # many times the fast engine's CPU (docs/performance.md)
-                wanted = header is not None and "wanted" in header
-                if choosing is not None and (choosing.done() or wanted):
-                    choosing.start()
-                    choice, choosing = choosing.result(), None
-                    encoder = encoder.with_engine(choice.engine)
-                    channel.send_bytes(json.dumps({"engine": choice.as_dict()}).encode("utf-8"))
-                if header is None:
-                    # CHOSEN: no task
-                    continue
-                answer = doing.task(header, _read(body), encode)
-                # its cross-checks passed before it is sent
-                encoder.engine.finish()
-            except Exception as err:
-                _fail(channel, err)
-                return
-            if isinstance(answer, dict):
-                channel.send_bytes(json.dumps(answer).encode("utf-8"))
-            else:
-                _send_results(channel, answer)
-            if choosing is not None:
-                choosing.start()
+        if role != REST:
+            channel.send_bytes(json.dumps({"ready": True}).encode("utf-8"))
+        return _work(channel, tasks, prepared, choosing)
     except OSError:
         # the build is gone
-        return
+        return False
+
+
+def _work(
+    channel: Connection,
+    tasks: queue.SimpleQueue,
+    prepared,
+    choosing: engines.Choosing | None,
+) -> bool:
+    """Do each task in ``tasks`` until the channel ends (False) or the worker hands over (True).
+
+    With ``choosing``, the reference encodes until the choice is made, and the chosen engine
+    after; without, the reference encodes.
+    """
+    start_up = prepared.messages.start_up
+    doing = _Tasks((start_up["source"], start_up["conversation_chars"]))
+    encoder = prepared.encoder
+    if choosing is not None:
+        encoder = encoder.with_engine(choosing.provisional)
+
+    def encode(rows: pa.Table) -> list[tuple[int, object]]:
+        return encode_rows(
+            encoder,
+            conversations(rows.drop_columns(["position"])),
+            rows.column("position").to_numpy(),
+        )
+
+    while (task := _next_task(tasks, choosing)) is not None:
+        if task is HAND_OVER:
+            return True
+        header, body = task
+        try:
+            # the build's rows are encoded with the engine chosen: the reference costs many times
+            # the fast engine's CPU (docs/performance.md)
+            wanted = header is not None and "wanted" in header
+            if choosing is not None and (choosing.done() or wanted):
+                choosing.start()
+                choice, choosing = choosing.result(), None
+                encoder = encoder.with_engine(choice.engine)
+                channel.send_bytes(json.dumps({"engine": choice.as_dict()}).encode("utf-8"))
+            if header is None:
+                # CHOSEN: no task
+                continue
+            answer = doing.task(header, _read(body), encode)
+            # its cross-checks passed before it is sent
+            encoder.engine.finish()
+        except Exception as err:
+            fail(channel, err)
+            return False
+        if isinstance(answer, dict):
+            channel.send_bytes(json.dumps(answer).encode("utf-8"))
+        else:
+            _send_results(channel, answer)
+        if choosing is not None:
+            choosing.start()
+    return False
 
 
 class _Tasks:
@@ -451,30 +365,6 @@ def _send_results(channel: Connection, results: list[tuple[int, object]]) -> Non
     )
 
 
-def _ends_with(parent: int) -> None:
-    """Have the kernel end this process (SIGKILL) when ``parent``, its parent, ends.
-
-    Where the system refuses (a sandbox's filter), it ends anyway at the end of its channel, which
-    the build closes as it stops.
-    """
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:
-        # it ended before the request took
-        os._exit(1)
-
-
-def _report(control: Connection, kind: str, place: int, value: int) -> None:
-    """Tell the build a worker's process id (``pid``) or exit status (``exit``)."""
-    # OSError: the build is gone
-    with suppress(OSError):
-        control.send_bytes(json.dumps([kind, place, value]).encode("utf-8"))
-
-
-def _import_renderer() -> None:
-    """Import what every chat format renders with (transformers); again: nothing."""
-    import builders.formats.render  # noqa: F401
-
-
 def _next_task(tasks: queue.SimpleQueue, choosing: engines.Choosing | None):
     """The next task; before waiting for one, the engine's choice starts."""
     if choosing is not None and tasks.empty():
@@ -506,7 +396,7 @@ def start_up_message(
         text = json.dumps(fields, allow_nan=False)
     except (TypeError, ValueError):
         text = None
-    if text is None or _format_spec(json.loads(text)) != spec:
+    if text is None or format_spec(json.loads(text)) != spec:
         raise UsageError(
             "tokenizer.template_vars and tokenizer.prefills hold data other than plain JSON (text "
             "keys, text, numbers, lists): worker processes could not render as this process does; "
@@ -531,7 +421,7 @@ def start_up_message(
     ).encode("utf-8")
 
 
-def _checked_text(message: dict) -> str:
+def checked_text(message: dict) -> str:
     """The text of the ``tokenizer.json`` a message names, if its sha256 is the message's."""
     data = Path(message["tokenizer"]).read_bytes()
     if hashlib.sha256(data).hexdigest() != message["sha256"]:
@@ -558,7 +448,7 @@ def _source(datasets: list, conversation_chars: int) -> Source:
     )
 
 
-def _format_spec(data: dict) -> FormatSpec:
+def format_spec(data: dict) -> FormatSpec:
     return FormatSpec(
         **{
             **data,
@@ -604,15 +494,21 @@ def encode_rows(
         return out
 
 
-def _receive(channel: Connection, tasks: queue.SimpleQueue) -> None:
+def _receive(channel: Connection, tasks: queue.SimpleQueue, hands_over: bool) -> None:
+    """Queue each task the build sends; where the sample is over, a sample worker stops reading."""
     try:
         while True:
-            tasks.put((json.loads(channel.recv_bytes()), channel.recv_bytes()))
+            header, body = json.loads(channel.recv_bytes()), channel.recv_bytes()
+            if "sampled" not in header:
+                tasks.put((header, body))
+            elif hands_over:
+                tasks.put(HAND_OVER)
+                return
     except (EOFError, OSError):
         tasks.put(None)
 
 
-def _fail(channel: Connection, err: Exception) -> None:
+def fail(channel: Connection, err: Exception) -> None:
     user = isinstance(err, BuildError) and getattr(errors, type(err).__name__, None) is type(err)
     # OSError: the build is gone
     with suppress(OSError):
