@@ -155,6 +155,18 @@ def worker_processes(pid: int) -> tuple[list[int], list[int]]:
     return parents, forked
 
 
+def serving(pids: list[int]) -> list[int]:
+    """Those of ``pids`` that are running workers of the build's rows (not the sampler's)."""
+    return [pid for pid in pids if _comm(pid) == b"sft-worker\n" and running(pid)]
+
+
+def _comm(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/comm").read_bytes()
+    except OSError:
+        return b""
+
+
 def _children(pid: int) -> list[int]:
     children = []
     for task in Path(f"/proc/{pid}/task").glob("*"):

@@ -42,6 +42,7 @@ from helpers import (
     lay_out_build,
     run_cli,
     running,
+    serving,
     start_cli_ready,
     wait_for,
     worker_processes,
@@ -179,9 +180,15 @@ def test_a_killed_worker_fails_the_build_clearly(big_build, tmp_path, moment, wh
     out = tmp_path / "out"
     process = start_build(hf_home, manifest, out, "--workers", "2", "-q")
 
+    # the workers of the rows (with the sampler: once the sample workers have handed over)
+    def workers() -> list[int]:
+        return serving(worker_processes(process.pid)[1])
+
     if moment == "starting":
         # the parent is up; it forks the workers once it has parsed the tokenizer
-        assert wait_for(lambda: worker_processes(process.pid)[whom == "a worker"]), "none seen"
+        assert wait_for(
+            lambda: workers() if whom == "a worker" else worker_processes(process.pid)[0]
+        ), "none seen"
     else:
         numerator, _, denominator = moment.removeprefix("writing+").partition("/")
         share = int(numerator) / int(denominator or 1)
@@ -189,11 +196,11 @@ def test_a_killed_worker_fails_the_build_clearly(big_build, tmp_path, moment, wh
             lambda: (
                 any(p.suffix == ".tmp" for p in temporaries_and_outputs(out))
                 and parquet_written(out) >= share * len(expected)
-                and len(worker_processes(process.pid)[1]) >= 2
+                and len(workers()) >= 2
             )
         ), "no workers seen"
-    parents, workers = worker_processes(process.pid)
-    killed = workers[-1:] if whom == "a worker" else parents
+    parents, forked = worker_processes(process.pid)
+    killed = workers()[-1:] if whom == "a worker" else parents
     if process.poll() is not None or not killed:
         pytest.fail(f"the build ended before the kill at {moment}: make the build longer")
     os.kill(killed[0], signal.SIGKILL)
@@ -203,7 +210,7 @@ def test_a_killed_worker_fails_the_build_clearly(big_build, tmp_path, moment, wh
     assert "killed by SIGKILL" in stderr, stderr
     assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
     # the build reaped what it knew of; one forked as their parent was killed ends with it
-    assert wait_for(lambda: gone([*parents, *workers])), "a worker outlived the build"
+    assert wait_for(lambda: gone([*parents, *forked])), "a worker outlived the build"
     assert not temporaries_and_outputs(out)
 
 

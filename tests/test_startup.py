@@ -495,10 +495,10 @@ def test_a_build_stopped_once_its_workers_run_leaves_none_running(tmp_path, sign
     def both_seen() -> bool:
         parents, forked = worker_processes(process.pid)
         workers.update(parents, forked)
-        return len(workers) == 3 or process.poll() is not None
+        return len(workers) >= 3 or process.poll() is not None
 
-    # their parent, and the two it forked
-    assert wait_for(both_seen) and len(workers) == 3
+    # their parent, and the two it forked (or the sampler and a sample worker)
+    assert wait_for(both_seen) and len(workers) >= 3
     process.send_signal(signum)
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == 130 and stderr.strip().splitlines()[-1] == stopping.STOPPED

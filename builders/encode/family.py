@@ -56,8 +56,10 @@ SAMPLER = "FIXED_SFT_SAMPLER"
 SAMPLER_FROM_CORES = 3
 # a sample worker's exit status once it has served the plan's sample and handed its channel over
 HANDED_OVER = 3
-# prctl(2): the signal a process gets when its parent ends
-PR_SET_PDEATHSIG = 1
+# prctl(2): the signal a process gets when its parent ends; the process's name (``ps``, ``top``)
+PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15
+# each process's name, by what it does
+NAMES = {WHOLE: b"sft-worker", REST: b"sft-worker", SAMPLE: b"sft-sample"}
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ class Prepared:
 def serve_family(control_fd: int, fds: list[int]) -> None:
     """The workers' parent, until every worker is reaped (the module says how)."""
     no_pandas.refuse()
+    _name(b"sft-parent")
     control = Connection(control_fd)
     channels = [Connection(fd) for fd in fds]
     try:
@@ -264,6 +267,7 @@ def _sample(
     code = 1
     try:
         _ends_with(parent)
+        _name(b"sft-sampler")
         for connection in closing:
             connection.close()
         try:
@@ -290,6 +294,7 @@ def _forked(place: int, siblings: Children, prepared: Prepared, role: str, paren
     code = 1
     try:
         _ends_with(parent)
+        _name(NAMES[role])
         for connection in [siblings.reports, *siblings.closing]:
             connection.close()
         for other, channel in enumerate(siblings.channels):
@@ -358,6 +363,11 @@ def _ends_with(parent: int) -> None:
     if os.getppid() != parent:
         # it ended before the request took
         os._exit(1)
+
+
+def _name(name: bytes) -> None:
+    """Name this process (``ps``, ``top``); where the system refuses, it keeps its name."""
+    ctypes.CDLL(None).prctl(PR_SET_NAME, ctypes.c_char_p(name))
 
 
 def _flush() -> None:

@@ -4,8 +4,9 @@ A build's workers are forked by one interpreter, their parent (``python -c``, so
 module is never re-imported), started in a session of its own (a terminal's Ctrl-C reaches only
 the build). The parent imports what a worker needs, parses the pinned ``tokenizer.json``, loads
 fastokens and makes the encoder once, then forks every worker from that state
-(``builders.encode.worker.serve_family``): no worker imports, parses or makes anything again, so
-sixteen workers cost about one's start-up (docs/performance.md). Each worker holds one end of a
+(``builders.encode.family``, which also says how the plan's sample is encoded while fastokens
+loads): no worker imports, parses or makes anything again, so sixteen workers cost about one's
+start-up (docs/performance.md). Each worker holds one end of a
 socket pair that no other process holds as its only channel (``builders.encode.worker`` says what
 travels on it); the parent tells the build, on a channel of its own, each worker's process id
 and, once it has reaped it, its exit status.
