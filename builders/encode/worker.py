@@ -3,7 +3,8 @@
 The build starts the workers' parent (``builders.encode.spawn``), a fresh interpreter in a
 session of its own, with one end of a socket pair for each worker. The parent reads the first
 worker's start-up messages, makes what every worker shares (the parsed tokenizer, fastokens, the
-encoder) and forks a worker for each socket (``serve_family``); each worker holds its own end and
+encoder) and forks a worker for each socket (``builders.encode.family``, which also says when a
+sample worker serves a socket before it); each worker holds its own end and
 no other, so a dead worker closes its channel at once: the build sees the end of it, or a broken
 pipe, and no lock or pipe shared with other processes can be left blocked. Only JSON and Arrow IPC
 travel on the channel:
@@ -19,7 +20,9 @@ travel on the channel:
   memory or spilled to the build's spill folder; without (the plan's sample), it encodes them
   all and answers with them. ``{"wanted": true}`` and ``position``s (ascending, all of them its
   own): it encodes those conversations it keeps and sends them, with the engine it chose (it
-  waits for the choice if need be). Closing the channel ends the worker.
+  waits for the choice if need be). ``{"sampled": true}`` and an empty body, once, before any
+  task after the plan's sample: a sample worker reads no further and hands its channel over; any
+  other worker reads on. Closing the channel ends the worker.
 - worker → build: a JSON header for each message: ``ready`` once it can encode (with the
   reference engine, the plan's sample, while the engine asked for is chosen beside it from its
   first answer on: ``engines.Choosing``; the parent loaded fastokens for all); ``engine``
@@ -51,6 +54,7 @@ from contextlib import suppress
 from dataclasses import asdict
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -71,6 +75,9 @@ from builders.inputs.layout import conversations
 from builders.inputs.source import Source
 from builders.limits import Limits
 from builders.manifest import DatasetPin
+
+if TYPE_CHECKING:
+    from builders.encode.family import Prepared
 
 # the task a worker finds in its queue once it has chosen its engine
 CHOSEN = (None, None)
@@ -224,10 +231,10 @@ class Worker:
         )
 
 
-def serve(channel: Connection, prepared, role: str, reads_messages: bool) -> bool:
+def serve(channel: Connection, prepared: Prepared, role: str, reads_messages: bool) -> bool:
     """A worker's life after its parent forked it, in ``role``; True once it has handed over.
 
-    ``prepared`` is what its parent made (``builders.encode.family.Prepared``). Its start-up
+    ``prepared`` is what its parent made. Its start-up
     messages are its parent's (``reads_messages``: read them, the same). It says it is ready (not
     in ``REST``: its predecessor did), then does each task the build sends; in ``WHOLE`` and
     ``REST`` the engine asked for is chosen (its probes) once its first answer is sent (or it
@@ -271,7 +278,7 @@ def serve(channel: Connection, prepared, role: str, reads_messages: bool) -> boo
 def _work(
     channel: Connection,
     tasks: queue.SimpleQueue,
-    prepared,
+    prepared: Prepared,
     choosing: engines.Choosing | None,
 ) -> bool:
     """Do each task in ``tasks`` until the channel ends (False) or the worker hands over (True).
