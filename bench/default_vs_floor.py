@@ -17,10 +17,10 @@ Prints, for each worker count (and tree), each build's seconds, the CPU of the m
 of its children, cores busy, the peak RSS of the build and of its largest child, the garbage
 collector's full passes in the main process and their CPU (``gc_full_s``), rows_sha256 and
 timings, and its ratio to ``encode_batch_fast`` of the consumed conversations' texts (the first
-build's), measured in the same run; with ``--baseline``, the medians (seconds, main-process CPU,
-GC, the build's peak RSS) and this tree's over each baseline's. The share of the CPUs other
-processes used in the 2 s before each build is printed (``busy_before``): on a shared machine
-only the ratios within one run say anything.
+build's; measured once in each repeat, after its builds, and the median taken); with
+``--baseline``, the medians (seconds, main-process CPU, GC, the build's peak RSS) and this tree's
+over each baseline's. The share of the CPUs other processes used in the 2 s before each build is
+printed (``busy_before``): on a shared machine only the ratios within one run say anything.
 Inputs are laid out in --cache (default /tmp/bc, full scale; bench/scale_inputs.py) and shared;
 each run writes its manifest and builds in a folder of its own there, removed at its end, so that
 runs sharing a cache do not rewrite each other's manifest or outputs.
@@ -101,6 +101,7 @@ def measure(args: argparse.Namespace, hf: Path, own: Path, facts: dict) -> None:
     if len(trees) != 1 + len(args.baseline):
         raise SystemExit("each --baseline needs a folder name of its own (not 'this')")
     runs = {(w, name): [] for w in args.workers for name in trees}
+    floors = []
     for _ in range(args.repeats):
         for workers in args.workers:
             for name, tree in trees.items():
@@ -110,13 +111,16 @@ def measure(args: argparse.Namespace, hf: Path, own: Path, facts: dict) -> None:
                 )
                 r = runs[workers, name][-1]
                 print(name, workers, json.dumps({k: r[k] for k in SHOWN}), flush=True)
+        if not args.no_floor:
+            # the floor too moves between runs: measured in each repeat, beside its builds
+            conversations = str(runs[args.workers[0], "this"][0]["conversations"])
+            floors.append(
+                child(TOKENIZER_FLOOR, str(manifest), conversations, hf_home=hf)["seconds"]
+            )
+            print("encode floor", round(floors[-1], 2), flush=True)
     first = runs[args.workers[0], "this"][0]
-    floor = (
-        {"seconds": float("nan")}
-        if args.no_floor
-        else child(TOKENIZER_FLOOR, str(manifest), str(first["conversations"]), hf_home=hf)
-    )
-    print("encode floor", round(floor["seconds"], 2))
+    floor = {"seconds": statistics.median(floors) if floors else float("nan")}
+    print("encode floor (median)", round(floor["seconds"], 2))
     for (workers, name), measured in runs.items():
         if len({r["rows_sha256"] for r in measured}) != 1 or (
             measured[0]["rows_sha256"] != first["rows_sha256"]
