@@ -6,11 +6,11 @@ One worker alone, then N at once:
     pip install -r bench/requirements.txt
     python bench/worker_start.py ../shared/pinned/GLM-4.7-Flash/chat_template.jinja 4 16
 
-Each worker is a fresh interpreter (as ``builders.encode.worker`` starts them, one thread each) that
-imports ``builders.encode.worker``, reads the GLM-scale ``tokenizer.json`` of bench/scale_inputs.py,
-loads it with tokenizers, makes the glm5 ``ConversationEncoder``, loads fastokens and runs the
-engine's probes: what every worker does before its first batch. It prints the steps' times and,
-for N at once, their medians.
+Each worker is a fresh interpreter (one thread, as the workers' parent runs) that imports
+``builders.encode.family`` (what the workers' parent imports), reads the GLM-scale
+``tokenizer.json`` of bench/scale_inputs.py, loads it with tokenizers, makes the glm5
+``ConversationEncoder``, loads fastokens and runs the engine's probes: what stands between a
+build's start and its first batch. It prints the steps' times and, for N at once, their medians.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def step(name):
     out[name] = [round(time.perf_counter() - started, 2), round(cpu() - used, 2)]
     started, used = time.perf_counter(), cpu()
 sys.path.insert(0, sys.argv[1])
-import builders.encode.worker; step("import builders.encode.worker")
+import builders.encode.family; step("import builders.encode.family")
 import builders.formats.render; step("import the chat renderer (transformers)")
 text, template = open(sys.argv[2]).read(), open(sys.argv[3]).read(); step("read tokenizer.json")
 from tokenizers import Tokenizer
