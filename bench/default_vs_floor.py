@@ -119,8 +119,8 @@ def measure(args: argparse.Namespace, hf: Path, own: Path, facts: dict) -> None:
             )
             print("encode floor", round(floors[-1], 2), flush=True)
     first = runs[args.workers[0], "this"][0]
-    floor = {"seconds": statistics.median(floors) if floors else float("nan")}
-    print("encode floor (median)", round(floor["seconds"], 2))
+    floor = statistics.median(floors) if floors else float("nan")
+    print("encode floor (median)", round(floor, 2))
     for (workers, name), measured in runs.items():
         if len({r["rows_sha256"] for r in measured}) != 1 or (
             measured[0]["rows_sha256"] != first["rows_sha256"]
@@ -130,7 +130,7 @@ def measure(args: argparse.Namespace, hf: Path, own: Path, facts: dict) -> None:
             k: round(statistics.median(r[k] for r in measured), 2)
             for k in ("seconds", "main_cpu_s", "gc_full_s", "main_peak_rss_mib")
         }
-        line = {**medians, "x_floor": round(medians["seconds"] / floor["seconds"], 3)}
+        line = {**medians, "x_floor": round(medians["seconds"] / floor, 3)}
         if name != "this":
             mine = runs[workers, "this"]
             line["this_over_baseline"] = {
